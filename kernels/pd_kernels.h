@@ -1,0 +1,120 @@
+/* kernels/ — the backend interface: one table of operations over buffers in
+ * a backend's memory, implemented by cpu/ (plain C, the readable reference,
+ * OpenBLAS for GEMM) and cuda/ (sm_90a). The model calls only these.
+ *
+ * All activations are fp32 row-major; a "row" is one token. Weights are
+ * pd_weight handles in the backend's own format (fp32 on CPU). kernels/
+ * knows nothing of requests, tokenizers or sockets.
+ */
+#ifndef PD_KERNELS_H
+#define PD_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pd_common.h"
+
+/** A weight matrix in backend memory: rows × cols (nn.Linear layout,
+ * out_features × in_features), row-major. */
+typedef struct {
+    int rows, cols;
+    void *data; /* backend memory */
+} pd_weight;
+
+/** MoE routing parameters (DeepSeek-V2 §2.2; V3 §2.1.2). */
+typedef struct {
+    int n_experts, top_k, n_group, topk_group;
+    int scoring;      /* 0 softmax (V2), 1 sigmoid (V3) */
+    int topk_method;  /* 0 greedy, 1 group_limited_greedy (V2), 2 noaux_tc (V3) */
+    bool norm_topk_prob;
+    float routed_scaling_factor;
+    const float *e_score_correction_bias; /* [n_experts] or NULL (backend memory) */
+} pd_moe_route_params;
+
+/** Arguments of MLA attention for one sequence's n_q new tokens at
+ * positions start_pos .. start_pos+n_q-1, attending causally to every cached
+ * token 0 .. start_pos+n_q-1 (the new tokens' latents are already in the
+ * cache). Cache layout: [block][layer][slot][kvr + dr] fp32. */
+typedef struct {
+    int n_heads, qk_nope_dim, qk_rope_dim, v_dim, kv_lora_rank;
+    float softmax_scale;
+    int n_q, start_pos;
+    const float *q; /* [n_q, n_heads, qk_nope_dim + qk_rope_dim], rope applied */
+    const float *cache;  /* cache base */
+    int n_layers, layer, block_size;
+    const int *block_table; /* host memory on CPU; backend memory on GPU */
+    const pd_weight *kv_b;  /* [n_heads*(qk_nope_dim+v_dim), kv_lora_rank] */
+    bool absorbed;          /* W_UK folded into q, W_UV after attention */
+    float *out;             /* [n_q, n_heads * v_dim] */
+} pd_mla_args;
+
+typedef struct pd_backend pd_backend;
+
+/** The operation table. ctx is the backend's own state. Every pointer
+ * argument is backend memory unless said otherwise. */
+typedef struct {
+    const char *name;
+    /* memory */
+    void *(*alloc)(pd_backend *be, size_t bytes); /* NULL on failure; zero-filled */
+    void (*free)(pd_backend *be, void *p);
+    void (*upload)(pd_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*download)(pd_backend *be, void *dst_host, const void *src, size_t bytes);
+    void (*copy)(pd_backend *be, void *dst, const void *src, size_t bytes);
+    /** Makes a weight from host fp32 data [rows × cols] (the backend keeps its own copy). */
+    pd_status (*weight_from_f32)(pd_backend *be, const float *host, int rows, int cols, pd_weight *w_p);
+    void (*weight_free)(pd_backend *be, pd_weight *w);
+    /** y[M×N] = x[M×K] · W[N×K]^T (+ y when accumulate). x row stride K, y row stride N. */
+    void (*gemm)(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate);
+    /** y[r] = x[r] / rms(x[r]) * w, fp32 statistics. Strides in elements. */
+    void (*rmsnorm)(pd_backend *be, int rows, int dim, const float *x, int x_stride, const float *w,
+                    float eps, float *y, int y_stride);
+    /** Rotates interleaved pairs (x[2i], x[2i+1]) of a rope_dim slice of every
+     * head by angle pos * inv_freq[i], scaling by mscale (YaRN attention factor).
+     * x: rows × n_heads heads, head h of row r at x + r*row_stride + h*head_stride.
+     * pos: [rows] host int; inv_freq: [rope_dim/2] host fp32. */
+    void (*rope)(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
+                 int rope_dim, const int *pos, const float *inv_freq, float mscale);
+    /** out[r, i] = silu(gu[r, i]) * gu[r, I + i], gu [rows × 2I], out [rows × I]. */
+    void (*silu_mul)(pd_backend *be, int rows, int inter, const float *gu, float *out);
+    /** x += y, n elements. */
+    void (*add)(pd_backend *be, size_t n, float *x, const float *y);
+    /** out[r] = table[ids[r]] (table [vocab × dim]); ids host int32. */
+    void (*embed)(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table,
+                  float *out);
+    /** MLA attention for one sequence (see pd_mla_args). */
+    void (*mla_attention)(pd_backend *be, const pd_mla_args *a);
+    /** Routes rows tokens from router logits [rows × n_experts]:
+     * ids_p [rows × top_k] (host int32), weights [rows × top_k] (host fp32). */
+    void (*moe_route)(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p,
+                      int32_t *ids, float *weights);
+    /** Routed experts: out[r] += Σ_j weights[r,j] · expert_{ids[r,j]}(x[r]) with
+     * expert(x) = down · (silu(gate·x) ⊙ up·x). gate_up[e] is [2I × H] (gate rows
+     * then up rows), down[e] [H × I]. ids/weights host memory. */
+    void (*moe_experts)(pd_backend *be, int rows, int hidden, int inter, const float *x,
+                        const int32_t *ids, const float *weights, int top_k,
+                        const pd_weight *gate_up, const pd_weight *down, float *out);
+    void (*destroy)(pd_backend *be);
+} pd_backend_i;
+
+struct pd_backend {
+    const pd_backend_i *ops;
+    void *ctx;
+    int n_threads;
+};
+
+/** Creates the CPU backend with n_threads worker threads (0: all cores).
+ * Errors: PD_ERR_NOMEM. */
+pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p);
+
+/** Creates the CUDA backend on device `device`. Errors: PD_ERR_UNSUPPORTED
+ * when built without CUDA or no device is present. */
+pd_status pd_backend_cuda_init(int device, pd_backend **be_p, pd_err *err);
+
+/** Creates a backend by name ("cpu", "cuda"). */
+pd_status pd_backend_init(const char *name, int n_threads, pd_backend **be_p, pd_err *err);
+
+/** Destroys a backend; *be_p set to NULL. */
+void pd_backend_free(pd_backend **be_p);
+
+#endif

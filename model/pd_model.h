@@ -1,0 +1,288 @@
+/* model/ — the DeepSeek-V2/V3 model: config.json, safetensors checkpoints
+ * (single file or shards, mmap), weights, the paged latent KV cache, the
+ * forward pass over a kernels/ backend, and the sampler.
+ *
+ * Read this header first. Sources of the math: DeepSeek-V2 paper (arXiv
+ * 2405.04434) §2.1 (MLA), §2.2 (DeepSeekMoE); DeepSeek-V3 paper (arXiv
+ * 2412.19437) §2.1.2 (auxiliary-loss-free routing); the reference
+ * implementation is Hugging Face transformers
+ * models/deepseek_v3/modeling_deepseek_v3.py and models/deepseek_v2/.
+ */
+#ifndef PD_MODEL_H
+#define PD_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pd_common.h"
+#include "pd_kernels.h"
+
+/* ------------------------------------------------------------------ */
+/* dtypes and safetensors                                              */
+/* ------------------------------------------------------------------ */
+
+/** Tensor element types that pdserve reads and writes. */
+typedef enum {
+    PD_DT_F32 = 0,
+    PD_DT_BF16,
+    PD_DT_F16,
+    PD_DT_F8_E4M3, /* safetensors "F8_E4M3" (OCP e4m3fn) */
+    PD_DT_I64,     /* read only for completeness of headers; never a weight */
+    PD_DT_I32,
+    PD_DT_COUNT
+} pd_dtype;
+
+/** Bytes per element of dt; 0 for an invalid value. */
+size_t pd_dtype_size(pd_dtype dt);
+/** Safetensors name ("F32", "BF16", "F16", "F8_E4M3", "I64", "I32"). */
+const char *pd_dtype_name(pd_dtype dt);
+/** Parses a safetensors dtype name. Errors: PD_ERR_UNSUPPORTED. */
+pd_status pd_dtype_parse(const char *name, pd_dtype *dt_p);
+
+#define PD_ST_MAX_DIMS 4
+
+/** One tensor of a checkpoint, borrowed from a pd_safetensors (valid until
+ * pd_st_close). data points into the read-only mmap of its file. */
+typedef struct {
+    const char *name;
+    pd_dtype dtype;
+    int ndim;
+    int64_t shape[PD_ST_MAX_DIMS];
+    size_t nbytes;
+    const void *data;
+    const char *file; /* path of the file holding it, for error messages */
+} pd_st_tensor;
+
+typedef struct pd_safetensors pd_safetensors;
+
+/** Opens the checkpoint in dir: model.safetensors.index.json (shards) when
+ * present, else model.safetensors. Every file is mmapped read-only and its
+ * header validated: 8-byte length within the file, well-formed JSON, every
+ * tensor's dtype known, shape × dtype size == data_offsets span, offsets
+ * inside the data section, sorted spans not overlapping. The index's
+ * weight_map must name files that exist and tensors they contain.
+ * On success *st_p owns the maps (free with pd_st_close).
+ * Errors: PD_ERR_IO (missing/unreadable file), PD_ERR_FORMAT (any header
+ * violation), PD_ERR_UNSUPPORTED (unknown dtype); err names the file and the
+ * tensor. */
+pd_status pd_st_open_dir(const char *dir, pd_safetensors **st_p, pd_err *err);
+
+/** Opens one .safetensors file (same validation as pd_st_open_dir). */
+pd_status pd_st_open_file(const char *path, pd_safetensors **st_p, pd_err *err);
+
+/** Looks up a tensor by exact name; NULL when absent. */
+const pd_st_tensor *pd_st_find(const pd_safetensors *st, const char *name);
+
+/** Number of tensors and the i-th (0 <= i < count), in header order. */
+size_t pd_st_count(const pd_safetensors *st);
+const pd_st_tensor *pd_st_at(const pd_safetensors *st, size_t i);
+
+/** Unmaps and frees; sets *st_p to NULL. Safe on NULL. */
+void pd_st_close(pd_safetensors **st_p);
+
+/** Converts n elements of t (F32/BF16/F16/F8_E4M3, no scaling) to fp32. */
+void pd_st_to_f32(const pd_st_tensor *t, float *out);
+
+/** Streams a safetensors file out: declare every tensor first (the header
+ * needs all offsets), then write each tensor's bytes in declaration order.
+ * The __metadata__ entry {"format":"pt"} is written, as transformers does. */
+typedef struct pd_st_writer pd_st_writer;
+/** Errors: PD_ERR_IO (cannot create path). */
+pd_status pd_st_writer_open(const char *path, pd_st_writer **w_p, pd_err *err);
+/** Declares a tensor. Errors: PD_ERR_INVALID (duplicate name, bad ndim, data already begun). */
+pd_status pd_st_writer_declare(pd_st_writer *w, const char *name, pd_dtype dt, int ndim,
+                               const int64_t *shape, pd_err *err);
+/** Writes the next declared tensor's data (nbytes must equal its size; name
+ * must be the next in order). The header is written before the first data.
+ * Errors: PD_ERR_INVALID (order/size), PD_ERR_IO. */
+pd_status pd_st_writer_write(pd_st_writer *w, const char *name, const void *data, size_t nbytes,
+                             pd_err *err);
+/** Finishes the file (all declared tensors must have been written), closes
+ * it and frees w; *w_p is set to NULL even on error. Errors: PD_ERR_INVALID, PD_ERR_IO. */
+pd_status pd_st_writer_close(pd_st_writer **w_p, pd_err *err);
+/** Total bytes the file will have (header + data) given the declarations so far. */
+size_t pd_st_writer_size(const pd_st_writer *w);
+
+/* ------------------------------------------------------------------ */
+/* config.json                                                         */
+/* ------------------------------------------------------------------ */
+
+typedef enum { PD_ARCH_DEEPSEEK_V2 = 2, PD_ARCH_DEEPSEEK_V3 = 3 } pd_arch;
+typedef enum { PD_SCORE_SOFTMAX = 0, PD_SCORE_SIGMOID } pd_scoring;
+typedef enum { PD_TOPK_GREEDY = 0, PD_TOPK_GROUP_LIMITED_GREEDY, PD_TOPK_NOAUX_TC } pd_topk_method;
+
+/** The fields of a Hugging Face DeepSeek config.json the forward pass uses. */
+typedef struct {
+    pd_arch arch;
+    int hidden_size, num_hidden_layers, num_attention_heads;
+    int q_lora_rank; /* 0 when null: plain q_proj */
+    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int intermediate_size, moe_intermediate_size;
+    int n_routed_experts, n_shared_experts, num_experts_per_tok;
+    int n_group, topk_group;
+    pd_topk_method topk_method;
+    pd_scoring scoring_func;
+    bool norm_topk_prob;
+    float routed_scaling_factor;
+    int first_k_dense_replace, moe_layer_freq;
+    float rms_norm_eps;
+    double rope_theta;
+    /* rope_scaling (YaRN) — has_yarn false when rope_scaling is null */
+    bool has_yarn;
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int yarn_original_max_position_embeddings;
+    int max_position_embeddings, vocab_size;
+    int bos_token_id, eos_token_id;
+    bool tie_word_embeddings;
+    float initializer_range;
+    /* quantization_config: FP8 block quantisation when fp8 is true */
+    bool fp8;
+    int fp8_block[2]; /* weight_block_size, [128, 128] for DeepSeek-V3 */
+    char torch_dtype[16];
+} pd_model_config;
+
+/** Parses dir/config.json. An unsupported model_type or a missing or
+ * ill-typed required field is an error naming the file and the field.
+ * Errors: PD_ERR_IO, PD_ERR_FORMAT (bad JSON, bad field), PD_ERR_NOTFOUND
+ * (missing field), PD_ERR_UNSUPPORTED (model_type, scoring, topk_method). */
+pd_status pd_config_load(const char *path, pd_model_config *cfg_p, pd_err *err);
+/** Parses config JSON text; `path` is only used in messages. */
+pd_status pd_config_parse(const char *json, const char *path, pd_model_config *cfg_p, pd_err *err);
+/** Writes cfg as a Hugging Face config.json to path. Errors: PD_ERR_IO. */
+pd_status pd_config_save(const pd_model_config *cfg, const char *path, pd_err *err);
+/** True when layer l uses MoE (l >= first_k_dense_replace and l % moe_layer_freq == 0). */
+bool pd_config_layer_is_moe(const pd_model_config *cfg, int layer);
+/** A 64-bit fingerprint of the architecture fields (two replicas must agree). */
+uint64_t pd_config_fingerprint(const pd_model_config *cfg);
+/** Softmax scale qk_head_dim^-0.5 × mscale², mscale = yarn_get_mscale(factor, mscale_all_dim). */
+float pd_config_softmax_scale(const pd_model_config *cfg);
+
+/* ------------------------------------------------------------------ */
+/* presets and mkmodel                                                 */
+/* ------------------------------------------------------------------ */
+
+/** Fills cfg for a preset: "tiny", "tiny-v2", "small", "v2-lite",
+ * "v3-layers". Errors: PD_ERR_NOTFOUND (unknown name). */
+pd_status pd_preset_config(const char *name, pd_model_config *cfg_p, pd_err *err);
+
+/** Writes a random-initialised checkpoint of cfg into dir (created):
+ * config.json, model.safetensors (or shards + index above shard_bytes),
+ * weights ~ N(0, initializer_range) in cfg->torch_dtype (FP8 + 128×128
+ * weight_scale_inv when cfg->fp8), norms 1, small e_score_correction_bias;
+ * then tokenizer.json and tokenizer_config.json copied from tokenizer_dir
+ * when non-NULL. Deterministic in seed. Errors: PD_ERR_IO, PD_ERR_INVALID. */
+pd_status pd_mkmodel_write(const pd_model_config *cfg, uint64_t seed, const char *dir,
+                           size_t shard_bytes, const char *tokenizer_dir, pd_err *err);
+
+/* ------------------------------------------------------------------ */
+/* model, KV cache, forward                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct pd_model pd_model;
+
+/** Loads dir (config.json + safetensors) onto backend be: every tensor the
+ * config implies must exist with the implied shape (an FP8 weight also
+ * needs its weight_scale_inv). Weights are converted to the backend's
+ * compute format (fp32 on CPU; FP8 dequantised block × scale_inv).
+ * Errors: any of pd_config_load / pd_st_open_dir, PD_ERR_NOTFOUND (missing
+ * tensor), PD_ERR_SHAPE (shape differs from the config); err names the file
+ * and tensor. */
+pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err *err);
+void pd_model_free(pd_model **m_p);
+const pd_model_config *pd_model_config_of(const pd_model *m);
+
+/** Paged latent KV cache: num_blocks blocks of block_size tokens; each
+ * token slot of each layer holds kv_lora_rank (normalised latent c_KV) +
+ * qk_rope_head_dim (roped k_pe) fp32 values. Layout [block][layer][slot][D]
+ * with D = kv_lora_rank + qk_rope_head_dim, so one block is contiguous for
+ * transfer. */
+typedef struct pd_kv_cache pd_kv_cache;
+pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd_kv_cache **kv_p,
+                           pd_err *err);
+void pd_kv_cache_free(pd_kv_cache **kv_p);
+int pd_kv_cache_block_size(const pd_kv_cache *kv);
+int pd_kv_cache_num_free(const pd_kv_cache *kv);
+int pd_kv_cache_num_blocks(const pd_kv_cache *kv);
+/** Allocates one block; returns its index or -1 when none is free. */
+int pd_kv_cache_alloc(pd_kv_cache *kv);
+void pd_kv_cache_release(pd_kv_cache *kv, int block);
+/** Bytes of one block (all layers) and a pointer to it (backend memory). */
+size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv);
+void *pd_kv_cache_block_ptr(pd_kv_cache *kv, int block);
+
+/** A sequence's view of the cache. block_table[i] holds tokens
+ * [i*block_size, (i+1)*block_size). The caller owns the arrays. */
+typedef struct {
+    int *block_table;
+    int num_blocks; /* allocated entries of block_table */
+    int cap_blocks;
+    int num_tokens; /* tokens whose KV is in the cache */
+} pd_seq_kv;
+
+/** Makes room for n more tokens, allocating blocks as needed.
+ * Errors: PD_ERR_LIMIT (no free block; nothing allocated is kept). */
+pd_status pd_seq_kv_reserve(pd_kv_cache *kv, pd_seq_kv *s, int n);
+/** Releases every block of s back to kv and resets it. */
+void pd_seq_kv_release(pd_kv_cache *kv, pd_seq_kv *s);
+
+/** One sequence's slice of a batched forward step: n_tokens new tokens at
+ * positions s->num_tokens ... s->num_tokens + n_tokens - 1. */
+typedef struct {
+    pd_seq_kv *kv;
+    const int32_t *tokens;
+    int n_tokens;
+    bool all_logits; /* logits for every new token, else only the last */
+} pd_batch_seq;
+
+/** Runs one forward step over a batch of sequences (any mix of prefill
+ * chunks and single decode tokens). Writes the new tokens' latent KV into
+ * the cache (space must have been reserved with pd_seq_kv_reserve), then
+ * advances each kv->num_tokens by n_tokens. logits receives, in batch order,
+ * vocab_size fp32 values per requested row (all_logits: n_tokens rows, else
+ * 1 row); it must hold that many rows. Decode tokens (n_tokens == 1 with
+ * history) use the absorbed MLA form; prefill chunks the expanded form.
+ * Errors: PD_ERR_INVALID (token id out of range, position past
+ * max_position_embeddings, KV not reserved). */
+pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs,
+                           float *logits, pd_err *err);
+
+/* ------------------------------------------------------------------ */
+/* sampler                                                             */
+/* ------------------------------------------------------------------ */
+
+/** Sampling parameters of one request (OpenAI / vLLM meanings). */
+typedef struct {
+    float temperature;        /* 0 = greedy */
+    int top_k;                /* <= 0 or -1: off */
+    float top_p;              /* 1: off */
+    float min_p;              /* 0: off */
+    float presence_penalty;   /* OpenAI: subtract once if token appeared in output */
+    float frequency_penalty;  /* OpenAI: subtract count × penalty */
+    float repetition_penalty; /* vLLM/CTRL: 1 off; divides positive / multiplies negative
+                                 logits of tokens in prompt or output */
+    uint64_t seed;
+    bool has_seed;
+} pd_sampling_params;
+
+/** Default parameters: greedy off (temperature 1), every filter off. */
+pd_sampling_params pd_sampling_defaults(void);
+
+/** Per-request sampler state: its own generator (so the same seed gives the
+ * same tokens whatever the batch) and token counts for penalties. */
+typedef struct pd_sampler pd_sampler;
+/** vocab_size: logits length. prompt/n_prompt: tokens for repetition
+ * penalty (borrowed, copied). Errors: PD_ERR_INVALID (bad params). */
+pd_status pd_sampler_init(const pd_sampling_params *p, int vocab_size, const int32_t *prompt,
+                          int n_prompt, pd_sampler **s_p, pd_err *err);
+void pd_sampler_free(pd_sampler **s_p);
+/** Samples one token from logits (modified in place: penalties, temperature,
+ * filters). Records the token for later penalties. If logprob_p is non-NULL
+ * it receives log softmax of the raw (unpenalised, untempered) logits at the
+ * chosen token. Returns the token id. */
+int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p);
+/** Records an externally chosen token (e.g. the first token sampled by a
+ * prefill replica) so penalties stay consistent. */
+void pd_sampler_accept(pd_sampler *s, int32_t token);
+
+#endif
