@@ -78,19 +78,24 @@ uint8_t pd_f32_to_e4m3(float f) {
     if (isnan(f)) return 0x7f;
     uint8_t sign = signbit(f) ? 0x80 : 0;
     float a = fabsf(f);
-    if (a > 448.0f) a = 448.0f; /* saturate, as the published FP8 checkpoints do */
-    /* brute force nearest over the 127 finite magnitudes: simple and exact,
-     * only used when writing checkpoints */
-    uint8_t best = 0;
-    float bestd = INFINITY;
-    for (int c = 0; c < 0x7f; c++) {
-        float d = fabsf(pd_e4m3_to_f32((uint8_t)c) - a);
-        if (d < bestd || (d == bestd && (c & 1) == 0)) {
-            bestd = d;
-            best = (uint8_t)c;
-        }
-    }
-    return sign | best;
+    if (a >= 448.0f) /* saturate, as the published FP8 checkpoints do */
+        return sign | 0x7e;
+    /* Round to nearest even on the e4m3 grid: 3 mantissa bits, exponent
+     * bias 7, subnormals below 2^-6 with step 2^-9. */
+    int e;
+    frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): binade exponent e-1 */
+    int be = e - 1;
+    if (be < -6) be = -6;
+    float step = ldexpf(1.0f, be - 3);
+    float q = nearbyintf(a / step) * step; /* default rounding mode: ties to even */
+    if (q == 0.0f) return sign;
+    int qe;
+    float qm = frexpf(q, &qe);
+    int bexp = qe - 1 + 7;
+    if (bexp <= 0) /* subnormal: value = man * 2^-9 */
+        return sign | (uint8_t)lrintf(q * 512.0f);
+    int man = (int)lrintf((qm * 2.0f - 1.0f) * 8.0f);
+    return sign | (uint8_t)(bexp << 3) | (uint8_t)man;
 }
 
 static uint64_t splitmix64(uint64_t *x) {

@@ -1,0 +1,359 @@
+/* The CPU backend: plain C, the readable reference. Dense GEMM through
+ * OpenBLAS (cblas_sgemm); everything else written out as the papers state
+ * it, fp32 throughout, parallel over tokens/heads with OpenMP. */
+#include "pd_kernels.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+static void *cpu_alloc(pd_backend *be, size_t bytes) {
+    return calloc(1, bytes ? bytes : 1);
+}
+static void cpu_free(pd_backend *be, void *p) {
+    free(p);
+}
+static void cpu_memcpy(pd_backend *be, void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+}
+
+static pd_status cpu_weight_from_f32(pd_backend *be, const float *host, int rows, int cols, pd_weight *w_p) {
+    size_t n = (size_t)rows * (size_t)cols;
+    float *d = malloc(n * sizeof(float));
+    if (!d)
+        return PD_ERR_NOMEM;
+    memcpy(d, host, n * sizeof(float));
+    w_p->rows = rows;
+    w_p->cols = cols;
+    w_p->data = d;
+    return PD_OK;
+}
+
+static void cpu_weight_free(pd_backend *be, pd_weight *w) {
+    free(w->data);
+    w->data = NULL;
+}
+
+/* y[M×N] (+)= x[M×K] · W[N×K]^T */
+static void cpu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
+    if (M <= 0)
+        return;
+    int N = w->rows, K = w->cols;
+    if (M == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w->data, K, x, 1, accumulate ? 1.0f : 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w->data, K,
+                    accumulate ? 1.0f : 0.0f, y, N);
+}
+
+/* RMSNorm (Zhang & Sennrich 2019): y = x / sqrt(mean(x²) + eps) * w */
+static void cpu_rmsnorm(pd_backend *be, int rows, int dim, const float *x, int xs, const float *w, float eps,
+                        float *y, int ys) {
+#pragma omp parallel for if (rows > 16)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * xs;
+        float *yr = y + (size_t)r * ys;
+        double ss = 0.0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            yr[i] = xr[i] * inv * w[i];
+    }
+}
+
+/* RoPE (Su et al. 2021) on interleaved pairs, as the DeepSeek checkpoints
+ * lay them out (transformers apply_rotary_pos_emb_interleave). */
+static void cpu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
+                     int rope_dim, const int *pos, const float *inv_freq, float mscale) {
+    int half = rope_dim / 2;
+#pragma omp parallel for if (rows > 16)
+    for (int r = 0; r < rows; r++) {
+        float cs[512], sn[512];
+        for (int i = 0; i < half && i < 512; i++) {
+            float ang = (float)pos[r] * inv_freq[i]; /* fp32 product, as the reference */
+            cs[i] = cosf(ang) * mscale;
+            sn[i] = sinf(ang) * mscale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)r * row_stride + (size_t)h * head_stride;
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * cs[i] - b * sn[i];
+                v[2 * i + 1] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+static void cpu_silu_mul(pd_backend *be, int rows, int inter, const float *gu, float *out) {
+#pragma omp parallel for if (rows > 16)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gu + (size_t)r * 2 * inter, *u = g + inter;
+        float *o = out + (size_t)r * inter;
+        for (int i = 0; i < inter; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+static void cpu_add(pd_backend *be, size_t n, float *x, const float *y) {
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+static void cpu_embed(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out) {
+    for (int r = 0; r < rows; r++)
+        memcpy(out + (size_t)r * dim, (const float *)table->data + (size_t)ids[r] * dim, dim * sizeof(float));
+}
+
+static const float *cache_row(const pd_mla_args *a, int t) {
+    int D = a->kv_lora_rank + a->qk_rope_dim;
+    int blk = a->block_table[t / a->block_size];
+    return a->cache + (((size_t)blk * a->n_layers + a->layer) * a->block_size + t % a->block_size) * D;
+}
+
+/* MLA attention, DeepSeek-V2 paper §2.1.2–2.1.3.
+ * Expanded form (prefill): k_nope, v = W_kv_b · c_KV for every cached token,
+ * score = q_nope·k_nope + q_pe·k_pe.
+ * Absorbed form (decode): q_lat = W_UKᵀ q_nope, score = q_lat·c_KV + q_pe·k_pe,
+ * o_lat = Σ p c_KV, o = W_UV o_lat. Both give the same numbers up to rounding. */
+static void cpu_mla_attention(pd_backend *be, const pd_mla_args *a) {
+    int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
+    int qd = dn + dr;
+    int L = a->start_pos + a->n_q; /* tokens visible to the last query */
+    const float *wkvb = a->kv_b->data; /* [nh*(dn+dv), kvr] */
+    if (!a->absorbed) {
+        /* k_nope and v for every cached token: [L, nh, dn+dv] */
+        float *lat = malloc((size_t)L * kvr * sizeof(float));
+        float *kv = malloc((size_t)L * nh * (dn + dv) * sizeof(float));
+        for (int t = 0; t < L; t++)
+            memcpy(lat + (size_t)t * kvr, cache_row(a, t), kvr * sizeof(float));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, nh * (dn + dv), kvr, 1.0f, lat, kvr, wkvb, kvr, 0.0f,
+                    kv, nh * (dn + dv));
+#pragma omp parallel for collapse(2)
+        for (int i = 0; i < a->n_q; i++)
+            for (int h = 0; h < nh; h++) {
+                int n_vis = a->start_pos + i + 1;
+                const float *q = a->q + ((size_t)i * nh + h) * qd;
+                float *sc = malloc((size_t)n_vis * sizeof(float));
+                float mx = -INFINITY;
+                for (int t = 0; t < n_vis; t++) {
+                    const float *k = kv + ((size_t)t * nh + h) * (dn + dv);
+                    const float *kpe = cache_row(a, t) + kvr;
+                    float s = 0.0f;
+                    for (int d = 0; d < dn; d++) s += q[d] * k[d];
+                    for (int d = 0; d < dr; d++) s += q[dn + d] * kpe[d];
+                    s *= a->softmax_scale;
+                    sc[t] = s;
+                    if (s > mx) mx = s;
+                }
+                float sum = 0.0f;
+                for (int t = 0; t < n_vis; t++) {
+                    sc[t] = expf(sc[t] - mx);
+                    sum += sc[t];
+                }
+                float *o = a->out + ((size_t)i * nh + h) * dv;
+                for (int d = 0; d < dv; d++) o[d] = 0.0f;
+                for (int t = 0; t < n_vis; t++) {
+                    const float *v = kv + ((size_t)t * nh + h) * (dn + dv) + dn;
+                    float p = sc[t] / sum;
+                    for (int d = 0; d < dv; d++) o[d] += p * v[d];
+                }
+                free(sc);
+            }
+        free(kv);
+        free(lat);
+        return;
+    }
+#pragma omp parallel for collapse(2)
+    for (int i = 0; i < a->n_q; i++)
+        for (int h = 0; h < nh; h++) {
+            int n_vis = a->start_pos + i + 1;
+            const float *q = a->q + ((size_t)i * nh + h) * qd;
+            const float *wuk = wkvb + (size_t)h * (dn + dv) * kvr; /* [dn, kvr] */
+            const float *wuv = wuk + (size_t)dn * kvr;              /* [dv, kvr] */
+            float *qlat = malloc((size_t)kvr * sizeof(float));
+            float *olat = calloc((size_t)kvr, sizeof(float));
+            float *sc = malloc((size_t)n_vis * sizeof(float));
+            for (int c = 0; c < kvr; c++) qlat[c] = 0.0f;
+            for (int d = 0; d < dn; d++)
+                for (int c = 0; c < kvr; c++) qlat[c] += q[d] * wuk[(size_t)d * kvr + c];
+            float mx = -INFINITY;
+            for (int t = 0; t < n_vis; t++) {
+                const float *row = cache_row(a, t);
+                float s = 0.0f;
+                for (int c = 0; c < kvr; c++) s += qlat[c] * row[c];
+                for (int d = 0; d < dr; d++) s += q[dn + d] * row[kvr + d];
+                s *= a->softmax_scale;
+                sc[t] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0.0f;
+            for (int t = 0; t < n_vis; t++) {
+                sc[t] = expf(sc[t] - mx);
+                sum += sc[t];
+            }
+            for (int t = 0; t < n_vis; t++) {
+                const float *row = cache_row(a, t);
+                float p = sc[t] / sum;
+                for (int c = 0; c < kvr; c++) olat[c] += p * row[c];
+            }
+            float *o = a->out + ((size_t)i * nh + h) * dv;
+            for (int d = 0; d < dv; d++) {
+                float s = 0.0f;
+                for (int c = 0; c < kvr; c++) s += wuv[(size_t)d * kvr + c] * olat[c];
+                o[d] = s;
+            }
+            free(sc);
+            free(olat);
+            free(qlat);
+        }
+}
+
+/* Top-k indices of v[n] (largest first; ties to the lower index). */
+static void topk_idx(const float *v, int n, int k, int *out) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int m = 0; m < j; m++)
+                if (out[m] == i) { taken = true; break; }
+            if (taken) continue;
+            if (best < 0 || v[i] > v[best]) best = i;
+        }
+        out[j] = best;
+    }
+}
+
+/* DeepSeekMoE routing. V3 (noaux_tc, DeepSeek-V3 §2.1.2): s = sigmoid(logit);
+ * choice = s + bias; group score = sum of the top-2 choices in each group;
+ * keep topk_group groups (others -inf); top_k experts by choice; weights =
+ * unbiased s, normalised if norm_topk_prob, × routed_scaling_factor.
+ * V2 (DeepSeek-V2 §2.2): s = softmax(logit); greedy top-k, or
+ * group-limited: group score = max s in the group; weights = s (× scale,
+ * normalised when norm_topk_prob). */
+static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                          float *weights) {
+    int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1, per = E / G;
+    for (int r = 0; r < rows; r++) {
+        const float *lg = logits + (size_t)r * E;
+        float s[1024], choice[1024], gs[256];
+        int gsel[256], esel[256];
+        if (p->scoring == 1) {
+            for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-lg[e]));
+        } else {
+            float mx = -INFINITY, sum = 0.0f;
+            for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[e]);
+            for (int e = 0; e < E; e++) sum += (s[e] = expf(lg[e] - mx));
+            for (int e = 0; e < E; e++) s[e] /= sum;
+        }
+        for (int e = 0; e < E; e++)
+            choice[e] = s[e] + ((p->topk_method == 2 && p->e_score_correction_bias) ? p->e_score_correction_bias[e] : 0.0f);
+        if (p->topk_method != 0 && G > 1) {
+            for (int g = 0; g < G; g++) {
+                const float *c = choice + g * per;
+                if (p->topk_method == 2) {
+                    int t2[2];
+                    topk_idx(c, per, per >= 2 ? 2 : 1, t2);
+                    gs[g] = c[t2[0]] + (per >= 2 ? c[t2[1]] : 0.0f);
+                } else {
+                    float m = -INFINITY;
+                    for (int e = 0; e < per; e++) m = fmaxf(m, c[e]);
+                    gs[g] = m;
+                }
+            }
+            topk_idx(gs, G, p->topk_group, gsel);
+            for (int g = 0; g < G; g++) {
+                bool keep = false;
+                for (int j = 0; j < p->topk_group; j++)
+                    if (gsel[j] == g) keep = true;
+                if (!keep)
+                    for (int e = 0; e < per; e++) choice[g * per + e] = -INFINITY;
+            }
+        }
+        topk_idx(choice, E, p->top_k, esel);
+        float sum = 0.0f;
+        for (int j = 0; j < p->top_k; j++) sum += s[esel[j]];
+        for (int j = 0; j < p->top_k; j++) {
+            float w = s[esel[j]];
+            if (p->norm_topk_prob) w /= (sum + 1e-20f);
+            ids[(size_t)r * p->top_k + j] = esel[j];
+            weights[(size_t)r * p->top_k + j] = w * p->routed_scaling_factor;
+        }
+    }
+}
+
+static void cpu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                            const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down,
+                            float *out) {
+    /* Group tokens by expert, then two GEMMs per expert. */
+    int n = rows * top_k;
+    int *order = malloc((size_t)n * sizeof(int));
+    float *xin = malloc((size_t)rows * hidden * sizeof(float));
+    float *gu = malloc((size_t)rows * 2 * inter * sizeof(float));
+    float *act = malloc((size_t)rows * inter * sizeof(float));
+    float *y = malloc((size_t)rows * hidden * sizeof(float));
+    int max_e = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] > max_e) max_e = ids[i];
+    for (int e = 0; e <= max_e; e++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (ids[i] == e) order[m++] = i;
+        if (!m) continue;
+        for (int j = 0; j < m; j++)
+            memcpy(xin + (size_t)j * hidden, x + (size_t)(order[j] / top_k) * hidden, hidden * sizeof(float));
+        cpu_gemm(be, m, xin, &gate_up[e], gu, false);
+        cpu_silu_mul(be, m, inter, gu, act);
+        cpu_gemm(be, m, act, &down[e], y, false);
+        for (int j = 0; j < m; j++) {
+            float w = weights[order[j]];
+            float *o = out + (size_t)(order[j] / top_k) * hidden;
+            const float *yr = y + (size_t)j * hidden;
+            for (int d = 0; d < hidden; d++) o[d] += w * yr[d];
+        }
+    }
+    free(y);
+    free(act);
+    free(gu);
+    free(xin);
+    free(order);
+}
+
+static void cpu_destroy(pd_backend *be) {
+    free(be);
+}
+
+static const pd_backend_i cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .weight_from_f32 = cpu_weight_from_f32,
+    .weight_free = cpu_weight_free,
+    .gemm = cpu_gemm,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .embed = cpu_embed,
+    .mla_attention = cpu_mla_attention,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
+    .destroy = cpu_destroy,
+};
+
+pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p) {
+    pd_backend *be = calloc(1, sizeof *be);
+    if (!be)
+        return PD_ERR_NOMEM;
+    be->ops = &cpu_ops;
+    be->n_threads = n_threads;
+    if (n_threads > 0)
+        openblas_set_num_threads(n_threads);
+    *be_p = be;
+    return PD_OK;
+}
