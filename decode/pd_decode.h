@@ -1,0 +1,105 @@
+/* decode/ — the decode replica: a continuous-batching scheduler over the
+ * model (pd_sched_*), and the service around it (pd_decode_main) that talks
+ * to the gateway over ZeroMQ and receives prompt KV over UCX.
+ *
+ * Scheduling (vLLM-style continuous batching with chunked prefill): every
+ * step runs one forward over a batch made of (a) one token for each running
+ * sequence, up to max_num_seqs, then (b) prefill chunks of waiting prompts
+ * while the step's token budget max_num_batched_tokens lasts. A sequence
+ * whose prompt KV comes from a prefill replica holds a reservation of
+ * blocks and joins the running set when its KV is complete.
+ */
+#ifndef PD_DECODE_H
+#define PD_DECODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pd_common.h"
+#include "pd_model.h"
+
+typedef struct {
+    int max_num_seqs;           /* running sequences per step (vLLM --max-num-seqs) */
+    int max_num_batched_tokens; /* tokens per step (vLLM --max-num-batched-tokens) */
+    int chunked_prefill_size;   /* longest prefill chunk of one sequence per step */
+    int block_size;             /* KV cache block, tokens */
+    int num_blocks;             /* KV cache blocks */
+} pd_sched_config;
+
+/** What a request asks of the scheduler. Arrays are copied. */
+typedef struct {
+    const char *request_id;
+    const int32_t *prompt_ids;
+    int n_prompt;
+    pd_sampling_params sampling;
+    int max_tokens, min_tokens;
+    bool ignore_eos;
+    const int32_t *stop_token_ids;
+    int n_stop_token_ids;
+    bool want_logprobs;
+} pd_sched_request;
+
+/** Events the scheduler reports after a step, in order. token events come
+ * one per generated token; finished follows the last token of a request
+ * (finish_reason "stop" or "length"); error ends a request that cannot run. */
+typedef struct {
+    void (*on_token)(void *user, const char *request_id, int32_t token, float logprob);
+    void (*on_finished)(void *user, const char *request_id, const char *finish_reason);
+    void (*on_error)(void *user, const char *request_id, const char *message);
+} pd_sched_callbacks;
+
+typedef struct pd_sched pd_sched;
+
+/** Creates a scheduler over m (borrowed) with its own KV cache.
+ * Errors: PD_ERR_INVALID (non-positive sizes), PD_ERR_NOMEM. */
+pd_status pd_sched_init(pd_model *m, const pd_sched_config *cfg, const pd_sched_callbacks *cb, void *user,
+                        pd_sched **s_p, pd_err *err);
+void pd_sched_free(pd_sched **s_p);
+
+/** Queues a request whose prompt this replica prefills itself.
+ * Errors: PD_ERR_INVALID (empty prompt, bad sampling params, duplicate id,
+ * prompt + max_tokens past max_position_embeddings), PD_ERR_LIMIT (the
+ * prompt can never fit in the KV cache). */
+pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err);
+
+/** Reserves KV blocks for n_tokens prompt tokens (+ 1 block headroom) that a
+ * prefill replica will write, for request_id. *reservation_p gets a fresh
+ * id; block_ids_p (heap, caller frees) the blocks in order.
+ * Errors: PD_ERR_LIMIT (not enough free blocks), PD_ERR_INVALID (duplicate). */
+pd_status pd_sched_reserve(pd_sched *s, const char *request_id, int n_tokens, uint64_t *reservation_p,
+                           uint32_t **block_ids_p, int *n_blocks_p, pd_err *err);
+
+/** The prefill replica finished writing the prompt KV of a reservation and
+ * sampled the first token: the request (r, whose prompt is the full prompt)
+ * joins the running set with first_token already generated.
+ * Errors: PD_ERR_NOTFOUND (unknown or released reservation — refused, the
+ * blocks are not used), PD_ERR_INVALID (token count does not match). */
+pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, uint64_t reservation, int32_t first_token,
+                                 float first_logprob, pd_err *err);
+
+/** Drops a request (queued, running or reserved) and frees its blocks.
+ * Returns true if it existed. */
+bool pd_sched_abort(pd_sched *s, const char *request_id);
+
+/** Runs one forward step if there is work; reports events through the
+ * callbacks. Returns the number of tokens processed (0: idle).
+ * Errors: a forward failure fails every request in the batch (on_error). */
+int pd_sched_step(pd_sched *s);
+
+/** Load figures for heartbeats. */
+typedef struct {
+    int num_running, num_waiting, num_reserved;
+    int free_blocks, total_blocks;
+    uint64_t prefill_tokens_total;    /* prompt tokens this scheduler computed */
+    uint64_t generation_tokens_total; /* tokens sampled here */
+    uint64_t tokens_in_flight;        /* prompt + max_tokens of live requests */
+} pd_sched_stats;
+void pd_sched_get_stats(const pd_sched *s, pd_sched_stats *st);
+
+/** The KV cache, for registering with kvtransfer. */
+pd_kv_cache *pd_sched_kv(pd_sched *s);
+
+/** pdserve decode: the service entry (argv as given after "decode"). */
+int pd_decode_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,402 @@
+/* Continuous batching with chunked prefill over the paged latent KV cache.
+ *
+ * Every sequence keeps its tokens (prompt + generated) and the number of
+ * them whose KV is in the cache; the difference is what it still has to
+ * run. A running sequence has exactly one pending token (the last one
+ * sampled); a waiting one has a prompt (or, after preemption, prompt +
+ * output) to prefill in chunks. When a sequence's pending tokens are all
+ * processed, the step's logits row for it is sampled. */
+#include "pd_decode.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_RESERVED } seq_state;
+
+typedef struct seq {
+    char id[128];
+    seq_state state;
+    int32_t *tokens;
+    int n_tokens, cap, n_prompt, n_generated;
+    int max_tokens, min_tokens;
+    bool ignore_eos, want_logprobs;
+    int32_t *stop_ids;
+    int n_stop;
+    pd_sampler *smp;
+    pd_seq_kv kv;
+    uint64_t reservation;
+    uint64_t admit_order;
+    bool in_batch;
+    struct seq *next;
+} seq;
+
+struct pd_sched {
+    pd_model *m;
+    pd_sched_config cfg;
+    pd_sched_callbacks cb;
+    void *user;
+    pd_kv_cache *kv;
+    seq *seqs; /* all sequences, a list; small counts (hundreds) */
+    uint64_t next_reservation, admit_counter;
+    uint64_t prefill_tokens_total, generation_tokens_total;
+    float *logits;
+    int logits_rows;
+};
+
+static const pd_model_config *mcfg(const pd_sched *s) {
+    return pd_model_config_of(s->m);
+}
+
+pd_status pd_sched_init(pd_model *m, const pd_sched_config *cfg, const pd_sched_callbacks *cb, void *user,
+                        pd_sched **s_p, pd_err *err) {
+    if (cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 || cfg->chunked_prefill_size <= 0 ||
+        cfg->block_size <= 0 || cfg->num_blocks <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "scheduler: every size must be positive");
+    pd_sched *s = pd_xcalloc(1, sizeof *s);
+    s->m = m;
+    s->cfg = *cfg;
+    s->cb = *cb;
+    s->user = user;
+    s->next_reservation = 1;
+    pd_status st = pd_kv_cache_init(m, cfg->block_size, cfg->num_blocks, &s->kv, err);
+    if (st != PD_OK) {
+        free(s);
+        return st;
+    }
+    *s_p = s;
+    return PD_OK;
+}
+
+static void seq_free(pd_sched *s, seq *q) {
+    pd_seq_kv_release(s->kv, &q->kv);
+    free(q->kv.block_table);
+    pd_sampler_free(&q->smp);
+    free(q->tokens);
+    free(q->stop_ids);
+    free(q);
+}
+
+static void seq_unlink(pd_sched *s, seq *q) {
+    for (seq **pp = &s->seqs; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            return;
+        }
+}
+
+void pd_sched_free(pd_sched **s_p) {
+    if (!s_p || !*s_p)
+        return;
+    pd_sched *s = *s_p;
+    while (s->seqs) {
+        seq *q = s->seqs;
+        s->seqs = q->next;
+        seq_free(s, q);
+    }
+    pd_kv_cache_free(&s->kv);
+    free(s->logits);
+    free(s);
+    *s_p = NULL;
+}
+
+static seq *find(pd_sched *s, const char *id) {
+    for (seq *q = s->seqs; q; q = q->next)
+        if (!strcmp(q->id, id))
+            return q;
+    return NULL;
+}
+
+static void append_tail(pd_sched *s, seq *q) {
+    seq **pp = &s->seqs;
+    while (*pp) pp = &(*pp)->next;
+    q->next = NULL;
+    *pp = q;
+}
+
+static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_err *err) {
+    const pd_model_config *c = mcfg(s);
+    if (!r->request_id || !*r->request_id || strlen(r->request_id) >= sizeof(((seq *)0)->id))
+        return pd_err_set(err, PD_ERR_INVALID, "request id missing or longer than 127 bytes");
+    if (find(s, r->request_id))
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: duplicate request id", r->request_id);
+    if (r->n_prompt <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: empty prompt", r->request_id);
+    if (r->max_tokens <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: max_tokens must be at least 1", r->request_id);
+    if ((int64_t)r->n_prompt + r->max_tokens > c->max_position_embeddings)
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: prompt (%d) + max_tokens (%d) exceeds %d", r->request_id,
+                          r->n_prompt, r->max_tokens, c->max_position_embeddings);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= c->vocab_size)
+            return pd_err_set(err, PD_ERR_INVALID, "request %s: token id %d outside the vocabulary", r->request_id,
+                              r->prompt_ids[i]);
+    int need_blocks = (r->n_prompt + r->max_tokens + s->cfg.block_size - 1) / s->cfg.block_size;
+    if (need_blocks > s->cfg.num_blocks)
+        return pd_err_set(err, PD_ERR_LIMIT, "request %s: %d tokens can never fit in the KV cache (%d blocks of %d)",
+                          r->request_id, r->n_prompt + r->max_tokens, s->cfg.num_blocks, s->cfg.block_size);
+    seq *q = pd_xcalloc(1, sizeof *q);
+    pd_status st = pd_sampler_init(&r->sampling, c->vocab_size, r->prompt_ids, r->n_prompt, &q->smp, err);
+    if (st != PD_OK) {
+        free(q);
+        return st;
+    }
+    snprintf(q->id, sizeof q->id, "%s", r->request_id);
+    q->cap = r->n_prompt + r->max_tokens + 1;
+    q->tokens = pd_xmalloc((size_t)q->cap * sizeof(int32_t));
+    memcpy(q->tokens, r->prompt_ids, (size_t)r->n_prompt * sizeof(int32_t));
+    q->n_tokens = q->n_prompt = r->n_prompt;
+    q->max_tokens = r->max_tokens;
+    q->min_tokens = r->min_tokens;
+    q->ignore_eos = r->ignore_eos;
+    q->want_logprobs = r->want_logprobs;
+    if (r->n_stop_token_ids > 0) {
+        q->stop_ids = pd_xmalloc((size_t)r->n_stop_token_ids * sizeof(int32_t));
+        memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof(int32_t));
+        q->n_stop = r->n_stop_token_ids;
+    }
+    *q_p = q;
+    return PD_OK;
+}
+
+pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err) {
+    seq *q;
+    pd_status st = seq_new(s, r, &q, err);
+    if (st != PD_OK)
+        return st;
+    q->state = SEQ_WAITING;
+    append_tail(s, q);
+    return PD_OK;
+}
+
+pd_status pd_sched_reserve(pd_sched *s, const char *request_id, int n_tokens, uint64_t *reservation_p,
+                           uint32_t **block_ids_p, int *n_blocks_p, pd_err *err) {
+    if (n_tokens <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "reserve %s: no tokens", request_id);
+    if (find(s, request_id))
+        return pd_err_set(err, PD_ERR_INVALID, "reserve %s: duplicate request id", request_id);
+    if (strlen(request_id) >= sizeof(((seq *)0)->id))
+        return pd_err_set(err, PD_ERR_INVALID, "request id longer than 127 bytes");
+    seq *q = pd_xcalloc(1, sizeof *q);
+    snprintf(q->id, sizeof q->id, "%s", request_id);
+    q->state = SEQ_RESERVED;
+    /* the prompt, plus the first generated token's slot */
+    if (pd_seq_kv_reserve(s->kv, &q->kv, n_tokens + 1) != PD_OK) {
+        free(q->kv.block_table);
+        free(q);
+        return pd_err_set(err, PD_ERR_LIMIT, "reserve %s: %d tokens need more than the %d free KV blocks", request_id,
+                          n_tokens + 1, pd_kv_cache_num_free(s->kv));
+    }
+    q->reservation = s->next_reservation++;
+    q->n_prompt = n_tokens;
+    uint32_t *ids = pd_xmalloc((size_t)q->kv.num_blocks * sizeof(uint32_t));
+    for (int i = 0; i < q->kv.num_blocks; i++)
+        ids[i] = (uint32_t)q->kv.block_table[i];
+    append_tail(s, q);
+    *reservation_p = q->reservation;
+    *block_ids_p = ids;
+    *n_blocks_p = q->kv.num_blocks;
+    return PD_OK;
+}
+
+static bool is_stop_token(const seq *q, int32_t t, int eos) {
+    if (t == eos && !q->ignore_eos)
+        return true;
+    for (int i = 0; i < q->n_stop; i++)
+        if (q->stop_ids[i] == t)
+            return true;
+    return false;
+}
+
+/* Appends a sampled token and decides whether the sequence is done.
+ * Returns the finish reason or NULL. */
+static const char *seq_accept(pd_sched *s, seq *q, int32_t t) {
+    q->tokens[q->n_tokens++] = t;
+    q->n_generated++;
+    if (is_stop_token(q, t, mcfg(s)->eos_token_id) && q->n_generated > q->min_tokens)
+        return "stop";
+    if (q->n_generated >= q->max_tokens || q->n_tokens >= mcfg(s)->max_position_embeddings)
+        return "length";
+    return NULL;
+}
+
+pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, uint64_t reservation, int32_t first_token,
+                                 float first_logprob, pd_err *err) {
+    seq *res = find(s, r->request_id);
+    if (!res || res->state != SEQ_RESERVED || res->reservation != reservation)
+        return pd_err_set(err, PD_ERR_NOTFOUND, "request %s: reservation %llu is unknown or released; KV refused",
+                          r->request_id, (unsigned long long)reservation);
+    if (res->n_prompt != r->n_prompt)
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: reservation holds %d tokens, prompt has %d", r->request_id,
+                          res->n_prompt, r->n_prompt);
+    /* build the sequence, then move the reservation's blocks into it */
+    seq_unlink(s, res);
+    seq *q;
+    pd_status st = seq_new(s, r, &q, err);
+    if (st != PD_OK) {
+        seq_free(s, res);
+        return st;
+    }
+    q->kv = res->kv;
+    memset(&res->kv, 0, sizeof res->kv);
+    seq_free(s, res);
+    q->kv.num_tokens = r->n_prompt;
+    q->state = SEQ_RUNNING;
+    q->admit_order = ++s->admit_counter;
+    pd_sampler_accept(q->smp, first_token);
+    append_tail(s, q);
+    const char *fin = seq_accept(s, q, first_token);
+    (void)first_logprob;
+    s->generation_tokens_total++;
+    if (fin) {
+        seq_unlink(s, q);
+        s->cb.on_finished(s->user, q->id, fin);
+        seq_free(s, q);
+    }
+    return PD_OK;
+}
+
+bool pd_sched_abort(pd_sched *s, const char *request_id) {
+    seq *q = find(s, request_id);
+    if (!q)
+        return false;
+    seq_unlink(s, q);
+    seq_free(s, q);
+    return true;
+}
+
+/* Frees the KV of the most recently admitted running sequence other than
+ * keep and sends it back to wait (vLLM's recompute preemption). */
+static bool preempt_one(pd_sched *s, seq *keep) {
+    seq *victim = NULL;
+    for (seq *q = s->seqs; q; q = q->next)
+        if (q != keep && !q->in_batch && q->state == SEQ_RUNNING && q->kv.num_blocks > 0 &&
+            (!victim || q->admit_order > victim->admit_order))
+            victim = q;
+    if (!victim)
+        return false;
+    pd_seq_kv_release(s->kv, &victim->kv);
+    victim->state = SEQ_WAITING;
+    /* to the front of the queue */
+    seq_unlink(s, victim);
+    victim->next = s->seqs;
+    s->seqs = victim;
+    return true;
+}
+
+int pd_sched_step(pd_sched *s) {
+    const pd_model_config *c = mcfg(s);
+    int max_seqs = s->cfg.max_num_seqs;
+    pd_batch_seq *batch = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *batch);
+    seq **bseq = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *bseq);
+    bool *sample = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *sample);
+    int nb = 0, budget = s->cfg.max_num_batched_tokens;
+
+    /* (a) decode: one token for each running sequence, oldest first */
+    for (seq *q = s->seqs; q && nb < max_seqs && budget > 0; q = q->next) {
+        if (q->state != SEQ_RUNNING)
+            continue;
+        while (pd_seq_kv_reserve(s->kv, &q->kv, 1) != PD_OK)
+            if (!preempt_one(s, q))
+                break;
+        if (q->state != SEQ_RUNNING || q->kv.num_blocks * s->cfg.block_size < q->kv.num_tokens + 1)
+            continue;
+        batch[nb] = (pd_batch_seq){.kv = &q->kv, .tokens = &q->tokens[q->kv.num_tokens], .n_tokens = 1};
+        bseq[nb] = q;
+        q->in_batch = true;
+        sample[nb] = true;
+        nb++;
+        budget--;
+    }
+    /* (b) prefill chunks of waiting sequences, in arrival order */
+    for (seq *q = s->seqs; q && nb < max_seqs && budget > 0; q = q->next) {
+        if (q->state != SEQ_WAITING)
+            continue;
+        int pending = q->n_tokens - q->kv.num_tokens;
+        int n = pending;
+        if (n > s->cfg.chunked_prefill_size) n = s->cfg.chunked_prefill_size;
+        if (n > budget) n = budget;
+        if (pd_seq_kv_reserve(s->kv, &q->kv, n) != PD_OK)
+            break; /* FIFO: later prompts wait behind this one */
+        batch[nb] = (pd_batch_seq){.kv = &q->kv, .tokens = &q->tokens[q->kv.num_tokens], .n_tokens = n};
+        bseq[nb] = q;
+        q->in_batch = true;
+        sample[nb] = n == pending;
+        nb++;
+        budget -= n;
+    }
+    if (nb == 0) {
+        free(batch);
+        free(bseq);
+        free(sample);
+        return 0;
+    }
+    if (s->logits_rows < nb) {
+        free(s->logits);
+        s->logits = pd_xmalloc((size_t)nb * c->vocab_size * sizeof(float));
+        s->logits_rows = nb;
+    }
+    for (int i = 0; i < nb; i++)
+        bseq[i]->in_batch = false;
+    pd_err err = {{0}};
+    int processed = s->cfg.max_num_batched_tokens - budget;
+    if (pd_model_forward(s->m, s->kv, batch, nb, s->logits, &err) != PD_OK) {
+        for (int i = 0; i < nb; i++) {
+            seq *q = bseq[i];
+            seq_unlink(s, q);
+            s->cb.on_error(s->user, q->id, err.msg);
+            seq_free(s, q);
+        }
+        free(batch);
+        free(bseq);
+        free(sample);
+        return processed;
+    }
+    for (int i = 0; i < nb; i++) {
+        seq *q = bseq[i];
+        if (q->state == SEQ_WAITING) {
+            s->prefill_tokens_total += (uint64_t)batch[i].n_tokens;
+            if (!sample[i])
+                continue;
+            q->state = SEQ_RUNNING;
+            q->admit_order = ++s->admit_counter;
+        }
+        float *lg = s->logits + (size_t)i * c->vocab_size;
+        if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
+            if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
+            for (int k = 0; k < q->n_stop; k++)
+                if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
+        }
+        float lp = 0.0f;
+        int32_t t = pd_sampler_sample(q->smp, lg, q->want_logprobs ? &lp : NULL);
+        s->generation_tokens_total++;
+        const char *fin = seq_accept(s, q, t);
+        s->cb.on_token(s->user, q->id, t, lp);
+        if (fin) {
+            seq_unlink(s, q);
+            s->cb.on_finished(s->user, q->id, fin);
+            seq_free(s, q);
+        }
+    }
+    free(batch);
+    free(bseq);
+    free(sample);
+    return processed;
+}
+
+void pd_sched_get_stats(const pd_sched *s, pd_sched_stats *st) {
+    memset(st, 0, sizeof *st);
+    for (const seq *q = s->seqs; q; q = q->next) {
+        if (q->state == SEQ_RUNNING) st->num_running++;
+        else if (q->state == SEQ_WAITING) st->num_waiting++;
+        else st->num_reserved++;
+        st->tokens_in_flight += (uint64_t)(q->n_prompt + q->max_tokens - q->n_generated);
+    }
+    st->free_blocks = pd_kv_cache_num_free(s->kv);
+    st->total_blocks = pd_kv_cache_num_blocks(s->kv);
+    st->prefill_tokens_total = s->prefill_tokens_total;
+    st->generation_tokens_total = s->generation_tokens_total;
+}
+
+pd_kv_cache *pd_sched_kv(pd_sched *s) {
+    return s->kv;
+}

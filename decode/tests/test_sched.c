@@ -1,0 +1,280 @@
+/* The continuous-batching scheduler: batching, chunking, preemption and
+ * the prefill-replica route must not change what a request generates. The
+ * reference is a plain one-sequence prefill + decode loop over the model. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "pd_decode.h"
+
+#define MAXREQ 16
+#define MAXTOK 64
+
+static pd_backend *g_be;
+static pd_model *g_m;
+
+typedef struct {
+    char id[32];
+    int32_t out[MAXTOK];
+    int n_out;
+    char finish[16];
+    bool errored;
+} req_out;
+
+typedef struct {
+    req_out r[MAXREQ];
+    int n;
+} outputs;
+
+static req_out *lookup(outputs *o, const char *id) {
+    for (int i = 0; i < o->n; i++)
+        if (!strcmp(o->r[i].id, id)) return &o->r[i];
+    fail_msg("unknown id %s", id);
+    return NULL;
+}
+static void on_token(void *u, const char *id, int32_t t, float lp) {
+    req_out *r = lookup(u, id);
+    assert_true(r->n_out < MAXTOK);
+    assert_true(r->finish[0] == 0);
+    r->out[r->n_out++] = t;
+}
+static void on_finished(void *u, const char *id, const char *reason) {
+    snprintf(lookup(u, id)->finish, 16, "%s", reason);
+}
+static void on_error(void *u, const char *id, const char *msg) {
+    lookup(u, id)->errored = true;
+}
+static const pd_sched_callbacks cbs = {on_token, on_finished, on_error};
+
+static int setup(void **state) {
+    const char *bd = getenv("PD_BUILD_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/test-models-sched", bd ? bd : ".");
+    mkdir(dir, 0755);
+    strcat(dir, "/tiny");
+    pd_err err = {{0}};
+    char cfgp[4200];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    struct stat sb;
+    if (stat(cfgp, &sb) != 0) {
+        pd_model_config c;
+        assert_int_equal(pd_preset_config("tiny", &c, &err), PD_OK);
+        assert_int_equal(pd_mkmodel_write(&c, 1, dir, 0, NULL, &err), PD_OK);
+    }
+    assert_int_equal(pd_backend_cpu_init(1, &g_be), PD_OK);
+    if (pd_model_load(dir, g_be, &g_m, &err) != PD_OK) fail_msg("%s", err.msg);
+    return 0;
+}
+static int teardown(void **state) {
+    pd_model_free(&g_m);
+    pd_backend_free(&g_be);
+    return 0;
+}
+
+static void make_prompt(int32_t *p, int n, uint64_t seed) {
+    pd_rng r;
+    pd_rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) p[i] = 3 + (int32_t)(pd_rng_next(&r) % 120000);
+}
+
+/* one sequence alone, no scheduler: prefill then decode */
+static int reference(const int32_t *prompt, int n, const pd_sampling_params *sp, int max_tokens, int32_t *out) {
+    pd_err err = {{0}};
+    pd_kv_cache *kv;
+    assert_int_equal(pd_kv_cache_init(g_m, 16, (n + max_tokens) / 16 + 2, &kv, &err), PD_OK);
+    pd_sampler *smp;
+    int V = pd_model_config_of(g_m)->vocab_size;
+    assert_int_equal(pd_sampler_init(sp, V, prompt, n, &smp, &err), PD_OK);
+    float *lg = malloc((size_t)V * sizeof(float));
+    pd_seq_kv s = {0};
+    assert_int_equal(pd_seq_kv_reserve(kv, &s, n), PD_OK);
+    pd_batch_seq b = {.kv = &s, .tokens = prompt, .n_tokens = n};
+    assert_int_equal(pd_model_forward(g_m, kv, &b, 1, lg, &err), PD_OK);
+    int k = 0;
+    for (; k < max_tokens; k++) {
+        out[k] = pd_sampler_sample(smp, lg, NULL);
+        if (out[k] == pd_model_config_of(g_m)->eos_token_id) { k++; break; }
+        if (k + 1 == max_tokens) { k++; break; }
+        assert_int_equal(pd_seq_kv_reserve(kv, &s, 1), PD_OK);
+        pd_batch_seq d = {.kv = &s, .tokens = &out[k], .n_tokens = 1};
+        assert_int_equal(pd_model_forward(g_m, kv, &d, 1, lg, &err), PD_OK);
+    }
+    pd_seq_kv_release(kv, &s);
+    free(s.block_table);
+    free(lg);
+    pd_sampler_free(&smp);
+    pd_kv_cache_free(&kv);
+    return k;
+}
+
+static void run_mix(const pd_sched_config *cfg, bool sampled) {
+    outputs o = {0};
+    pd_sched *s;
+    pd_err err = {{0}};
+    assert_int_equal(pd_sched_init(g_m, cfg, &cbs, &o, &s, &err), PD_OK);
+    int lens[] = {1, 5, 17, 40, 3, 64, 9, 23};
+    int n = 8, max_tokens = 12;
+    int32_t prompts[8][64];
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = sampled ? 0.9f : 0.0f;
+    for (int i = 0; i < n; i++) {
+        make_prompt(prompts[i], lens[i], 100 + i);
+        snprintf(o.r[i].id, 32, "req-%d", i);
+        o.n++;
+        sp.seed = 1000 + i;
+        sp.has_seed = sampled;
+        pd_sched_request r = {.request_id = o.r[i].id, .prompt_ids = prompts[i], .n_prompt = lens[i],
+                              .sampling = sp, .max_tokens = max_tokens, .ignore_eos = true};
+        assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    }
+    for (int guard = 0; guard < 10000; guard++)
+        if (pd_sched_step(s) == 0) break;
+    for (int i = 0; i < n; i++) {
+        int32_t ref[64];
+        sp.seed = 1000 + i;
+        sp.has_seed = sampled;
+        int k = reference(prompts[i], lens[i], &sp, max_tokens, ref);
+        assert_false(o.r[i].errored);
+        assert_int_equal(o.r[i].n_out, max_tokens);
+        assert_int_equal(k, max_tokens);
+        assert_memory_equal(o.r[i].out, ref, (size_t)k * sizeof(int32_t));
+        assert_string_equal(o.r[i].finish, "length");
+    }
+    pd_sched_stats st;
+    pd_sched_get_stats(s, &st);
+    assert_int_equal(st.free_blocks, cfg->num_blocks);
+    assert_int_equal(st.num_running + st.num_waiting, 0);
+    pd_sched_free(&s);
+}
+
+static void test_batched_greedy_equals_alone(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 8, .max_num_batched_tokens = 32, .chunked_prefill_size = 16,
+                           .block_size = 4, .num_blocks = 256};
+    run_mix(&cfg, false);
+}
+
+static void test_seeded_sampling_is_batch_invariant(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 3, .max_num_batched_tokens = 20, .chunked_prefill_size = 7,
+                           .block_size = 8, .num_blocks = 128};
+    run_mix(&cfg, true);
+}
+
+/* Too few blocks for everyone at once: preemption and recompute must not
+ * change outputs, and all blocks come back. */
+static void test_preemption(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 8, .max_num_batched_tokens = 64, .chunked_prefill_size = 64,
+                           .block_size = 4, .num_blocks = 24};
+    run_mix(&cfg, false);
+}
+
+/* The long route: KV computed elsewhere (here: a second cache, copied block
+ * by block as kvtransfer would), reservation, then decode. */
+static void test_reserved_prefilled(void **state) {
+    outputs o = {0};
+    pd_sched *s;
+    pd_err err = {{0}};
+    pd_sched_config cfg = {.max_num_seqs = 4, .max_num_batched_tokens = 64, .chunked_prefill_size = 64,
+                           .block_size = 4, .num_blocks = 64};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, &o, &s, &err), PD_OK);
+    int n = 19, max_tokens = 6;
+    int32_t prompt[19];
+    make_prompt(prompt, n, 5);
+    snprintf(o.r[0].id, 32, "long-0");
+    o.n = 1;
+    uint64_t res;
+    uint32_t *blocks;
+    int nblk;
+    assert_int_equal(pd_sched_reserve(s, "long-0", n, &res, &blocks, &nblk, &err), PD_OK);
+    assert_int_equal(nblk, (n + 1 + 3) / 4);
+    /* "prefill replica" */
+    pd_kv_cache *pkv;
+    assert_int_equal(pd_kv_cache_init(g_m, 4, 16, &pkv, &err), PD_OK);
+    pd_seq_kv ps = {0};
+    int V = pd_model_config_of(g_m)->vocab_size;
+    float *lg = malloc((size_t)V * sizeof(float));
+    assert_int_equal(pd_seq_kv_reserve(pkv, &ps, n), PD_OK);
+    pd_batch_seq b = {.kv = &ps, .tokens = prompt, .n_tokens = n};
+    assert_int_equal(pd_model_forward(g_m, pkv, &b, 1, lg, &err), PD_OK);
+    int first = 0;
+    for (int i = 1; i < V; i++) if (lg[i] > lg[first]) first = i;
+    for (int i = 0; i < ps.num_blocks; i++)
+        memcpy(pd_kv_cache_block_ptr(pd_sched_kv(s), (int)blocks[i]), pd_kv_cache_block_ptr(pkv, ps.block_table[i]),
+               pd_kv_cache_block_bytes(pkv));
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = 0;
+    pd_sched_request r = {.request_id = "long-0", .prompt_ids = prompt, .n_prompt = n, .sampling = sp,
+                          .max_tokens = max_tokens, .ignore_eos = true};
+    /* a wrong reservation id is refused */
+    assert_int_equal(pd_sched_add_prefilled(s, &r, res + 99, first, 0, &err), PD_ERR_NOTFOUND);
+    assert_int_equal(pd_sched_add_prefilled(s, &r, res, first, 0, &err), PD_OK);
+    for (int g = 0; g < 1000 && pd_sched_step(s) > 0; g++) {}
+    int32_t ref[16];
+    reference(prompt, n, &sp, max_tokens, ref);
+    assert_int_equal(ref[0], first);
+    assert_int_equal(o.r[0].n_out, max_tokens - 1); /* the first came from the prefill side */
+    assert_memory_equal(o.r[0].out, ref + 1, (size_t)(max_tokens - 1) * sizeof(int32_t));
+    pd_sched_stats st;
+    pd_sched_get_stats(s, &st);
+    assert_int_equal(st.prefill_tokens_total, 0); /* decode did not prefill it again */
+    assert_int_equal(st.free_blocks, cfg.num_blocks);
+    pd_seq_kv_release(pkv, &ps);
+    free(ps.block_table);
+    pd_kv_cache_free(&pkv);
+    free(lg);
+    free(blocks);
+    pd_sched_free(&s);
+}
+
+static void test_abort_frees_blocks(void **state) {
+    outputs o = {0};
+    pd_sched *s;
+    pd_err err = {{0}};
+    pd_sched_config cfg = {.max_num_seqs = 4, .max_num_batched_tokens = 8, .chunked_prefill_size = 8,
+                           .block_size = 4, .num_blocks = 64};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, &o, &s, &err), PD_OK);
+    int32_t prompt[30];
+    make_prompt(prompt, 30, 9);
+    snprintf(o.r[0].id, 32, "a");
+    o.n = 1;
+    pd_sampling_params sp = pd_sampling_defaults();
+    pd_sched_request r = {.request_id = "a", .prompt_ids = prompt, .n_prompt = 30, .sampling = sp, .max_tokens = 50};
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_INVALID); /* duplicate id */
+    pd_sched_step(s);
+    pd_sched_step(s);
+    uint64_t res;
+    uint32_t *blocks;
+    int nblk;
+    assert_int_equal(pd_sched_reserve(s, "b", 10, &res, &blocks, &nblk, &err), PD_OK);
+    free(blocks);
+    assert_true(pd_kv_cache_num_free(pd_sched_kv(s)) < 64);
+    assert_true(pd_sched_abort(s, "a"));
+    assert_true(pd_sched_abort(s, "b"));
+    assert_false(pd_sched_abort(s, "a"));
+    assert_int_equal(pd_kv_cache_num_free(pd_sched_kv(s)), 64);
+    assert_int_equal(pd_sched_step(s), 0);
+    /* too long to ever fit */
+    pd_sched_request big = {.request_id = "big", .prompt_ids = prompt, .n_prompt = 30, .sampling = sp,
+                            .max_tokens = 900};
+    assert_int_equal(pd_sched_add(s, &big, &err), PD_ERR_LIMIT);
+    assert_int_equal(pd_sched_reserve(s, "c", 1000, &res, &blocks, &nblk, &err), PD_ERR_LIMIT);
+    pd_sched_free(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest t[] = {
+        cmocka_unit_test(test_batched_greedy_equals_alone),
+        cmocka_unit_test(test_seeded_sampling_is_batch_invariant),
+        cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_reserved_prefilled),
+        cmocka_unit_test(test_abort_frees_blocks),
+    };
+    return cmocka_run_group_tests(t, setup, teardown);
+}
