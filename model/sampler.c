@@ -1,0 +1,466 @@
+/* The sampler: logits of one sequence -> the next token, with vLLM's
+ * semantics and order (vllm/model_executor/layers/sampler.py, v0):
+ *
+ *   1. repetition penalty (CTRL, arXiv 1909.05858 §4.1) on every token seen in
+ *      the prompt or the output: a positive logit is divided by it, any other
+ *      multiplied;
+ *   2. frequency and presence penalties (OpenAI) on output tokens:
+ *      logit -= frequency_penalty * count;  logit -= presence_penalty;
+ *   3. temperature < 1e-5 (vLLM's _SAMPLING_EPS): greedy argmax, ties to the
+ *      lowest id; otherwise
+ *   4. logits /= temperature, then top-k, top-p (nucleus, on the top-k
+ *      distribution renormalised), min-p (relative to the most likely token),
+ *      and one draw from what is left, renormalised.
+ *
+ * On return the logits hold what the sampler drew from: penalised, divided by
+ * the temperature, filtered tokens at -inf (greedy: penalised only).
+ *
+ * Memory per sampler: penalty state (5 bytes per vocabulary entry) only when
+ * a penalty is on; candidate scratch (8 bytes per entry) from the first
+ * random draw; a copy of the raw logits (4 bytes per entry) from the first
+ * call that asks for a logprob.
+ */
+#include "pd_model.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SAMPLING_EPS 1e-5f
+
+/* pd_sampler.seen_flags bits */
+#define SEEN_PROMPT 1u
+#define SEEN_LISTED 2u /* the token is in seen[] */
+
+struct pd_sampler {
+    pd_sampling_params p;
+    int vocab_size;
+    pd_rng rng;
+
+    /* Penalty state (NULL when every penalty is off). seen[] lists each
+     * token of the prompt or output once, so applying penalties costs
+     * O(distinct tokens), not O(vocab). */
+    bool penalties_on;
+    int32_t *out_count;  /* [vocab_size] occurrences in the output */
+    uint8_t *seen_flags; /* [vocab_size] SEEN_* */
+    int32_t *seen;
+    int n_seen, cap_seen;
+
+    /* Scratch for random draws and logprobs, allocated on first use. */
+    int32_t *cand; /* [vocab_size] candidate token ids */
+    float *weight; /* [vocab_size] exp(logit - max), indexed by token id */
+    float *raw;    /* [vocab_size] the logits as passed in */
+};
+
+pd_sampling_params pd_sampling_defaults(void) {
+    return (pd_sampling_params){
+        .temperature = 1.0f,
+        .top_k = -1,
+        .top_p = 1.0f,
+        .min_p = 0.0f,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .repetition_penalty = 1.0f,
+        .seed = 0,
+        .has_seed = false,
+    };
+}
+
+/* Ranges as vLLM's SamplingParams._verify_args. NaN fails every check. */
+static pd_status sampler_params_check(const pd_sampling_params *p, pd_err *err) {
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return pd_err_set(err, PD_ERR_INVALID, "temperature must be finite and >= 0, got %g",
+                          p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return pd_err_set(err, PD_ERR_INVALID, "top_p must be in (0, 1], got %g", p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return pd_err_set(err, PD_ERR_INVALID, "min_p must be in [0, 1], got %g", p->min_p);
+    if (p->top_k < -1)
+        return pd_err_set(err, PD_ERR_INVALID, "top_k must be -1 (off) or >= 0, got %d", p->top_k);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return pd_err_set(err, PD_ERR_INVALID, "presence_penalty must be in [-2, 2], got %g",
+                          p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return pd_err_set(err, PD_ERR_INVALID, "frequency_penalty must be in [-2, 2], got %g",
+                          p->frequency_penalty);
+    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
+        return pd_err_set(err, PD_ERR_INVALID, "repetition_penalty must be finite and > 0, got %g",
+                          p->repetition_penalty);
+    return PD_OK;
+}
+
+/* Unseeded requests still get distinct streams: a process-wide counter, so
+ * two samplers created in the same nanosecond differ, mixed with the clock
+ * and the address of the sampler. pd_rng_seed runs this through splitmix64. */
+static uint64_t sampler_entropy(const void *salt) {
+    static atomic_uint_fast64_t counter;
+    uint64_t n = atomic_fetch_add(&counter, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return t ^ (n * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uintptr_t)salt << 17);
+}
+
+/* Adds token to seen[] the first time it appears in prompt or output. */
+static void sampler_note(pd_sampler *s, int32_t token, uint8_t flag) {
+    if (!(s->seen_flags[token] & SEEN_LISTED)) {
+        if (s->n_seen == s->cap_seen) {
+            s->cap_seen = s->cap_seen ? 2 * s->cap_seen : 256;
+            s->seen = realloc(s->seen, (size_t)s->cap_seen * sizeof *s->seen);
+            PD_ASSERT(s->seen);
+        }
+        s->seen[s->n_seen++] = token;
+        s->seen_flags[token] |= SEEN_LISTED;
+    }
+    s->seen_flags[token] |= flag;
+}
+
+pd_status pd_sampler_init(const pd_sampling_params *p, int vocab_size, const int32_t *prompt,
+                          int n_prompt, pd_sampler **s_p, pd_err *err) {
+    pd_status rc = sampler_params_check(p, err);
+    if (rc != PD_OK)
+        return rc;
+    if (vocab_size <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "vocab_size must be > 0, got %d", vocab_size);
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt))
+        return pd_err_set(err, PD_ERR_INVALID, "prompt: invalid length %d", n_prompt);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= vocab_size)
+            return pd_err_set(err, PD_ERR_INVALID, "prompt[%d] = %d outside the vocabulary [0, %d)",
+                              i, (int)prompt[i], vocab_size);
+
+    pd_sampler *s = pd_xcalloc(1, sizeof *s);
+    s->p = *p;
+    s->vocab_size = vocab_size;
+    pd_rng_seed(&s->rng, p->has_seed ? p->seed : sampler_entropy(s));
+    s->penalties_on = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                      p->presence_penalty != 0.0f;
+    if (s->penalties_on) {
+        s->out_count = pd_xcalloc((size_t)vocab_size, sizeof *s->out_count);
+        s->seen_flags = pd_xcalloc((size_t)vocab_size, sizeof *s->seen_flags);
+        for (int i = 0; i < n_prompt; i++)
+            sampler_note(s, prompt[i], SEEN_PROMPT);
+    }
+    *s_p = s;
+    return PD_OK;
+}
+
+void pd_sampler_free(pd_sampler **s_p) {
+    if (!s_p || !*s_p)
+        return;
+    pd_sampler *s = *s_p;
+    free(s->out_count);
+    free(s->seen_flags);
+    free(s->seen);
+    free(s->cand);
+    free(s->weight);
+    free(s->raw);
+    free(s);
+    *s_p = NULL;
+}
+
+/* Tokens outside the vocabulary are ignored: the sampler never produces
+ * one, and a peer's bad token must not corrupt the counts. */
+void pd_sampler_accept(pd_sampler *s, int32_t token) {
+    if (!s->penalties_on || token < 0 || token >= s->vocab_size)
+        return;
+    s->out_count[token]++;
+    sampler_note(s, token, 0);
+}
+
+/* Steps 1 and 2 of the file comment. Every listed token is in the prompt or
+ * the output, so each gets the repetition penalty. */
+static void sampler_apply_penalties(const pd_sampler *s, float *logits) {
+    const float rep = s->p.repetition_penalty;
+    const float freq = s->p.frequency_penalty;
+    const float pres = s->p.presence_penalty;
+    for (int i = 0; i < s->n_seen; i++) {
+        int32_t t = s->seen[i];
+        float l = logits[t];
+        if (rep != 1.0f)
+            l = l > 0.0f ? l / rep : l * rep;
+        int32_t count = s->out_count[t];
+        if (count > 0) {
+            l -= freq * (float)count;
+            l -= pres;
+        }
+        logits[t] = l;
+    }
+}
+
+/* Highest logit, ties to the lowest id; NaN never wins. */
+static int32_t sampler_argmax(const float *logits, int n) {
+    int32_t best = 0;
+    float best_l = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (logits[i] > best_l) {
+            best_l = logits[i];
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* log softmax(logits)[token], in double. */
+static float sampler_log_softmax_at(const float *logits, int n, int32_t token) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    if (max == -INFINITY)
+        return -INFINITY;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - max);
+    return (float)((double)logits[token] - max - log(sum));
+}
+
+/* ---- candidate selection ------------------------------------------- */
+
+/* The order candidates are ranked in: larger key first, then lower id. A
+ * strict total order (ids are distinct), so selection is deterministic. */
+static inline bool cand_before(const float *key, int32_t a, int32_t b) {
+    return key[a] > key[b] || (key[a] == key[b] && a < b);
+}
+
+static inline void cand_swap(int32_t *c, int i, int j) {
+    int32_t t = c[i];
+    c[i] = c[j];
+    c[j] = t;
+}
+
+/* Partitions c[lo, hi) (hi - lo >= 2) around a median-of-three pivot:
+ * returns m with c[lo, m) ranked before c[m], c(m, hi) after it. */
+static int cand_partition(int32_t *c, int lo, int hi, const float *key) {
+    int mid = lo + (hi - lo) / 2, last = hi - 1;
+    /* order c[lo], c[mid], c[last]; the median ends at last as the pivot */
+    if (cand_before(key, c[mid], c[lo]))
+        cand_swap(c, mid, lo);
+    if (cand_before(key, c[last], c[lo]))
+        cand_swap(c, last, lo);
+    if (cand_before(key, c[mid], c[last]))
+        cand_swap(c, mid, last);
+    int32_t pivot = c[last];
+    int store = lo;
+    for (int i = lo; i < last; i++)
+        if (cand_before(key, c[i], pivot))
+            cand_swap(c, i, store++);
+    cand_swap(c, store, last);
+    return store;
+}
+
+/* Restores the heap order of c[0, n) below position i. The heap keeps the
+ * worst candidate at the root: every node ranks after its children. */
+static void cand_sift_down(int32_t *c, int n, int i, const float *key) {
+    for (;;) {
+        int worst = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && cand_before(key, c[worst], c[l]))
+            worst = l;
+        if (r < n && cand_before(key, c[worst], c[r]))
+            worst = r;
+        if (worst == i)
+            return;
+        cand_swap(c, i, worst);
+        i = worst;
+    }
+}
+
+/* Top-k over tokens 0 .. n-1 with a bounded heap: c[0, k) ends up holding
+ * the k best (in heap order). Once the heap is warm most tokens cost one
+ * comparison with its root; O(n log k) at worst. */
+static void cand_top_k(int32_t *c, int n, int k, const float *key) {
+    for (int i = 0; i < k; i++)
+        c[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--)
+        cand_sift_down(c, k, i, key);
+    for (int i = k; i < n; i++) {
+        if (cand_before(key, i, c[0])) {
+            c[0] = i;
+            cand_sift_down(c, k, 0, key);
+        }
+    }
+}
+
+/* Sum of the candidates' weights, in double. Four partial sums break the
+ * chain of dependent additions (a third of the time at vocab size). */
+static double cand_mass(const int32_t *c, int n, const float *weight) {
+    double sum[4] = {0.0, 0.0, 0.0, 0.0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            sum[j] += weight[c[i + j]];
+    for (; i < n; i++)
+        sum[0] += weight[c[i]];
+    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
+}
+
+/* Exact top-p on a few candidates: the smallest count k such that the k best
+ * of c[0, n) (by weight) hold at least need; reorders c so they come first.
+ * The weighted form of quickselect: expected O(n), no sort. */
+static int cand_top_p_exact(int32_t *c, int n, const float *weight, double need) {
+    int lo = 0, hi = n;
+    /* invariant: c[0, lo) are kept and hold all but need of the target mass;
+     * the answer lies in [lo + 1, hi] */
+    while (hi - lo > 1) {
+        int m = cand_partition(c, lo, hi, weight);
+        double above = 0.0;
+        for (int i = lo; i < m; i++)
+            above += weight[c[i]];
+        if (above >= need) {
+            hi = m;
+        } else if (above + weight[c[m]] >= need) {
+            return m + 1;
+        } else {
+            need -= above + weight[c[m]];
+            lo = m + 1;
+        }
+    }
+    return hi;
+}
+
+/* Weights lie in [0, 1]; the top 12 bits of a non-negative float (exponent
+ * and 3 mantissa bits) order them coarsely, in 1017 buckets. */
+#define WEIGHT_BUCKETS ((0x3f800000u >> 20) + 1)
+static inline unsigned weight_bucket(float w) {
+    uint32_t bits;
+    memcpy(&bits, &w, 4);
+    return bits >> 20;
+}
+
+/* Top-p: the smallest count k such that the k best candidates of c[0, n)
+ * hold at least top_p of total; reorders c so they come first.
+ *   1. mass per weight bucket (one pass, no branches);
+ *   2. from the heaviest bucket down, the bucket b where the mass reaches
+ *      top_p * total: every candidate above b is kept, every one below
+ *      dropped;
+ *   3. the candidates of b go through the exact selection for what is left.
+ * Linear in n; only bucket b is ever partitioned. */
+static int cand_top_p(int32_t *c, int n, const float *weight, double total, float top_p) {
+    static_assert(WEIGHT_BUCKETS == 1017, "bucket count");
+    double mass[WEIGHT_BUCKETS] = {0.0};
+    for (int i = 0; i < n; i++)
+        mass[weight_bucket(weight[c[i]])] += weight[c[i]];
+    double need = (double)top_p * total, above = 0.0;
+    unsigned b = WEIGHT_BUCKETS - 1;
+    for (; b > 0 && above + mass[b] < need; b--)
+        above += mass[b];
+
+    int kept = 0; /* candidates of bucket b and above, compacted in place */
+    for (int i = 0; i < n; i++) {
+        c[kept] = c[i];
+        kept += weight_bucket(weight[c[i]]) >= b;
+    }
+    int n_above = 0; /* those strictly above b first */
+    for (int i = 0; i < kept; i++)
+        if (weight_bucket(weight[c[i]]) > b)
+            cand_swap(c, i, n_above++);
+    if (n_above == kept) /* b reached 0 and is empty: rounding kept need out of reach */
+        return kept;
+    return n_above + cand_top_p_exact(c + n_above, kept - n_above, weight, need - above);
+}
+
+/* Min-p: keeps candidates whose probability is at least min_p times the
+ * largest, i.e. weight >= min_p since the best has weight 1. Returns the
+ * new count, the survivors first and in their order. */
+static int cand_min_p(int32_t *c, int n, const float *weight, float min_p) {
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        c[kept] = c[i];
+        kept += weight[c[i]] >= min_p;
+    }
+    return kept;
+}
+
+/* Step 4 of the file comment on penalised logits. */
+static int32_t sampler_draw(pd_sampler *s, float *logits) {
+    const int V = s->vocab_size;
+    const pd_sampling_params *p = &s->p;
+    if (!s->cand) {
+        s->cand = pd_xmalloc((size_t)V * sizeof *s->cand);
+        s->weight = pd_xmalloc((size_t)V * sizeof *s->weight);
+    }
+    int32_t *cand = s->cand;
+    float *weight = s->weight;
+
+    float max = -INFINITY; /* the best token survives every filter */
+    for (int i = 0; i < V; i++) {
+        float l = logits[i] / p->temperature;
+        logits[i] = isnan(l) ? -INFINITY : l; /* a NaN would break the candidate order */
+        max = l > max ? l : max;
+    }
+    if (!isfinite(max)) /* every token masked, or one at +inf: nothing to weigh */
+        return sampler_argmax(logits, V);
+
+    int n = V;
+    if (p->top_k > 0 && p->top_k < V) {
+        cand_top_k(cand, V, p->top_k, logits);
+        n = p->top_k;
+    } else {
+        for (int i = 0; i < V; i++)
+            cand[i] = i;
+    }
+    /* probabilities up to the normalisation, relative to the best */
+    for (int i = 0; i < n; i++)
+        weight[cand[i]] = expf(logits[cand[i]] - max);
+    double total = cand_mass(cand, n, weight);
+    if (p->top_p < 1.0f) {
+        n = cand_top_p(cand, n, weight, total, p->top_p);
+        total = cand_mass(cand, n, weight);
+    }
+    if (p->min_p > 0.0f) {
+        n = cand_min_p(cand, n, weight, p->min_p);
+        total = cand_mass(cand, n, weight);
+    }
+
+    /* inverse CDF over the survivors, in their (deterministic) order */
+    double u = pd_rng_uniform(&s->rng) * total, cum = 0.0;
+    int32_t token = -1;
+    for (int i = 0; i < n; i++) {
+        float w = weight[cand[i]];
+        if (w <= 0.0f)
+            continue;
+        token = cand[i];
+        cum += w;
+        if (cum > u)
+            break;
+    }
+    if (token < 0) /* all survivors underflowed: the best one */
+        token = sampler_argmax(logits, V);
+
+    /* leave the filtered tokens at -inf; weight[] is free to reuse now */
+    if (n < V) {
+        for (int i = 0; i < n; i++)
+            weight[i] = logits[cand[i]];
+        for (int i = 0; i < V; i++)
+            logits[i] = -INFINITY;
+        for (int i = 0; i < n; i++)
+            logits[cand[i]] = weight[i];
+    }
+    return token;
+}
+
+int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
+    const int V = s->vocab_size;
+    if (logprob_p) {
+        if (!s->raw)
+            s->raw = pd_xmalloc((size_t)V * sizeof *s->raw);
+        memcpy(s->raw, logits, (size_t)V * sizeof *logits);
+    }
+    if (s->penalties_on)
+        sampler_apply_penalties(s, logits);
+
+    int32_t token;
+    if (s->p.temperature < SAMPLING_EPS)
+        token = sampler_argmax(logits, V);
+    else
+        token = sampler_draw(s, logits);
+
+    if (logprob_p)
+        *logprob_p = sampler_log_softmax_at(s->raw, V, token);
+    pd_sampler_accept(s, token);
+    return token;
+}
