@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "pd_cli.h"
+#include "pd_decode.h"
 
 typedef struct {
     const char *name;
@@ -13,6 +14,8 @@ static const pd_command commands[] = {
     {"generate", pd_cmd_generate, "run a model in-process on a prompt (no services)"},
     {"mkmodel", pd_cmd_mkmodel, "write a random-initialised checkpoint of a preset"},
     {"tokenize", pd_cmd_tokenize, "print token ids of a text (or decode ids)"},
+    {"up", pd_cmd_up, "start a gateway, prefill and decode replicas on this host"},
+    {"decode", pd_decode_main, "run one decode replica (continuous batching)"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,181 @@
+/* pdserve up: the embedded default deployment on one host — a gateway, P
+ * prefill and D decode replicas as child processes of this one. It prints
+ * where it listens and an example request, restarts nothing silently (a
+ * child that exits is reported, and the stack keeps serving with what is
+ * left), and stops every child on SIGINT/SIGTERM. Flags it does not know
+ * are passed to the replicas (e.g. --max-num-seqs). */
+#include <errno.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pd_cli.h"
+#include "pd_common.h"
+
+#define MAX_CHILDREN 64
+
+typedef struct {
+    pid_t pid;
+    char name[64];
+} child;
+
+static child g_children[MAX_CHILDREN];
+static int g_n_children;
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) { g_stop = sig; }
+
+static pid_t spawn(const char *self, char **args, const char *name) {
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "pdserve up: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        setpgid(0, 0); /* our own group: Ctrl-C reaches only the parent, which stops us in order */
+        execv(self, args);
+        fprintf(stderr, "pdserve up: exec %s: %s\n", self, strerror(errno));
+        _exit(127);
+    }
+    if (g_n_children < MAX_CHILDREN) {
+        g_children[g_n_children].pid = pid;
+        snprintf(g_children[g_n_children].name, sizeof g_children[0].name, "%s", name);
+        g_n_children++;
+    }
+    return pid;
+}
+
+static const char *self_exe(void) {
+    static char buf[4096];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return "pdserve";
+    buf[n] = 0;
+    return buf;
+}
+
+int pd_cmd_up(int argc, char **argv) {
+    const char *model = NULL, *host = "127.0.0.1", *name = NULL;
+    int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
+    char *passthrough[128];
+    int n_pass = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE(flag) (!strcmp(a, flag) && v && (i++, 1))
+        if (TAKE("--model")) model = v;
+        else if (TAKE("--host")) host = v;
+        else if (TAKE("--port")) port = atoi(v);
+        else if (TAKE("--prefill-replicas")) n_prefill = atoi(v);
+        else if (TAKE("--decode-replicas")) n_decode = atoi(v);
+        else if (TAKE("--long-prompt-threshold")) threshold = atoi(v);
+        else if (TAKE("--served-model-name")) name = v;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
+                   "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
+                   "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512]\n"
+                   "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes;\n"
+                   "Ctrl-C stops everything.\n");
+            return 0;
+        } else if (n_pass < 120) {
+            passthrough[n_pass++] = argv[i];
+        }
+#undef TAKE
+    }
+    if (!model) {
+        fprintf(stderr, "pdserve up: --model is required (try: make run)\n");
+        return 2;
+    }
+    if (n_prefill < 0 || n_decode < 1 || n_prefill + n_decode + 1 > MAX_CHILDREN || port <= 0 || port >= 65535) {
+        fprintf(stderr, "pdserve up: need at least 1 decode replica, at most %d replicas, a valid --port\n",
+                MAX_CHILDREN - 1);
+        return 2;
+    }
+    const char *self = self_exe();
+    char portbuf[16], ctrl[64], thr[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    snprintf(ctrl, sizeof ctrl, "tcp://127.0.0.1:%d", port + 1);
+    snprintf(thr, sizeof thr, "%d", threshold);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    char *gw[32] = {"pdserve", "gateway", "--model", (char *)model, "--host", (char *)host, "--port", portbuf,
+                    "--control", ctrl, "--long-prompt-threshold", thr};
+    int k = 12;
+    if (name) {
+        gw[k++] = "--served-model-name";
+        gw[k++] = (char *)name;
+    }
+    gw[k] = NULL;
+    if (spawn(self, gw, "gateway") < 0) return 1;
+    for (int r = 0; r < n_prefill + n_decode; r++) {
+        bool is_prefill = r < n_prefill;
+        char rid[64];
+        snprintf(rid, sizeof rid, "%s-%d", is_prefill ? "prefill" : "decode", is_prefill ? r : r - n_prefill);
+        char *args[160] = {"pdserve", is_prefill ? "prefill" : "decode", "--model", (char *)model, "--gateway", ctrl,
+                           "--replica-id", rid};
+        int n = 8;
+        for (int i = 0; i < n_pass; i++) args[n++] = passthrough[i];
+        args[n] = NULL;
+        if (spawn(self, args, rid) < 0) {
+            g_stop = SIGTERM;
+            break;
+        }
+    }
+    printf("pdserve up: gateway on http://%s:%d (control %s), %d prefill + %d decode replicas, long prompts > %d "
+           "tokens go through prefill\n",
+           host, port, ctrl, n_prefill, n_decode, threshold);
+    printf("try:\n  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'\n",
+           host, port, name ? name : model);
+    fflush(stdout);
+    int alive = g_n_children;
+    while (!g_stop && alive > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < g_n_children; i++)
+            if (g_children[i].pid == pid) {
+                if (WIFSIGNALED(status))
+                    fprintf(stderr, "pdserve up: %s (pid %d) killed by signal %d; not restarted\n",
+                            g_children[i].name, (int)pid, WTERMSIG(status));
+                else
+                    fprintf(stderr, "pdserve up: %s (pid %d) exited with status %d; not restarted\n",
+                            g_children[i].name, (int)pid, WEXITSTATUS(status));
+                g_children[i].pid = 0;
+                alive--;
+                if (!strcmp(g_children[i].name, "gateway")) g_stop = SIGTERM; /* nothing to serve without it */
+            }
+    }
+    /* stop replicas first, then the gateway; SIGKILL what lingers after 5 s */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < g_n_children; i++)
+            if (g_children[i].pid > 0 && (pass == 1) == !strcmp(g_children[i].name, "gateway"))
+                kill(g_children[i].pid, SIGTERM);
+    double deadline = pd_now_s() + 5.0;
+    while (pd_now_s() < deadline) {
+        int left = 0;
+        for (int i = 0; i < g_n_children; i++) {
+            if (g_children[i].pid <= 0) continue;
+            if (waitpid(g_children[i].pid, NULL, WNOHANG) == g_children[i].pid) g_children[i].pid = 0;
+            else left++;
+        }
+        if (!left) break;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < g_n_children; i++)
+        if (g_children[i].pid > 0) {
+            kill(g_children[i].pid, SIGKILL);
+            waitpid(g_children[i].pid, NULL, 0);
+        }
+    fprintf(stderr, "pdserve up: stopped\n");
+    return 0;
+}

@@ -1,0 +1,373 @@
+/* pdserve decode: one decode replica. A single thread alternates between
+ * the control connection to the gateway (ZeroMQ DEALER) and scheduler steps;
+ * generated tokens go back in one Tokens message per request per step. */
+#include "pd_decode.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "pd_flags.h"
+#include "pd_msg.h"
+
+#define LOGM "decode"
+
+typedef struct pending_tokens {
+    char id[128];
+    int32_t *ids;
+    float *logprobs;
+    int n, cap;
+    const char *finish;
+    char error[256];
+    struct pending_tokens *next;
+} pending_tokens;
+
+/* A long-route request waiting for its KV: the Generate that reserved it. */
+typedef struct parked {
+    Pdserve__Generate *gen; /* owned (unpacked message) */
+    struct parked *next;
+} parked;
+
+typedef struct {
+    void *zctx, *sock;
+    const char *replica_id;
+    pd_model *m;
+    pd_sched *sched;
+    pending_tokens *pend;
+    parked *parked;
+    bool registered;
+    double last_heartbeat, last_register;
+    int heartbeat_ms;
+} decode_svc;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = 1; }
+
+static pending_tokens *pend_get(decode_svc *d, const char *id) {
+    for (pending_tokens *p = d->pend; p; p = p->next)
+        if (!strcmp(p->id, id)) return p;
+    pending_tokens *p = pd_xcalloc(1, sizeof *p);
+    snprintf(p->id, sizeof p->id, "%s", id);
+    p->next = d->pend;
+    d->pend = p;
+    return p;
+}
+
+static void cb_token(void *u, const char *id, int32_t t, float lp) {
+    pending_tokens *p = pend_get(u, id);
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
+        p->logprobs = realloc(p->logprobs, (size_t)p->cap * sizeof *p->logprobs);
+    }
+    p->ids[p->n] = t;
+    p->logprobs[p->n] = lp;
+    p->n++;
+}
+static void cb_finished(void *u, const char *id, const char *reason) {
+    pend_get(u, id)->finish = reason;
+}
+static void cb_error(void *u, const char *id, const char *msg) {
+    snprintf(pend_get(u, id)->error, 256, "%s", msg);
+}
+
+static void send_error(decode_svc *d, const char *id, const char *msg) {
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = (char *)id;
+    t.finished = true;
+    t.error = (char *)msg;
+    pd_msg_send(d->sock, NULL, 0, PD_MSG_TOKENS, &t.base);
+}
+
+static void flush_tokens(decode_svc *d) {
+    while (d->pend) {
+        pending_tokens *p = d->pend;
+        d->pend = p->next;
+        Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+        t.request_id = p->id;
+        t.n_ids = (size_t)p->n;
+        t.ids = p->ids;
+        t.n_logprobs = (size_t)p->n;
+        t.logprobs = p->logprobs;
+        t.finished = p->finish != NULL || p->error[0];
+        t.finish_reason = (char *)(p->finish ? p->finish : "");
+        t.error = p->error;
+        if (pd_msg_send(d->sock, NULL, 0, PD_MSG_TOKENS, &t.base) != PD_OK)
+            PD_LOGW(LOGM, "request %s: could not send %d tokens to the gateway", p->id, p->n);
+        free(p->ids);
+        free(p->logprobs);
+        free(p);
+    }
+}
+
+static pd_sampling_params sampling_from(const Pdserve__SamplingParams *s) {
+    pd_sampling_params p = pd_sampling_defaults();
+    if (!s) return p;
+    p.temperature = s->temperature;
+    p.top_k = s->top_k;
+    p.top_p = s->top_p;
+    p.min_p = s->min_p;
+    p.presence_penalty = s->presence_penalty;
+    p.frequency_penalty = s->frequency_penalty;
+    p.repetition_penalty = s->repetition_penalty;
+    p.seed = s->seed;
+    p.has_seed = s->has_seed;
+    return p;
+}
+
+static pd_sched_request request_from(const Pdserve__Generate *g) {
+    pd_sched_request r = {
+        .request_id = g->request_id, .prompt_ids = g->prompt_ids, .n_prompt = (int)g->n_prompt_ids,
+        .sampling = sampling_from(g->sampling), .max_tokens = (int)g->max_tokens, .min_tokens = (int)g->min_tokens,
+        .ignore_eos = g->ignore_eos, .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = (int)g->n_stop_token_ids,
+        .want_logprobs = g->logprobs >= 0,
+    };
+    return r;
+}
+
+static void send_register(decode_svc *d) {
+    const pd_model_config *c = pd_model_config_of(d->m);
+    pd_sched_stats st;
+    pd_sched_get_stats(d->sched, &st);
+    Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
+    geo.block_size = (uint32_t)pd_kv_cache_block_size(pd_sched_kv(d->sched));
+    geo.num_layers = (uint32_t)c->num_hidden_layers;
+    geo.kv_lora_rank = (uint32_t)c->kv_lora_rank;
+    geo.qk_rope_head_dim = (uint32_t)c->qk_rope_head_dim;
+    geo.dtype_bytes = 4;
+    geo.num_blocks = (uint32_t)st.total_blocks;
+    Pdserve__Register r = PDSERVE__REGISTER__INIT;
+    r.role = "decode";
+    r.replica_id = (char *)d->replica_id;
+    r.geometry = &geo;
+    r.model_fingerprint = pd_config_fingerprint(c);
+    r.pid = (uint32_t)getpid();
+    pd_msg_send(d->sock, NULL, 0, PD_MSG_REGISTER, &r.base);
+    d->last_register = pd_now_s();
+}
+
+static void send_heartbeat(decode_svc *d) {
+    pd_sched_stats st;
+    pd_sched_get_stats(d->sched, &st);
+    Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
+    h.replica_id = (char *)d->replica_id;
+    h.num_running = (uint32_t)st.num_running;
+    h.num_waiting = (uint32_t)(st.num_waiting + st.num_reserved);
+    h.free_blocks = (uint32_t)st.free_blocks;
+    h.total_blocks = (uint32_t)st.total_blocks;
+    h.tokens_in_flight = st.tokens_in_flight;
+    h.prefill_tokens_total = st.prefill_tokens_total;
+    h.generation_tokens_total = st.generation_tokens_total;
+    pd_msg_send(d->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+    d->last_heartbeat = pd_now_s();
+}
+
+static void handle(decode_svc *d, pd_msg *msg) {
+    pd_err err = {{0}};
+    switch (msg->type) {
+    case PD_MSG_REGISTER_REPLY: {
+        Pdserve__RegisterReply *r = (Pdserve__RegisterReply *)msg->msg;
+        if (r->accepted) {
+            d->registered = true;
+            if (r->heartbeat_interval_ms) d->heartbeat_ms = (int)r->heartbeat_interval_ms;
+            PD_LOGI(LOGM, "%s: registered with the gateway", d->replica_id);
+        } else {
+            d->registered = false;
+            PD_LOGW(LOGM, "%s: gateway refused registration: %s", d->replica_id, r->reason);
+            if (strstr(r->reason, "fingerprint") || strstr(r->reason, "geometry")) g_stop = 1;
+        }
+        break;
+    }
+    case PD_MSG_GENERATE: {
+        Pdserve__Generate *g = (Pdserve__Generate *)msg->msg;
+        if (!g->kv_reserved) {
+            pd_sched_request r = request_from(g);
+            if (pd_sched_add(d->sched, &r, &err) != PD_OK) send_error(d, g->request_id, err.msg);
+            break;
+        }
+        /* long route: reserve blocks now, run when KvComplete arrives */
+        uint64_t res;
+        uint32_t *blocks = NULL;
+        int nb = 0;
+        Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+        rr.request_id = g->request_id;
+        if (pd_sched_reserve(d->sched, g->request_id, (int)g->n_prompt_ids, &res, &blocks, &nb, &err) == PD_OK) {
+            rr.ok = true;
+            rr.reservation_id = res;
+            rr.block_ids = blocks;
+            rr.n_block_ids = (size_t)nb;
+            parked *p = pd_xcalloc(1, sizeof *p);
+            p->gen = g;
+            msg->msg = NULL; /* keep it */
+            p->next = d->parked;
+            d->parked = p;
+        } else {
+            rr.ok = false;
+            rr.reason = err.msg;
+        }
+        pd_msg_send(d->sock, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
+        free(blocks);
+        break;
+    }
+    case PD_MSG_KV_COMPLETE: {
+        Pdserve__KvComplete *k = (Pdserve__KvComplete *)msg->msg;
+        parked **pp = &d->parked;
+        while (*pp && strcmp((*pp)->gen->request_id, k->request_id)) pp = &(*pp)->next;
+        if (!*pp) {
+            PD_LOGW(LOGM, "KvComplete for unknown request %s (reservation %llu): refused", k->request_id,
+                    (unsigned long long)k->reservation_id);
+            break;
+        }
+        parked *p = *pp;
+        *pp = p->next;
+        pd_sched_request r = request_from(p->gen);
+        if (pd_sched_add_prefilled(d->sched, &r, k->reservation_id, k->first_token, k->first_logprob, &err) != PD_OK) {
+            PD_LOGW(LOGM, "%s", err.msg);
+            send_error(d, k->request_id, err.msg);
+            pd_sched_abort(d->sched, k->request_id);
+        }
+        protobuf_c_message_free_unpacked(&p->gen->base, NULL);
+        free(p);
+        break;
+    }
+    case PD_MSG_ABORT: {
+        Pdserve__Abort *a = (Pdserve__Abort *)msg->msg;
+        pd_sched_abort(d->sched, a->request_id);
+        for (parked **pp = &d->parked; *pp; pp = &(*pp)->next)
+            if (!strcmp((*pp)->gen->request_id, a->request_id)) {
+                parked *p = *pp;
+                *pp = p->next;
+                protobuf_c_message_free_unpacked(&p->gen->base, NULL);
+                free(p);
+                break;
+            }
+        /* drop tokens not yet sent */
+        for (pending_tokens **pp = &d->pend; *pp; pp = &(*pp)->next)
+            if (!strcmp((*pp)->id, a->request_id)) {
+                pending_tokens *p = *pp;
+                *pp = p->next;
+                free(p->ids);
+                free(p->logprobs);
+                free(p);
+                break;
+            }
+        break;
+    }
+    default:
+        PD_LOGW(LOGM, "unexpected %s message from the gateway", pd_msg_type_name(msg->type));
+    }
+}
+
+int pd_decode_main(int argc, char **argv) {
+    const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
+    int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
+    int heartbeat_ms = 500;
+    pd_flag flags[] = {
+        {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
+        {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
+        {"replica-id", PD_FLAG_STR, &replica_id, "unique name of this replica (default decode-<pid>)"},
+        {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "sequences per step (default 64)"},
+        {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "tokens per step (default 2048)"},
+        {"chunked-prefill-size", PD_FLAG_INT, &chunk, "prefill chunk per sequence (default 512)"},
+        {"block-size", PD_FLAG_INT, &block_size, "KV cache block, tokens (default 16)"},
+        {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "KV cache blocks (default 4096)"},
+        {"device", PD_FLAG_STR, &device, "cpu or cuda"},
+        {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
+        {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+    };
+    int rc = pd_flags_parse("decode", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
+    if (rc) return rc == 1 ? 0 : 2;
+    if (!model) {
+        fprintf(stderr, "pdserve decode: --model is required\n");
+        return 2;
+    }
+    char rid[64];
+    if (!replica_id) {
+        snprintf(rid, sizeof rid, "decode-%d", (int)getpid());
+        replica_id = rid;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    decode_svc d = {.replica_id = replica_id, .heartbeat_ms = heartbeat_ms};
+    pd_err err = {{0}};
+    pd_backend *be = NULL;
+    if (pd_backend_init(device, threads, &be, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        return 1;
+    }
+    if (pd_model_load(model, be, &d.m, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        pd_backend_free(&be);
+        return 1;
+    }
+    pd_sched_config sc = {max_num_seqs, max_batched, chunk, block_size, num_blocks};
+    pd_sched_callbacks cb = {cb_token, cb_finished, cb_error};
+    if (pd_sched_init(d.m, &sc, &cb, &d, &d.sched, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        pd_model_free(&d.m);
+        pd_backend_free(&be);
+        return 1;
+    }
+    d.zctx = zmq_ctx_new();
+    d.sock = zmq_socket(d.zctx, ZMQ_DEALER);
+    int linger = 0, hwm = 100000;
+    zmq_setsockopt(d.sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d.sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(d.sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(d.sock, ZMQ_ROUTING_ID, replica_id, strlen(replica_id));
+    if (zmq_connect(d.sock, gateway) != 0) {
+        fprintf(stderr, "pdserve decode: cannot connect to %s: %s\n", gateway, zmq_strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    PD_LOGI(LOGM, "%s: model %s, %d KV blocks of %d tokens, gateway %s", replica_id, model, num_blocks, block_size,
+            gateway);
+    send_register(&d);
+    while (!g_stop) {
+        pd_sched_stats st;
+        pd_sched_get_stats(d.sched, &st);
+        bool busy = st.num_running + st.num_waiting > 0;
+        double now = pd_now_s();
+        long wait_ms = busy ? 0 : (long)(d.heartbeat_ms - (now - d.last_heartbeat) * 1000.0);
+        if (wait_ms < 0) wait_ms = 0;
+        zmq_pollitem_t it = {d.sock, 0, ZMQ_POLLIN, 0};
+        zmq_poll(&it, 1, wait_ms);
+        for (;;) {
+            pd_msg msg;
+            pd_status s = pd_msg_recv(d.sock, false, &msg, &err);
+            if (s == PD_ERR_LIMIT) break;
+            if (s != PD_OK) {
+                PD_LOGW(LOGM, "dropped a message from the gateway: %s", err.msg);
+                if (s == PD_ERR_IO) break;
+                continue;
+            }
+            handle(&d, &msg);
+            pd_msg_clear(&msg);
+        }
+        if (pd_sched_step(d.sched) > 0)
+            flush_tokens(&d);
+        now = pd_now_s();
+        if (!d.registered && now - d.last_register > 1.0)
+            send_register(&d);
+        if ((now - d.last_heartbeat) * 1000.0 >= d.heartbeat_ms)
+            send_heartbeat(&d);
+    }
+    PD_LOGI(LOGM, "%s: stopping", replica_id);
+out:
+    while (d.parked) {
+        parked *p = d.parked;
+        d.parked = p->next;
+        protobuf_c_message_free_unpacked(&p->gen->base, NULL);
+        free(p);
+    }
+    flush_tokens(&d);
+    zmq_close(d.sock);
+    zmq_ctx_term(d.zctx);
+    pd_sched_free(&d.sched);
+    pd_model_free(&d.m);
+    pd_backend_free(&be);
+    return rc;
+}
