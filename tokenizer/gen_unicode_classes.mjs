@@ -65,6 +65,7 @@ out.push(' * (Unicode Character Database). Do not edit. For each code point: its
 out.push(' * class for the pre-tokenizer (TOK_UC_*: 0 other, 1 L, 2 M, 3 N, 4 P, 5 S,');
 out.push(' * 6 White_Space), 4 bits each, two-stage: stage1[cp >> 8] picks a 256-entry');
 out.push(' * block of stage2. */');
+out.push('/* clang-format off */');
 out.push('#include "tok_internal.h"');
 out.push('');
 out.push(`const char tok_uc_version[] = "${version}";`);

@@ -456,9 +456,10 @@ static pd_status set_bytes(pd_tokenizer *t, load_ctx *c, int32_t id, const int16
         }
         tmp[o++] = (char)cp_byte[cp];
     }
-    const char *src = mapped ? tmp : (const char *)s;
     size_t len = mapped ? o : n;
-    int64_t off = arena_add(t, src, len);
+    if (!mapped) /* arena_add may move the arena that s points into */
+        memcpy(tmp, s, n);
+    int64_t off = arena_add(t, tmp, len);
     if (off < 0)
         return pd_err_set(c->err, PD_ERR_NOMEM, "%s: out of memory (token bytes)", c->path);
     t->bytes_off[id] = (uint32_t)off;

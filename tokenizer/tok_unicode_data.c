@@ -3,6 +3,7 @@
  * class for the pre-tokenizer (TOK_UC_*: 0 other, 1 L, 2 M, 3 N, 4 P, 5 S,
  * 6 White_Space), 4 bits each, two-stage: stage1[cp >> 8] picks a 256-entry
  * block of stage2. */
+/* clang-format off */
 #include "tok_internal.h"
 
 const char tok_uc_version[] = "16.0.0";
