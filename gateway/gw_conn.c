@@ -1,0 +1,269 @@
+/* Connections: the listener, one gw_conn per accepted socket, timers,
+ * back-pressure and deferred close, and the choice of protocol handler.
+ *
+ * A new connection starts without a protocol. Its first bytes are compared,
+ * as they arrive, with the 24-octet HTTP/2 client preface (h2c with prior
+ * knowledge, RFC 9113 §3.4); on the first mismatch the connection is handed
+ * to the HTTP/1.1 handler with the bytes still in its input buffer (nghttpx
+ * and h2o do the same). A full match would go to the h2 handler, which comes
+ * with issue "Gateway completeness"; until then such a connection is closed.
+ * Under TLS the choice will come from ALPN instead, in the event callback
+ * that sees BEV_EVENT_CONNECTED; everything above the bufferevent is the
+ * same.
+ *
+ * Lifetime: a connection is freed only from one of its own event callbacks
+ * (EOF, error, timeout, output drained after gw_conn_close, the deferred
+ * event) or at server shutdown, so nothing up the stack still holds it.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "gw_internal.h"
+
+/* Unread input kept per connection before reading pauses (pipelined
+ * requests wait in it while the current one is served). */
+#define GW_INPUT_HIGH_WATER (256 * 1024)
+
+static void conn_update_read(gw_conn *c) {
+    if (c->closing || c->bp_paused || c->read_paused)
+        bufferevent_disable(c->bev, EV_READ);
+    else
+        bufferevent_enable(c->bev, EV_READ);
+}
+
+struct evbuffer *gw_conn_output(gw_conn *c) { return bufferevent_get_output(c->bev); }
+
+void gw_conn_flushed(gw_conn *c) {
+    size_t out = evbuffer_get_length(bufferevent_get_output(c->bev));
+    if (!c->bp_paused && out > c->srv->cfg.output_high_water_bytes) {
+        c->bp_paused = true;
+        conn_update_read(c);
+    }
+}
+
+void gw_conn_pause_read(gw_conn *c, bool paused) {
+    c->read_paused = paused;
+    conn_update_read(c);
+}
+
+void gw_conn_close(gw_conn *c) {
+    if (c->closing) return;
+    c->closing = true;
+    gw_conn_set_timer(c, 0);
+    conn_update_read(c);
+    /* The write callback frees it once the output is empty; if it already
+     * is, no write will happen, so go through the deferred event. */
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) event_active(c->deferred, 0, 0);
+}
+
+void gw_conn_set_timer(gw_conn *c, double seconds) {
+    if (seconds <= 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    evtimer_add(c->timer, &tv);
+}
+
+void gw_conn_defer(gw_conn *c) {
+    c->defer_proto = true;
+    event_active(c->deferred, 0, 0);
+}
+
+void gw_conn_free(gw_conn *c) {
+    gw_server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    if (c->proto && c->proto->on_close) c->proto->on_close(c);
+    c->proto_data = NULL;
+    event_free(c->timer);
+    event_free(c->deferred);
+    bufferevent_free(c->bev);
+    PD_LOGD(GW_MOD, "conn %llu (%s) closed", (unsigned long long)c->id, c->peer);
+    free(c);
+}
+
+/* Decides the protocol from the first bytes. Returns false while undecided. */
+static bool conn_sniff(gw_conn *c) {
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t n = evbuffer_get_length(in);
+    size_t m = n < GW_H2_PREFACE_LEN ? n : GW_H2_PREFACE_LEN;
+    if (m == 0) return false;
+    unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)m);
+    if (memcmp(p, GW_H2_PREFACE, m) != 0) {
+        c->proto = &gw_proto_http1;
+        return true;
+    }
+    if (m < GW_H2_PREFACE_LEN) return false;
+    /* The h2 handler (nghttp2) slots in here. */
+    PD_LOGW(GW_MOD, "conn %llu (%s): HTTP/2 prior knowledge is not supported yet; closing",
+            (unsigned long long)c->id, c->peer);
+    evbuffer_drain(in, n);
+    gw_conn_close(c);
+    return false;
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg) {
+    gw_conn *c = arg;
+    if (c->closing) {
+        evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+        return;
+    }
+    if (!c->proto) {
+        if (!conn_sniff(c)) return;
+        if (c->proto->init(c) != PD_OK) {
+            PD_LOGE(GW_MOD, "conn %llu: cannot start %s", (unsigned long long)c->id,
+                    c->proto->name);
+            c->proto = NULL;
+            gw_conn_free(c);
+            return;
+        }
+    }
+    c->proto->on_read(c);
+}
+
+static void conn_write_cb(struct bufferevent *bev, void *arg) {
+    gw_conn *c = arg;
+    size_t out = evbuffer_get_length(bufferevent_get_output(bev));
+    if (c->closing) {
+        if (out == 0) gw_conn_free(c);
+        return;
+    }
+    if (c->bp_paused && out <= c->srv->cfg.output_high_water_bytes / 2) {
+        c->bp_paused = false;
+        conn_update_read(c);
+        /* Input read before the pause may be waiting for the protocol. */
+        if (c->proto && evbuffer_get_length(bufferevent_get_input(bev)) > 0) gw_conn_defer(c);
+    }
+}
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
+    gw_conn *c = arg;
+    if (what & BEV_EVENT_TIMEOUT)
+        PD_LOGD(GW_MOD, "conn %llu (%s): write timed out", (unsigned long long)c->id, c->peer);
+    else if (what & BEV_EVENT_ERROR)
+        PD_LOGD(GW_MOD, "conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
+                evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) gw_conn_free(c);
+}
+
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
+    gw_conn *c = arg;
+    if (c->closing || !c->proto) {
+        gw_conn_free(c); /* idle before the first request, or a close that never drained */
+        return;
+    }
+    c->proto->on_timeout(c);
+}
+
+static void conn_deferred_cb(evutil_socket_t fd, short what, void *arg) {
+    gw_conn *c = arg;
+    if (c->closing) {
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) gw_conn_free(c);
+        return;
+    }
+    if (c->defer_proto && c->proto) {
+        c->defer_proto = false;
+        c->proto->on_deferred(c);
+    }
+}
+
+static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg) {
+    gw_server *s = arg;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE latency */
+    gw_conn *c = calloc(1, sizeof *c);
+    struct bufferevent *bev =
+        c ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    struct event *timer = c ? evtimer_new(s->base, conn_timer_cb, c) : NULL;
+    struct event *deferred = c ? event_new(s->base, -1, 0, conn_deferred_cb, c) : NULL;
+    if (!c || !bev || !timer || !deferred) {
+        PD_LOGE(GW_MOD, "out of memory accepting a connection");
+        if (deferred) event_free(deferred);
+        if (timer) event_free(timer);
+        if (bev)
+            bufferevent_free(bev);
+        else
+            evutil_closesocket(fd);
+        free(c);
+        return;
+    }
+    c->srv = s;
+    c->bev = bev;
+    c->timer = timer;
+    c->deferred = deferred;
+    c->id = ++s->next_conn_id;
+    char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+    getnameinfo(sa, (socklen_t)salen, host, sizeof host, serv, sizeof serv,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+
+    bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    bufferevent_setwatermark(bev, EV_READ, 0, GW_INPUT_HIGH_WATER);
+    bufferevent_setwatermark(bev, EV_WRITE, s->cfg.output_high_water_bytes / 2, 0);
+    double w = s->cfg.timeout_write_s;
+    struct timeval wtv = {(time_t)w, (suseconds_t)((w - (double)(time_t)w) * 1e6)};
+    bufferevent_set_timeouts(bev, NULL, w > 0 ? &wtv : NULL);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    gw_conn_set_timer(c, s->cfg.timeout_keep_alive_s);
+    PD_LOGD(GW_MOD, "conn %llu from %s", (unsigned long long)c->id, c->peer);
+}
+
+static void accept_error_cb(struct evconnlistener *lis, void *arg) {
+    int e = EVUTIL_SOCKET_ERROR();
+    PD_LOGW(GW_MOD, "accept: %s", evutil_socket_error_to_string(e));
+}
+
+pd_status gw_listener_init(gw_server *s, pd_err *err) {
+    struct evutil_addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_protocol = IPPROTO_TCP;
+    hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_ADDRCONFIG;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->cfg.port);
+    int rc = evutil_getaddrinfo(s->cfg.host, port, &hints, &res);
+    if (rc != 0)
+        return pd_err_set(err, PD_ERR_IO, "gateway: cannot resolve --host %s: %s", s->cfg.host,
+                          evutil_gai_strerror(rc));
+    int last_errno = 0;
+    for (struct evutil_addrinfo *ai = res; ai; ai = ai->ai_next) {
+        s->listener = evconnlistener_new_bind(
+            s->base, accept_cb, s,
+            LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, s->cfg.backlog,
+            ai->ai_addr, (int)ai->ai_addrlen);
+        if (s->listener) break;
+        last_errno = errno;
+    }
+    evutil_freeaddrinfo(res);
+    if (!s->listener)
+        return pd_err_set(err, PD_ERR_IO, "gateway: cannot listen on %s:%d: %s", s->cfg.host,
+                          s->cfg.port, strerror(last_errno));
+    evconnlistener_set_error_cb(s->listener, accept_error_cb);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    s->port = s->cfg.port;
+    if (getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET)
+            s->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6)
+            s->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    return PD_OK;
+}
+
+void gw_listener_free(gw_server *s) {
+    if (s->listener) evconnlistener_free(s->listener);
+    s->listener = NULL;
+}

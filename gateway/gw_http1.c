@@ -1,0 +1,413 @@
+/* The HTTP/1.1 protocol handler (RFC 9112) over libhttp-parser.
+ *
+ * One exchange at a time per connection: the parser runs until a request is
+ * complete, then pauses (http_parser_pause) and the stream is dispatched;
+ * bytes of pipelined requests stay in the connection's input buffer (reading
+ * stops once it holds GW_INPUT_HIGH_WATER) and are parsed after the response
+ * ended, so responses leave in request order. Reading continues while a
+ * request is served so that a client that goes away is noticed (EOF) and its
+ * request aborted.
+ *
+ * Request bodies: Content-Length or chunked (de-chunked by the parser),
+ * at most cfg.max_request_body_bytes (413, decided from Content-Length before
+ * the body is read, else when the limit is crossed). "Expect: 100-continue"
+ * is answered. The request line and headers together are limited to
+ * cfg.max_header_bytes and cfg.max_header_count (431). Timers: keep-alive
+ * idle (closed silently), a request that does not arrive whole in
+ * cfg.timeout_request_s (408).
+ *
+ * Responses: Content-Length, or chunked transfer encoding for streamed
+ * bodies (an HTTP/1.0 client gets the body unframed and the connection
+ * closes at the end). `Upgrade: h2c` is where the h2 handler will take over
+ * (101 Switching Protocols); until then the upgrade is ignored, as RFC 9110
+ * §7.8 allows.
+ */
+#include <http_parser.h>
+#include <limits.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "gw_internal.h"
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} h1_buf;
+
+typedef struct {
+    gw_conn *c;
+    http_parser parser;
+    gw_stream *cur;     /* being received, or dispatched and not yet ended */
+    bool cur_complete;  /* cur was received whole and dispatched */
+    bool processing;    /* inside h1_process (no re-entry) */
+    bool keep_alive;    /* of cur */
+    bool chunked;       /* cur's streamed response is chunked */
+    h1_buf url, hname, hval;
+    bool in_value;
+    int err_status; /* set by a parser callback that refuses the request */
+    const char *err_msg;
+} h1_conn;
+
+static int buf_add(h1_buf *b, const char *at, size_t len) {
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->len + len + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, at, len);
+    b->len += len;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+static h1_conn *h1_of(const http_parser *p) { return p->data; }
+
+static int h1_refuse(h1_conn *h, int status, const char *msg) {
+    h->err_status = status;
+    h->err_msg = msg;
+    return -1;
+}
+
+/* Counts request-line and header bytes against the limit. */
+static int h1_count_header_bytes(h1_conn *h, size_t len) {
+    gw_stream *s = h->cur;
+    s->hdr_bytes += len;
+    if (s->hdr_bytes > h->c->srv->cfg.max_header_bytes)
+        return h1_refuse(h, 431, "request line and headers exceed the size limit");
+    return 0;
+}
+
+static int h1_commit_header(h1_conn *h) {
+    if (!h->in_value) return 0;
+    h->in_value = false;
+    if (h->cur->n_hdrs >= h->c->srv->cfg.max_header_count)
+        return h1_refuse(h, 431, "too many request headers");
+    /* Trailing whitespace of a field value is not part of it (RFC 9110 §5.5). */
+    while (h->hval.len && (h->hval.p[h->hval.len - 1] == ' ' || h->hval.p[h->hval.len - 1] == '\t'))
+        h->hval.len--;
+    if (gw_stream_add_header(h->cur, h->hname.p ? h->hname.p : "", h->hname.len,
+                             h->hval.p ? h->hval.p : "", h->hval.len) != PD_OK)
+        return h1_refuse(h, 500, "out of memory");
+    h->hname.len = h->hval.len = 0;
+    return 0;
+}
+
+static int on_message_begin(http_parser *p) {
+    h1_conn *h = h1_of(p);
+    h->cur = gw_stream_new(h->c);
+    if (!h->cur) return h1_refuse(h, 500, "out of memory");
+    h->url.len = h->hname.len = h->hval.len = 0;
+    h->in_value = false;
+    gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_s);
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t len) {
+    h1_conn *h = h1_of(p);
+    if (h1_count_header_bytes(h, len)) return -1;
+    return buf_add(&h->url, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t len) {
+    h1_conn *h = h1_of(p);
+    if (h1_count_header_bytes(h, len)) return -1;
+    if (h1_commit_header(h)) return -1;
+    return buf_add(&h->hname, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len) {
+    h1_conn *h = h1_of(p);
+    if (h1_count_header_bytes(h, len)) return -1;
+    if (!h->in_value) {
+        h->in_value = true;
+        h->hval.len = 0;
+        while (len && (*at == ' ' || *at == '\t')) at++, len--;
+    }
+    return buf_add(&h->hval, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
+}
+
+/* Splits the request target into path and query. */
+static int h1_set_target(gw_stream *s, const char *t, size_t len) {
+    const char *path = t;
+    size_t plen = len;
+    const char *query = NULL;
+    size_t qlen = 0;
+    if (len == 0 || t[0] != '/') {
+        /* absolute-form (RFC 9112 §3.2.2) or "*" */
+        struct http_parser_url u;
+        http_parser_url_init(&u);
+        if (len == 1 && t[0] == '*') {
+            /* OPTIONS *: keep as is */
+        } else if (http_parser_parse_url(t, len, 0, &u) == 0 && (u.field_set & (1 << UF_PATH))) {
+            path = t + u.field_data[UF_PATH].off;
+            plen = u.field_data[UF_PATH].len;
+        } else {
+            return -1;
+        }
+        if (u.field_set & (1 << UF_QUERY)) {
+            query = t + u.field_data[UF_QUERY].off;
+            qlen = u.field_data[UF_QUERY].len;
+        }
+    } else {
+        const char *q = memchr(t, '?', len);
+        if (q) {
+            plen = (size_t)(q - t);
+            query = q + 1;
+            qlen = len - plen - 1;
+        }
+        const char *hash = memchr(path, '#', plen);
+        if (hash) plen = (size_t)(hash - path);
+    }
+    s->path = strndup(path, plen);
+    s->query = query ? strndup(query, qlen) : NULL;
+    return s->path ? 0 : -1;
+}
+
+static int on_headers_complete(http_parser *p) {
+    h1_conn *h = h1_of(p);
+    gw_stream *s = h->cur;
+    const pd_gw_config *cfg = &h->c->srv->cfg;
+    if (h1_commit_header(h)) return -1;
+    s->method = strdup(http_method_str((enum http_method)p->method));
+    if (!s->method) return h1_refuse(h, 500, "out of memory");
+    if (h1_set_target(s, h->url.p ? h->url.p : "", h->url.len))
+        return h1_refuse(h, 400, "malformed request target");
+    s->http_major = p->http_major;
+    s->http_minor = p->http_minor;
+    s->head = p->method == HTTP_HEAD;
+    h->keep_alive = http_should_keep_alive(p);
+    if (p->http_major != 1) return h1_refuse(h, 505, "only HTTP/1.0 and HTTP/1.1 are served here");
+    if (p->method == HTTP_CONNECT) return h1_refuse(h, 405, "CONNECT is not supported");
+    if (p->content_length != ULLONG_MAX && p->content_length > cfg->max_request_body_bytes)
+        return h1_refuse(h, 413, "request body exceeds --max-request-body-bytes");
+    const char *expect = gw_stream_header(s, "Expect");
+    if (expect) {
+        if (strcasecmp(expect, "100-continue") != 0)
+            return h1_refuse(h, 417, "unsupported Expect header");
+        if (p->http_minor >= 1)
+            evbuffer_add_printf(gw_conn_output(h->c), "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t len) {
+    h1_conn *h = h1_of(p);
+    if (evbuffer_get_length(h->cur->body) + len > h->c->srv->cfg.max_request_body_bytes)
+        return h1_refuse(h, 413, "request body exceeds --max-request-body-bytes");
+    return evbuffer_add(h->cur->body, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
+}
+
+static int on_message_complete(http_parser *p) {
+    h1_conn *h = h1_of(p);
+    h->cur_complete = true;
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+static const http_parser_settings h1_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* ---- response framing ------------------------------------------------ */
+
+static void h1_date(char *buf, size_t n) {
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, n, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+}
+
+/* Writes the status line and headers. content_length < 0: streamed body. */
+static void h1_write_head(h1_conn *h, gw_stream *s, int status, const char *ctype,
+                          const gw_hdr *hdrs, int n_hdrs, long long content_length) {
+    struct evbuffer *out = gw_conn_output(h->c);
+    char date[64];
+    h1_date(date, sizeof date);
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nDate: %s\r\nServer: pdserve\r\n", status,
+                        gw_status_reason(status), date);
+    if (ctype) evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
+    for (int i = 0; i < n_hdrs; i++)
+        evbuffer_add_printf(out, "%s: %s\r\n", hdrs[i].name, hdrs[i].value);
+    h->chunked = false;
+    if (content_length >= 0) {
+        evbuffer_add_printf(out, "Content-Length: %lld\r\n", content_length);
+    } else if (s && s->http_minor >= 1) {
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+        h->chunked = true;
+    } else {
+        h->keep_alive = false; /* HTTP/1.0: the end of the body is the end of the connection */
+    }
+    if (!h->keep_alive)
+        evbuffer_add_printf(out, "Connection: close\r\n");
+    else if (s && s->http_minor == 0)
+        evbuffer_add_printf(out, "Connection: keep-alive\r\n");
+    evbuffer_add(out, "\r\n", 2);
+}
+
+/* The current exchange is over: free it, then close or wait for the next. */
+static void h1_stream_done(h1_conn *h) {
+    gw_conn *c = h->c;
+    gw_stream *s = h->cur;
+    s->state = GW_STREAM_ENDED;
+    h->cur = NULL;
+    h->cur_complete = false;
+    gw_stream_free(s);
+    gw_conn_flushed(c);
+    if (!h->keep_alive) {
+        gw_conn_close(c);
+        return;
+    }
+    gw_conn_set_timer(c, c->srv->cfg.timeout_keep_alive_s);
+    if (!h->processing) gw_conn_defer(c); /* pipelined input may be waiting */
+}
+
+static int h1_respond(gw_stream *s, int status, const char *ctype, const gw_hdr *hdrs, int n_hdrs,
+                      const void *body, size_t len) {
+    h1_conn *h = s->conn->proto_data;
+    if (h->cur != s) return -1;
+    h1_write_head(h, s, status, ctype, hdrs, n_hdrs, (long long)len);
+    if (!s->head && len) evbuffer_add(gw_conn_output(s->conn), body, len);
+    h1_stream_done(h);
+    return 0;
+}
+
+static int h1_start(gw_stream *s, int status, const char *ctype, const gw_hdr *hdrs, int n_hdrs) {
+    h1_conn *h = s->conn->proto_data;
+    if (h->cur != s) return -1;
+    h1_write_head(h, s, status, ctype, hdrs, n_hdrs, -1);
+    s->state = GW_STREAM_STARTED;
+    gw_conn_flushed(s->conn);
+    return 0;
+}
+
+static int h1_write(gw_stream *s, const void *data, size_t len) {
+    h1_conn *h = s->conn->proto_data;
+    if (h->cur != s) return -1;
+    if (s->head) return 0;
+    struct evbuffer *out = gw_conn_output(s->conn);
+    if (h->chunked) evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_add(out, data, len);
+    if (h->chunked) evbuffer_add(out, "\r\n", 2);
+    gw_conn_flushed(s->conn);
+    return 0;
+}
+
+static int h1_end(gw_stream *s) {
+    h1_conn *h = s->conn->proto_data;
+    if (h->cur != s) return -1;
+    if (h->chunked && !s->head) evbuffer_add(gw_conn_output(s->conn), "0\r\n\r\n", 5);
+    h1_stream_done(h);
+    return 0;
+}
+
+/* A request that cannot be parsed or is refused before dispatch: answer
+ * and close (the rest of the input cannot be trusted to frame requests). */
+static void h1_fail(h1_conn *h, int status, const char *msg) {
+    gw_conn *c = h->c;
+    gw_stream *s = h->cur;
+    h->cur = NULL;
+    h->cur_complete = false;
+    gw_stream_free(s); /* never dispatched: no close callback */
+    h->keep_alive = false;
+    char *body = gw_error_json(status, msg, NULL);
+    h1_write_head(h, NULL, status, "application/json", NULL, 0, (long long)strlen(body));
+    evbuffer_add(gw_conn_output(c), body, strlen(body));
+    free(body);
+    gw_conn_close(c);
+}
+
+static void h1_dispatch(h1_conn *h) {
+    gw_stream *s = h->cur;
+    s->state = GW_STREAM_DISPATCHED;
+    gw_conn_set_timer(h->c, 0); /* no read deadline while the application works */
+    if (h->parser.upgrade) h->parser.upgrade = 0; /* h2c Upgrade: ignored for now */
+    gw_server_dispatch(s);
+}
+
+/* Parses buffered input until a request is complete and dispatched (and
+ * not yet answered), the input runs dry, or the connection closes. */
+static void h1_process(gw_conn *c) {
+    h1_conn *h = c->proto_data;
+    if (h->processing) return;
+    h->processing = true;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (!c->closing && !h->cur_complete && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1) break;
+        size_t n = http_parser_execute(&h->parser, &h1_settings, v.iov_base, v.iov_len);
+        enum http_errno e = HTTP_PARSER_ERRNO(&h->parser);
+        evbuffer_drain(in, n);
+        if (e == HPE_PAUSED) {
+            http_parser_pause(&h->parser, 0);
+            h1_dispatch(h);
+            continue;
+        }
+        if (e != HPE_OK) {
+            int status = h->err_status ? h->err_status : 400;
+            const char *msg = h->err_msg;
+            char buf[160];
+            if (!h->err_status) {
+                if (e == HPE_HEADER_OVERFLOW) status = 431;
+                snprintf(buf, sizeof buf, "malformed HTTP request: %s", http_errno_description(e));
+                msg = buf;
+            }
+            h1_fail(h, status, msg);
+            break;
+        }
+    }
+    h->processing = false;
+}
+
+static pd_status h1_init(gw_conn *c) {
+    h1_conn *h = calloc(1, sizeof *h);
+    if (!h) return PD_ERR_NOMEM;
+    h->c = c;
+    http_parser_init(&h->parser, HTTP_REQUEST);
+    h->parser.data = h;
+    c->proto_data = h;
+    return PD_OK;
+}
+
+static void h1_on_timeout(gw_conn *c) {
+    h1_conn *h = c->proto_data;
+    if (h->cur && !h->cur_complete) {
+        h1_fail(h, 408, "the request did not arrive in time");
+        return;
+    }
+    if (!h->cur) gw_conn_close(c); /* idle keep-alive connection */
+}
+
+static void h1_on_close(gw_conn *c) {
+    h1_conn *h = c->proto_data;
+    if (!h) return;
+    gw_stream *s = h->cur;
+    h->cur = NULL;
+    if (s) gw_stream_free(s); /* runs the application's close callback if dispatched */
+    free(h->url.p);
+    free(h->hname.p);
+    free(h->hval.p);
+    free(h);
+}
+
+const gw_proto_i gw_proto_http1 = {
+    .name = "http/1.1",
+    .init = h1_init,
+    .on_read = h1_process,
+    .on_deferred = h1_process,
+    .on_timeout = h1_on_timeout,
+    .on_close = h1_on_close,
+    .respond = h1_respond,
+    .start = h1_start,
+    .write = h1_write,
+    .end = h1_end,
+};

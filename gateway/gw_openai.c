@@ -1,0 +1,610 @@
+/* OpenAI request bodies → validated generation parameters and prompt ids.
+ * Runs on tokenizer worker threads: pure, reads only cfg and tok.
+ *
+ * The contract (issue "Gateway completeness", "The OpenAI contract"): every
+ * failure is a client error with the offending parameter named; unknown
+ * fields are accepted; null means "not given". Ranges are vLLM's
+ * (vllm/entrypoints/openai/protocol.py, vllm/sampling_params.py):
+ * temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
+ * presence/frequency penalty [-2, 2], repetition_penalty > 0, n [1, 128],
+ * top_logprobs / logprobs [0, --max-logprobs], seed int64.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "gw_internal.h"
+
+#define GW_MAX_N 128
+
+static int fail(gw_oai_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(gw_oai_err *e, int status, const char *param, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The field, or NULL when absent or null. */
+static json_t *field(const json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_bool(const json_t *o, const char *key, bool *out, gw_oai_err *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return fail(e, 400, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* An integer (an integral real such as 5.0 too, as pydantic accepts). */
+static bool as_int64(const json_t *v, int64_t *out) {
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return true;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (isfinite(d) && d == floor(d) && d >= -9223372036854775808.0 &&
+            d < 9223372036854775808.0) {
+            *out = (int64_t)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int get_int(const json_t *o, const char *key, int64_t *out, bool *present, gw_oai_err *e) {
+    json_t *v = field(o, key);
+    if (present) *present = v != NULL;
+    if (!v) return 0;
+    if (!as_int64(v, out)) return fail(e, 400, key, "'%s' must be an integer", key);
+    return 0;
+}
+
+static int get_int_range(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                         bool *present, gw_oai_err *e) {
+    bool have = false;
+    if (get_int(o, key, out, &have, e)) return -1;
+    if (present) *present = have;
+    if (have && (*out < lo || *out > hi))
+        return fail(e, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, (long long)lo,
+                    (long long)hi, (long long)*out);
+    return 0;
+}
+
+/* A finite number in [lo, hi] (lo_open: lo excluded). */
+static int get_num_range(const json_t *o, const char *key, double lo, bool lo_open, double hi,
+                         float *out, gw_oai_err *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return fail(e, 400, key, "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || d > hi)
+        return fail(e, 400, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[',
+                    lo, hi, d);
+    *out = (float)d;
+    return 0;
+}
+
+/* ---- chat messages -------------------------------------------------- */
+
+typedef struct {
+    pd_chat_message *msgs;
+    int n;
+    char **owned; /* strings built here (joined parts, tool-call arguments) */
+    int n_owned, cap_owned;
+    pd_tok_tool_call *calls;
+} chat_msgs;
+
+static char *own(chat_msgs *cm, char *s) {
+    if (cm->n_owned == cm->cap_owned) {
+        cm->cap_owned = cm->cap_owned ? 2 * cm->cap_owned : 16;
+        cm->owned = realloc(cm->owned, (size_t)cm->cap_owned * sizeof *cm->owned);
+        if (!cm->owned) abort();
+    }
+    cm->owned[cm->n_owned++] = s;
+    return s;
+}
+
+static void chat_msgs_free(chat_msgs *cm) {
+    for (int i = 0; i < cm->n_owned; i++) free(cm->owned[i]);
+    free(cm->owned);
+    free(cm->msgs);
+    free(cm->calls);
+}
+
+/* content: a string, or an array of {"type":"text","text":...} parts
+ * (joined with "\n", as vLLM does for text-only models). *out NULL when
+ * absent or null. */
+static int chat_content(chat_msgs *cm, const json_t *m, int i, const char **out, gw_oai_err *e) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    json_t *c = field(m, "content");
+    *out = NULL;
+    if (!c) return 0;
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return 0;
+    }
+    if (!json_is_array(c))
+        return fail(e, 400, param, "'%s' must be a string or an array of content parts", param);
+    size_t total = 0, k;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, k);
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type))
+            return fail(e, 400, pp, "'%s' must be an object with a string 'type'", pp);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return fail(e, 400, pp, "content part type '%s' is not supported (only 'text')",
+                        json_string_value(type));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return fail(e, 400, pp, "'%s.text' must be a string", pp);
+        total += json_string_length(text) + 1;
+    }
+    char *joined = own(cm, pd_xmalloc(total + 1));
+    size_t off = 0;
+    json_array_foreach(c, k, part) {
+        json_t *text = json_object_get(part, "text");
+        if (k) joined[off++] = '\n';
+        memcpy(joined + off, json_string_value(text), json_string_length(text));
+        off += json_string_length(text);
+    }
+    joined[off] = 0;
+    *out = joined;
+    return 0;
+}
+
+static int chat_tool_calls(chat_msgs *cm, const json_t *m, int i, pd_chat_message *msg,
+                           int *call_base, gw_oai_err *e) {
+    json_t *tc = field(m, "tool_calls");
+    if (!tc) return 0;
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!json_is_array(tc)) return fail(e, 400, param, "'%s' must be an array", param);
+    size_t k;
+    json_t *call;
+    msg->tool_calls = cm->calls + *call_base;
+    json_array_foreach(tc, k, call) {
+        char pp[96];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, k);
+        json_t *fn = json_object_get(call, "function");
+        json_t *name = json_object_get(fn, "name");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *type = json_object_get(call, "type");
+        if (!json_is_object(call) || !json_is_object(fn) || !json_is_string(name))
+            return fail(e, 400, pp, "'%s' must be {\"type\":\"function\",\"function\":{\"name\","
+                        "\"arguments\"}}", pp);
+        if (type && !json_is_null(type) &&
+            (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0))
+            return fail(e, 400, pp, "'%s.type' must be \"function\"", pp);
+        pd_tok_tool_call *out = &cm->calls[(*call_base)++];
+        out->type = "function";
+        out->name = json_string_value(name);
+        if (json_is_string(args))
+            out->arguments = json_string_value(args);
+        else if (!args || json_is_null(args))
+            out->arguments = "{}";
+        else /* some clients send the arguments as an object */
+            out->arguments = own(cm, gw_json_dump(args));
+        msg->n_tool_calls++;
+    }
+    return 0;
+}
+
+static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
+    json_t *ms = json_object_get(root, "messages");
+    if (!ms || json_is_null(ms)) return fail(e, 400, "messages", "'messages' is required");
+    if (!json_is_array(ms) || json_array_size(ms) == 0)
+        return fail(e, 400, "messages", "'messages' must be a non-empty array");
+    size_t n = json_array_size(ms), n_calls = 0, i;
+    json_t *m;
+    json_array_foreach(ms, i, m) {
+        json_t *tc = json_object_get(m, "tool_calls");
+        if (json_is_array(tc)) n_calls += json_array_size(tc);
+    }
+    cm->msgs = pd_xcalloc(n, sizeof *cm->msgs);
+    cm->calls = pd_xcalloc(n_calls ? n_calls : 1, sizeof *cm->calls);
+    int call_base = 0;
+    json_array_foreach(ms, i, m) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m)) return fail(e, 400, param, "'%s' must be an object", param);
+        json_t *role = json_object_get(m, "role");
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        if (!json_is_string(role))
+            return fail(e, 400, param, "'%s' is required and must be a string", param);
+        const char *r = json_string_value(role);
+        pd_chat_message *msg = &cm->msgs[cm->n];
+        if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0)
+            msg->role = "system";
+        else if (strcmp(r, "user") == 0 || strcmp(r, "assistant") == 0 || strcmp(r, "tool") == 0)
+            msg->role = r;
+        else
+            return fail(e, 400, param,
+                        "'%s' must be one of system, developer, user, assistant, tool; got '%.40s'",
+                        param, r);
+        if (chat_content(cm, m, (int)i, &msg->content, e)) return -1;
+        if (strcmp(msg->role, "assistant") == 0) {
+            if (chat_tool_calls(cm, m, (int)i, msg, &call_base, e)) return -1;
+            /* The template renders tool calls only when content is none;
+             * an assistant turn with neither renders as empty text. */
+            if (!msg->content && msg->n_tool_calls == 0) msg->content = "";
+            if (msg->content && msg->n_tool_calls > 0 && msg->content[0] == 0) msg->content = NULL;
+        } else if (!msg->content) {
+            snprintf(param, sizeof param, "messages[%zu].content", i);
+            return fail(e, 400, param, "'%s' is required for role '%s'", param, r);
+        }
+        cm->n++;
+    }
+    return 0;
+}
+
+/* ---- completions prompt ---------------------------------------------- */
+
+static int parse_prompt_ids(const json_t *arr, int vocab, int32_t **ids_p, int *n_p,
+                            gw_oai_err *e) {
+    size_t n = json_array_size(arr), i;
+    if (n == 0) return fail(e, 400, "prompt", "'prompt' must not be empty");
+    if (n > (size_t)INT32_MAX / 2) return fail(e, 400, "prompt", "'prompt' is too long");
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) return fail(e, 500, NULL, "out of memory");
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        int64_t id;
+        if (!as_int64(v, &id) || id < 0 || id >= vocab) {
+            free(ids);
+            return fail(e, 400, "prompt",
+                        "'prompt' token ids must be integers in [0, %d); element %zu is not",
+                        vocab, i);
+        }
+        ids[i] = (int32_t)id;
+    }
+    *ids_p = ids;
+    *n_p = (int)n;
+    return 0;
+}
+
+static int tokenize(const pd_tokenizer *tok, const char *text, size_t len, bool add_bos,
+                    gw_oai_req *out, gw_oai_err *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    pd_err err;
+    if (pd_tok_encode(tok, text, len, true, &ids, &n, &err) != PD_OK)
+        return fail(e, 500, NULL, "tokenization failed: %s", err.msg);
+    int32_t bos = add_bos ? pd_tok_find(tok, PD_TOK_DSV3_BOS) : -1;
+    int extra = bos >= 0 ? 1 : 0;
+    if (n + (size_t)extra > (size_t)INT32_MAX / 2) {
+        free(ids);
+        return fail(e, 400, NULL, "the prompt is too long");
+    }
+    int32_t *all = malloc((n + (size_t)extra + 1) * sizeof *all);
+    if (!all) {
+        free(ids);
+        return fail(e, 500, NULL, "out of memory");
+    }
+    if (extra) all[0] = bos;
+    if (n) memcpy(all + extra, ids, n * sizeof *ids);
+    free(ids);
+    out->prompt_ids = all;
+    out->n_prompt = (int)n + extra;
+    return 0;
+}
+
+/* prompt: a string (BOS is prepended: add_bos_token is true for DeepSeek-V3),
+ * token ids, or a one-element batch of either. */
+static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const json_t *root,
+                        gw_oai_req *out, gw_oai_err *e) {
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p)) return fail(e, 400, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) >= 1) {
+        json_t *first = json_array_get(p, 0);
+        if (json_is_string(first) || json_is_array(first)) {
+            if (json_array_size(p) > 1)
+                return fail(e, 400, "prompt",
+                            "batched prompts are not supported; send one request per prompt");
+            p = first;
+        }
+    }
+    if (json_is_string(p)) {
+        const char *s = json_string_value(p);
+        size_t len = json_string_length(p);
+        if (tokenize(tok, s, len, true, out, e)) return -1;
+        if (out->echo) {
+            out->echo_text = pd_xmalloc(len + 1);
+            memcpy(out->echo_text, s, len + 1);
+            out->echo_len = len;
+        }
+        return 0;
+    }
+    if (json_is_array(p)) {
+        if (parse_prompt_ids(p, cfg->vocab_size, &out->prompt_ids, &out->n_prompt, e)) return -1;
+        if (out->echo) {
+            pd_err err;
+            if (pd_tok_decode(tok, out->prompt_ids, (size_t)out->n_prompt, out->skip_special,
+                              &out->echo_text, &out->echo_len, &err) != PD_OK)
+                return fail(e, 500, NULL, "cannot decode the prompt: %s", err.msg);
+        }
+        return 0;
+    }
+    return fail(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
+}
+
+/* ---- stop, stop_token_ids -------------------------------------------- */
+
+static int parse_stop(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out,
+                      gw_oai_err *e) {
+    json_t *st = field(root, "stop");
+    if (st) {
+        size_t n = json_is_string(st) ? 1 : json_is_array(st) ? json_array_size(st) : 0;
+        if (!json_is_string(st) && !json_is_array(st))
+            return fail(e, 400, "stop", "'stop' must be a string or an array of strings");
+        if (n > (size_t)cfg->max_stop_strings)
+            return fail(e, 400, "stop", "at most %d stop strings are allowed (--max-stop-strings), "
+                        "got %zu", cfg->max_stop_strings, n);
+        out->stop = pd_xcalloc(n ? n : 1, sizeof *out->stop);
+        for (size_t i = 0; i < n; i++) {
+            json_t *s = json_is_string(st) ? st : json_array_get(st, i);
+            if (!json_is_string(s)) return fail(e, 400, "stop", "'stop' entries must be strings");
+            if (json_string_length(s) == 0 || strlen(json_string_value(s)) == 0)
+                return fail(e, 400, "stop", "'stop' strings must not be empty");
+            out->stop[out->n_stop++] = pd_xstrdup(json_string_value(s));
+        }
+    }
+    json_t *ids = field(root, "stop_token_ids");
+    if (ids) {
+        if (!json_is_array(ids))
+            return fail(e, 400, "stop_token_ids", "'stop_token_ids' must be an array of integers");
+        size_t n = json_array_size(ids), i;
+        out->stop_token_ids = pd_xcalloc(n ? n : 1, sizeof *out->stop_token_ids);
+        json_t *v;
+        json_array_foreach(ids, i, v) {
+            int64_t id;
+            if (!as_int64(v, &id) || id < 0 || id >= cfg->vocab_size)
+                return fail(e, 400, "stop_token_ids",
+                            "'stop_token_ids' must hold token ids in [0, %d)", cfg->vocab_size);
+            out->stop_token_ids[out->n_stop_token_ids++] = (int32_t)id;
+        }
+    }
+    return 0;
+}
+
+/* ---- the request ------------------------------------------------------ */
+
+/* After "too big integer": which known integer field holds it. */
+static const char *find_big_int(const char *body, size_t len) {
+    static const char *const keys[] = {"seed",   "max_tokens", "max_completion_tokens",
+                                       "n",      "top_k",      "min_tokens",
+                                       "logprobs", "top_logprobs", "stop_token_ids",
+                                       "prompt"};
+    json_t *root = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return NULL;
+    }
+    const char *found = NULL;
+    for (size_t k = 0; k < sizeof keys / sizeof *keys && !found; k++) {
+        json_t *v = json_object_get(root, keys[k]);
+        if (json_is_real(v) && fabs(json_real_value(v)) >= 9223372036854775807.0) found = keys[k];
+        size_t i;
+        json_t *x;
+        if (json_is_array(v)) json_array_foreach(v, i, x) {
+                if (json_is_real(x) && fabs(json_real_value(x)) >= 9223372036854775807.0)
+                    found = keys[k];
+            }
+    }
+    json_decref(root);
+    return found;
+}
+
+static int parse_sampling(const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+    pd_sampling_params *sp = &out->sampling;
+    *sp = pd_sampling_defaults();
+    if (get_num_range(root, "temperature", 0, false, 2, &sp->temperature, e)) return -1;
+    if (get_num_range(root, "top_p", 0, true, 1, &sp->top_p, e)) return -1;
+    int64_t top_k = -1;
+    if (get_int_range(root, "top_k", -1, INT32_MAX, &top_k, NULL, e)) return -1;
+    sp->top_k = (int)top_k;
+    if (get_num_range(root, "min_p", 0, false, 1, &sp->min_p, e)) return -1;
+    if (get_num_range(root, "presence_penalty", -2, false, 2, &sp->presence_penalty, e)) return -1;
+    if (get_num_range(root, "frequency_penalty", -2, false, 2, &sp->frequency_penalty, e))
+        return -1;
+    if (get_num_range(root, "repetition_penalty", 0, true, 1e9, &sp->repetition_penalty, e))
+        return -1;
+    int64_t seed = 0;
+    bool has_seed = false;
+    if (get_int(root, "seed", &seed, &has_seed, e)) return -1;
+    sp->has_seed = has_seed;
+    sp->seed = (uint64_t)seed;
+    return 0;
+}
+
+static int parse_logprobs(const pd_gw_config *cfg, gw_kind kind, const json_t *root,
+                          gw_oai_req *out, gw_oai_err *e) {
+    out->logprobs = -1;
+    int64_t v = 0;
+    bool have = false;
+    if (kind == GW_KIND_CHAT) {
+        bool lp = false;
+        if (get_bool(root, "logprobs", &lp, e)) return -1;
+        if (get_int_range(root, "top_logprobs", 0, cfg->max_logprobs, &v, &have, e)) return -1;
+        if (have && !lp)
+            return fail(e, 400, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
+        if (lp) out->logprobs = (int)v;
+    } else {
+        if (get_int_range(root, "logprobs", 0, cfg->max_logprobs, &v, &have, e)) return -1;
+        if (have) out->logprobs = (int)v;
+    }
+    return 0;
+}
+
+static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max,
+                        int64_t max_tokens, gw_oai_req *out, gw_oai_err *e) {
+    const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
+    int64_t L = cfg->max_model_len, P = out->n_prompt;
+    if (explicit_max) {
+        if (P + max_tokens > L)
+            return fail(e, 400, kind == GW_KIND_CHAT ? "max_tokens" : "max_tokens",
+                        "This model's maximum context length is %lld tokens. However, you "
+                        "requested %lld tokens (%lld in the %s, %lld for the completion: "
+                        "max_tokens). Please reduce the length of the %s or max_tokens.",
+                        (long long)L, (long long)(P + max_tokens), (long long)P, what,
+                        (long long)max_tokens, what);
+        out->max_tokens = (int)max_tokens;
+        return 0;
+    }
+    if (P >= L)
+        return fail(e, 400, what,
+                    "This model's maximum context length is %lld tokens. However, your %s has "
+                    "%lld tokens, which leaves no room for a completion (max_tokens would be "
+                    "%lld). Please reduce the length of the %s.",
+                    (long long)L, what, (long long)P, (long long)(L - P), what);
+    int64_t left = L - P;
+    out->max_tokens = (int)(cfg->default_max_tokens > 0 && cfg->default_max_tokens < left
+                                ? cfg->default_max_tokens
+                                : left);
+    return 0;
+}
+
+static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
+                   const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+    if (!json_is_object(root)) return fail(e, 400, NULL, "the request body must be a JSON object");
+
+    json_t *model = field(root, "model");
+    if (model && !json_is_string(model)) return fail(e, 400, "model", "'model' must be a string");
+    if (model && strcmp(json_string_value(model), cfg->served_model_name) != 0)
+        return fail(e, 404, "model", "The model `%.200s` does not exist.",
+                    json_string_value(model));
+
+    /* shape of the prompt first (cheap), tokenization last */
+    if (kind == GW_KIND_CHAT) {
+        json_t *ms = json_object_get(root, "messages");
+        if (!ms || json_is_null(ms)) return fail(e, 400, "messages", "'messages' is required");
+        if (!json_is_array(ms) || json_array_size(ms) == 0)
+            return fail(e, 400, "messages", "'messages' must be a non-empty array");
+    } else {
+        json_t *p = json_object_get(root, "prompt");
+        if (!p || json_is_null(p)) return fail(e, 400, "prompt", "'prompt' is required");
+        if (!json_is_string(p) && !json_is_array(p))
+            return fail(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
+    }
+
+    if (get_bool(root, "stream", &out->stream, e)) return -1;
+    json_t *so = field(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so))
+            return fail(e, 400, "stream_options", "'stream_options' must be an object");
+        if (!out->stream)
+            return fail(e, 400, "stream_options",
+                        "'stream_options' is only allowed when 'stream' is true");
+        if (get_bool(so, "include_usage", &out->include_usage, e)) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+
+    int64_t n = 1;
+    if (get_int_range(root, "n", 1, GW_MAX_N, &n, NULL, e)) return -1;
+    out->n = (int)n;
+
+    int64_t max_tokens = 0;
+    bool explicit_max = false;
+    const char *max_key = "max_tokens";
+    if (kind == GW_KIND_CHAT && field(root, "max_completion_tokens"))
+        max_key = "max_completion_tokens";
+    if (get_int(root, max_key, &max_tokens, &explicit_max, e)) return -1;
+    if (explicit_max && max_tokens < 1)
+        return fail(e, 400, max_key, "'%s' must be at least 1, got %lld", max_key,
+                    (long long)max_tokens);
+    if (kind == GW_KIND_CHAT && strcmp(max_key, "max_tokens") != 0) {
+        int64_t ignored;
+        if (get_int(root, "max_tokens", &ignored, NULL, e)) return -1;
+    }
+
+    int64_t min_tokens = 0;
+    if (get_int_range(root, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e)) return -1;
+    out->min_tokens = (int)min_tokens;
+
+    if (parse_sampling(root, out, e)) return -1;
+    if (parse_stop(cfg, root, out, e)) return -1;
+    out->skip_special = true;
+    if (get_bool(root, "ignore_eos", &out->ignore_eos, e)) return -1;
+    if (get_bool(root, "skip_special_tokens", &out->skip_special, e)) return -1;
+    if (get_bool(root, "include_stop_str_in_output", &out->include_stop_str, e)) return -1;
+    if (kind == GW_KIND_COMPLETION && get_bool(root, "echo", &out->echo, e)) return -1;
+    if (parse_logprobs(cfg, kind, root, out, e)) return -1;
+
+    if (kind == GW_KIND_CHAT) {
+        bool add_gen = true, cont = false;
+        if (get_bool(root, "add_generation_prompt", &add_gen, e)) return -1;
+        if (get_bool(root, "continue_final_message", &cont, e)) return -1;
+        if (cont)
+            return fail(e, 400, "continue_final_message",
+                        "'continue_final_message' is not supported");
+        chat_msgs cm = {0};
+        if (parse_messages(root, &cm, e)) {
+            chat_msgs_free(&cm);
+            return -1;
+        }
+        char *text = NULL;
+        pd_err err;
+        pd_status rc = pd_chat_render(cm.msgs, cm.n, add_gen, PD_TOK_DSV3_BOS, &text, &err);
+        chat_msgs_free(&cm);
+        if (rc != PD_OK) return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
+        /* The rendered text starts with the BOS text: no second BOS. */
+        int r = tokenize(tok, text, strlen(text), false, out, e);
+        free(text);
+        if (r) return -1;
+    } else {
+        if (parse_prompt(cfg, tok, root, out, e)) return -1;
+    }
+
+    if (check_length(cfg, kind, explicit_max, max_tokens, out, e)) return -1;
+    if (out->min_tokens > out->max_tokens)
+        return fail(e, 400, "min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)",
+                    out->min_tokens, out->max_tokens);
+    return 0;
+}
+
+int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
+                   const char *body, size_t len, gw_oai_req *out, gw_oai_err *e) {
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    out->kind = kind;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!root) {
+        if (strstr(je.text, "too big")) {
+            const char *param = find_big_int(body, len);
+            if (param)
+                return fail(e, 400, param, "'%s' is out of range (must fit in a signed 64-bit "
+                            "integer)", param);
+            return fail(e, 400, NULL, "an integer in the request is out of range");
+        }
+        return fail(e, 400, NULL, "malformed JSON in the request body: %s (line %d, column %d)",
+                    je.text, je.line, je.column);
+    }
+    int rc = prepare(cfg, tok, kind, root, out, e);
+    json_decref(root);
+    if (rc) gw_oai_req_clear(out);
+    return rc;
+}
+
+void gw_oai_req_clear(gw_oai_req *r) {
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_token_ids);
+    free(r->prompt_ids);
+    free(r->echo_text);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,691 @@
+/* pd_gw_request: one POST /v1/completions or /v1/chat/completions from the
+ * body to the last byte of the response.
+ *
+ *   begin ──▶ worker: parse, validate, render, tokenize ──▶ prepared
+ *         ──▶ engine->submit ──▶ (stream: 200 + role chunk, pings)
+ *         ──▶ pd_gw_on_tokens*: detokenize per choice, stop strings, deltas
+ *         ──▶ pd_gw_on_finish per choice / pd_gw_on_error
+ *         ──▶ complete (deferred): engine->abort if the engine still holds
+ *             it, final JSON or usage chunk + [DONE], free.
+ *
+ * The engine is never called from inside its own callbacks, and the request
+ * is never freed inside one: completion runs from an event (ev_complete).
+ * A client that goes away (the stream's close callback) cancels the worker
+ * job or aborts the engine, then frees the request at once.
+ *
+ * Output shapes follow the OpenAI API (and vLLM's extensions stop_reason):
+ * chat.completion / chat.completion.chunk, text_completion. Streaming: for
+ * chat a role chunk per choice first; content deltas; one final chunk per
+ * choice carrying its finish_reason (null on all others); with
+ * stream_options.include_usage one usage chunk (choices: []) before
+ * "data: [DONE]" and "usage": null on every other chunk.
+ */
+#include <ctype.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "gw_internal.h"
+
+typedef struct {
+    int32_t id;
+    float logprob;
+    bool has;
+} gw_tok_lp;
+
+typedef struct {
+    pd_detok *dt;
+    gw_stopbuf sb;
+    struct evbuffer *text; /* visible text not yet sent (stream) or all of it */
+    int n_tokens;          /* counted for usage */
+    bool finished;
+    bool engine_finished;  /* the engine reported on_finish for it */
+    const char *finish_reason;
+    int stop_index; /* matched stop string, or -1 */
+    gw_tok_lp *lp;  /* logprobs of tokens not yet sent (stream) or all */
+    int n_lp, cap_lp;
+    size_t text_offset; /* completions logprobs: bytes of text before the next token */
+} gw_choice;
+
+struct pd_gw_request {
+    gw_server *srv;
+    gw_stream *st; /* NULL once the client is gone */
+    gw_job *job;   /* while the worker prepares it */
+    gw_kind kind;
+    gw_oai_req r;
+    pd_gw_gen_params gp;
+    char id[64];
+    char xrid[136]; /* X-Request-Id */
+    int64_t created;
+    void *engine_data;
+    bool submitted;   /* the engine accepted it */
+    bool engine_done; /* the engine will not call back (finished, failed or aborted) */
+    bool started;     /* the streamed response head went out */
+    bool failed;
+    bool in_cb;
+    bool got_token;
+    int err_status;
+    char err_msg[512];
+    int submit_status, retry_after;
+    char submit_msg[256];
+    gw_choice *ch;
+    int n_unfinished;        /* choices not yet finished (gateway view) */
+    int n_engine_unfinished; /* choices the engine has not finished */
+    struct event *ev_complete;
+    struct event *ev_ping;
+};
+
+static void req_complete_cb(evutil_socket_t fd, short what, void *arg);
+static void req_ping_cb(evutil_socket_t fd, short what, void *arg);
+
+/* ---- small helpers ---------------------------------------------------- */
+
+/* application/json, any case, with optional parameters; a charset other
+ * than UTF-8 is refused. */
+static bool is_json_content_type(const char *ct) {
+    if (!ct) return false;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    static const char want[] = "application/json";
+    if (strncasecmp(ct, want, sizeof want - 1) != 0) return false;
+    const char *p = ct + sizeof want - 1;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == 0) return true;
+    if (*p != ';') return false;
+    while (*p == ';') {
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        const char *name = p;
+        while (*p && *p != '=' && *p != ';') p++;
+        size_t nlen = (size_t)(p - name);
+        while (nlen && (name[nlen - 1] == ' ' || name[nlen - 1] == '\t')) nlen--;
+        if (*p != '=') continue;
+        p++;
+        while (*p == ' ' || *p == '\t') p++;
+        const char *val = p;
+        bool quoted = *p == '"';
+        if (quoted) val = ++p;
+        while (*p && (quoted ? *p != '"' : (*p != ';' && *p != ' ' && *p != '\t'))) p++;
+        size_t vlen = (size_t)(p - val);
+        if (quoted && *p == '"') p++;
+        while (*p && *p != ';') p++;
+        if (nlen == 7 && strncasecmp(name, "charset", 7) == 0 &&
+            !((vlen == 5 && strncasecmp(val, "utf-8", 5) == 0) ||
+              (vlen == 4 && strncasecmp(val, "utf8", 4) == 0)))
+            return false;
+    }
+    return true;
+}
+
+/* Writes "data: <json>\n\n" as one write, so that each event is one HTTP
+ * chunk (one h2 DATA frame later). */
+static void sse_send_text(pd_gw_request *req, const char *s) {
+    size_t n = strlen(s);
+    char *ev = pd_xmalloc(n + 8);
+    memcpy(ev, "data: ", 6);
+    memcpy(ev + 6, s, n);
+    memcpy(ev + 6 + n, "\n\n", 2);
+    gw_stream_write(req->st, ev, n + 8);
+    free(ev);
+}
+
+static void sse_send(pd_gw_request *req, json_t *j) {
+    char *s = gw_json_dump(j);
+    json_decref(j);
+    sse_send_text(req, s);
+    free(s);
+}
+
+static void sse_done(pd_gw_request *req) {
+    static const char done[] = "data: [DONE]\n\n";
+    gw_stream_write(req->st, done, sizeof done - 1);
+}
+
+static json_t *usage_json(const pd_gw_request *req) {
+    json_int_t c = 0;
+    for (int i = 0; i < req->gp.n; i++) c += req->ch[i].n_tokens;
+    json_int_t p = req->r.n_prompt;
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", c,
+                     "total_tokens", p + c);
+}
+
+static json_t *chunk_base(const pd_gw_request *req) {
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s}", "id", req->id, "object",
+                          req->kind == GW_KIND_CHAT ? "chat.completion.chunk" : "text_completion",
+                          "created", (json_int_t)req->created, "model", req->srv->model_name);
+    return j;
+}
+
+/* The text of a token for logprobs output (its bytes, made valid UTF-8). */
+static json_t *token_json(const pd_gw_request *req, int32_t id, json_t **bytes_p) {
+    size_t len = 0;
+    const char *b = pd_tok_token_bytes(req->srv->tok, id, &len);
+    if (bytes_p) {
+        *bytes_p = json_array();
+        for (size_t i = 0; i < len; i++)
+            json_array_append_new(*bytes_p, json_integer((unsigned char)b[i]));
+    }
+    return gw_json_text(b ? b : "", len);
+}
+
+/* Logprobs of ch->lp[0..n_lp) in the shape of the endpoint, or null. */
+static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
+    if (req->r.logprobs < 0) return json_null();
+    int k = req->r.logprobs;
+    if (req->kind == GW_KIND_CHAT) {
+        json_t *content = json_array();
+        for (int i = 0; i < ch->n_lp; i++) {
+            json_t *bytes;
+            json_t *tok = token_json(req, ch->lp[i].id, &bytes);
+            json_t *lp = ch->lp[i].has ? json_real(ch->lp[i].logprob) : json_null();
+            json_t *top = json_array();
+            if (k > 0) /* only the sampled token is known to the gateway */
+                json_array_append_new(top, json_pack("{s:O, s:O, s:O}", "token", tok, "logprob",
+                                                     lp, "bytes", bytes));
+            json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", tok,
+                                                     "logprob", lp, "bytes", bytes,
+                                                     "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
+    for (int i = 0; i < ch->n_lp; i++) {
+        json_t *tok = token_json(req, ch->lp[i].id, NULL);
+        json_t *lp = ch->lp[i].has ? json_real(ch->lp[i].logprob) : json_null();
+        json_array_append(tokens, tok);
+        json_array_append(tlp, lp);
+        if (k > 0) {
+            json_t *d = json_object();
+            json_object_set(d, json_string_value(tok), lp);
+            json_array_append_new(top, d);
+        } else {
+            json_array_append_new(top, json_null());
+        }
+        json_array_append_new(off, json_integer((json_int_t)ch->text_offset));
+        size_t blen = 0;
+        pd_tok_token_bytes(req->srv->tok, ch->lp[i].id, &blen);
+        ch->text_offset += blen;
+        json_decref(tok);
+        json_decref(lp);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp,
+                     "top_logprobs", top, "text_offset", off);
+}
+
+/* Takes the choice's pending text (and logprobs) as a JSON string. */
+static json_t *take_text(gw_choice *ch) {
+    size_t len = evbuffer_get_length(ch->text);
+    json_t *t = gw_json_text(len ? (const char *)evbuffer_pullup(ch->text, -1) : "", len);
+    evbuffer_drain(ch->text, len);
+    return t;
+}
+
+/* Stream: one chunk for choice i with its pending text; finish_reason set
+ * on the choice's last chunk. */
+static void send_choice_chunk(pd_gw_request *req, int i, bool final) {
+    gw_choice *ch = &req->ch[i];
+    json_t *c = json_pack("{s:i}", "index", i);
+    if (req->kind == GW_KIND_CHAT) {
+        json_t *delta = json_object();
+        if (evbuffer_get_length(ch->text) || !final)
+            json_object_set_new(delta, "content", take_text(ch));
+        json_object_set_new(c, "delta", delta);
+    } else {
+        json_object_set_new(c, "text", take_text(ch));
+    }
+    json_object_set_new(c, "logprobs", logprobs_json(req, ch));
+    ch->n_lp = 0;
+    json_object_set_new(c, "finish_reason", final ? json_string(ch->finish_reason) : json_null());
+    if (final)
+        json_object_set_new(c, "stop_reason", ch->stop_index >= 0
+                                                  ? json_string(req->r.stop[ch->stop_index])
+                                                  : json_null());
+    json_t *j = chunk_base(req);
+    json_t *choices = json_array();
+    json_array_append_new(choices, c);
+    json_object_set_new(j, "choices", choices);
+    if (req->r.include_usage) json_object_set_new(j, "usage", json_null());
+    sse_send(req, j);
+}
+
+static void schedule_complete(pd_gw_request *req) { event_active(req->ev_complete, 0, 0); }
+
+/* ---- text of a choice --------------------------------------------------- */
+
+/* Appends final text of a choice. */
+static void emit(gw_choice *ch, const char *s, size_t len) {
+    if (len) evbuffer_add(ch->text, s, len);
+}
+
+/* Feeds detokenized text through the stop strings. Returns true when a stop
+ * string matched (the choice is then over). */
+static bool feed_text(pd_gw_request *req, gw_choice *ch, const char *s, size_t len, bool final) {
+    const gw_oai_req *r = &req->r;
+    if (r->n_stop == 0 || ch->n_tokens < r->min_tokens) {
+        if (ch->sb.len) {
+            emit(ch, ch->sb.buf, ch->sb.len);
+            gw_stopbuf_consume(&ch->sb, ch->sb.len);
+        }
+        emit(ch, s, len);
+        return false;
+    }
+    size_t n = 0;
+    int m = gw_stop_feed(&ch->sb, s, len, r->stop, r->n_stop, r->include_stop_str, final, &n);
+    if (m == -2) {
+        PD_LOGE(GW_MOD, "%s: out of memory holding stop-string text", req->id);
+        abort();
+    }
+    emit(ch, ch->sb.buf, n);
+    gw_stopbuf_consume(&ch->sb, m >= 0 ? ch->sb.len : n);
+    if (m >= 0) ch->stop_index = m;
+    return m >= 0;
+}
+
+static void finish_choice(pd_gw_request *req, int i, const char *reason) {
+    gw_choice *ch = &req->ch[i];
+    ch->finished = true;
+    ch->finish_reason = reason;
+    req->n_unfinished--;
+    if (req->r.stream && req->st) send_choice_chunk(req, i, true);
+    if (req->n_unfinished == 0) schedule_complete(req);
+}
+
+/* ---- the engine's calls ------------------------------------------------- */
+
+static bool bad_call(const pd_gw_request *req, int choice, const char *what) {
+    if (!req) {
+        PD_LOGE(GW_MOD, "%s: NULL request", what);
+        return true;
+    }
+    if (req->engine_done) {
+        PD_LOGE(GW_MOD, "%s: %s after the request ended for the engine", req->id, what);
+        return true;
+    }
+    if (choice < 0 || choice >= req->gp.n) {
+        PD_LOGE(GW_MOD, "%s: %s for choice %d of %d", req->id, what, choice, req->gp.n);
+        return true;
+    }
+    return false;
+}
+
+void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
+                     int n) {
+    if (bad_call(req, choice, "on_tokens")) return;
+    if (n < 1 || !ids) {
+        PD_LOGE(GW_MOD, "%s: on_tokens with %d ids", req->id, n);
+        return;
+    }
+    gw_choice *ch = &req->ch[choice];
+    if (ch->finished) return; /* stopped by a stop string; the rest is discarded */
+    req->in_cb = true;
+    if (!req->got_token) {
+        req->got_token = true;
+        if (req->ev_ping) evtimer_del(req->ev_ping);
+    }
+    bool stopped = false;
+    for (int i = 0; i < n && !stopped; i++) {
+        ch->n_tokens++;
+        if (req->r.logprobs >= 0) {
+            if (ch->n_lp == ch->cap_lp) {
+                ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 16;
+                ch->lp = realloc(ch->lp, (size_t)ch->cap_lp * sizeof *ch->lp);
+                if (!ch->lp) abort();
+            }
+            ch->lp[ch->n_lp++] = (gw_tok_lp){ids[i], logprobs ? logprobs[i] : 0, logprobs != NULL};
+        }
+        const char *piece;
+        size_t len;
+        pd_detok_push(ch->dt, ids[i], &piece, &len);
+        stopped = feed_text(req, ch, piece, len, false);
+    }
+    if (stopped) {
+        finish_choice(req, choice, "stop");
+    } else if (req->r.stream && req->st &&
+               (evbuffer_get_length(ch->text) > 0 || ch->n_lp > 0)) {
+        send_choice_chunk(req, choice, false);
+    }
+    req->in_cb = false;
+}
+
+void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) {
+    if (bad_call(req, choice, "on_finish")) return;
+    gw_choice *ch = &req->ch[choice];
+    if (ch->engine_finished) {
+        PD_LOGE(GW_MOD, "%s: choice %d finished twice", req->id, choice);
+        return;
+    }
+    req->in_cb = true;
+    ch->engine_finished = true;
+    if (--req->n_engine_unfinished == 0) req->engine_done = true;
+    if (!ch->finished) {
+        const char *piece;
+        size_t len;
+        pd_detok_flush(ch->dt, &piece, &len);
+        bool stopped = feed_text(req, ch, piece, len, true);
+        const char *reason = "stop";
+        if (!stopped) {
+            if (finish_reason && strcmp(finish_reason, "length") == 0)
+                reason = "length";
+            else if (finish_reason && strcmp(finish_reason, "stop") != 0)
+                reason = finish_reason; /* passed through (static strings expected) */
+        }
+        finish_choice(req, choice, reason);
+    }
+    req->in_cb = false;
+}
+
+void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const char *message) {
+    if (!req) return;
+    if (req->engine_done) {
+        PD_LOGE(GW_MOD, "%s: on_error after the request ended for the engine", req->id);
+        return;
+    }
+    req->engine_done = true;
+    req->failed = true;
+    int st = http_status_if_not_started;
+    req->err_status = st >= 400 && st <= 599 ? st : 500;
+    snprintf(req->err_msg, sizeof req->err_msg, "%s", message ? message : "generation failed");
+    PD_LOGW(GW_MOD, "%s: engine error: %s", req->id, req->err_msg);
+    schedule_complete(req);
+}
+
+void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
+                        const char *message) {
+    if (!req) return;
+    req->submit_status = http_status;
+    req->retry_after = retry_after_s;
+    snprintf(req->submit_msg, sizeof req->submit_msg, "%s", message ? message : "");
+}
+
+const pd_gw_gen_params *pd_gw_request_params(const pd_gw_request *req) {
+    return req ? &req->gp : NULL;
+}
+
+void pd_gw_request_set_engine_data(pd_gw_request *req, void *data) {
+    if (req) req->engine_data = data;
+}
+
+void *pd_gw_request_engine_data(const pd_gw_request *req) {
+    return req ? req->engine_data : NULL;
+}
+
+/* ---- life cycle ---------------------------------------------------------- */
+
+static void req_free(pd_gw_request *req) {
+    if (req->st) gw_stream_set_close_cb(req->st, NULL, NULL);
+    if (req->job) gw_pool_cancel(req->job);
+    if (req->ev_complete) event_free(req->ev_complete);
+    if (req->ev_ping) event_free(req->ev_ping);
+    for (int i = 0; req->ch && i < req->gp.n; i++) {
+        pd_detok_free(&req->ch[i].dt);
+        gw_stopbuf_free(&req->ch[i].sb);
+        if (req->ch[i].text) evbuffer_free(req->ch[i].text);
+        free(req->ch[i].lp);
+    }
+    free(req->ch);
+    gw_oai_req_clear(&req->r);
+    free(req);
+}
+
+static void req_on_stream_close(gw_stream *st, void *ud) {
+    pd_gw_request *req = ud;
+    req->st = NULL;
+    if (req->job) {
+        gw_pool_cancel(req->job);
+        req->job = NULL;
+    }
+    PD_LOGI(GW_MOD, "%s: client went away", req->id[0] ? req->id : "(preparing)");
+    if (req->submitted && !req->engine_done) {
+        req->engine_done = true;
+        req->srv->engine.abort(req->srv->engine_ctx, req);
+    }
+    if (req->in_cb) { /* not expected: the stream closes from connection events */
+        schedule_complete(req);
+        return;
+    }
+    req_free(req);
+}
+
+static void respond_error(pd_gw_request *req, int status, const char *msg, const char *param,
+                          int retry_after) {
+    char ra[24];
+    gw_hdr h[2];
+    int n = 0;
+    h[n++] = (gw_hdr){"X-Request-Id", req->xrid};
+    if (retry_after > 0) {
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        h[n++] = (gw_hdr){"Retry-After", ra};
+    }
+    gw_stream_respond_error(req->st, status, msg, param, h, n);
+}
+
+/* The whole non-streamed response. */
+static void respond_full(pd_gw_request *req) {
+    json_t *choices = json_array();
+    for (int i = 0; i < req->gp.n; i++) {
+        gw_choice *ch = &req->ch[i];
+        json_t *c = json_pack("{s:i}", "index", i);
+        if (req->kind == GW_KIND_CHAT) {
+            json_object_set_new(c, "message", json_pack("{s:s, s:o}", "role", "assistant",
+                                                        "content", take_text(ch)));
+        } else {
+            if (req->r.echo && req->r.echo_len) evbuffer_prepend(ch->text, req->r.echo_text,
+                                                                 req->r.echo_len);
+            json_object_set_new(c, "text", take_text(ch));
+        }
+        json_object_set_new(c, "logprobs", logprobs_json(req, ch));
+        json_object_set_new(c, "finish_reason", json_string(ch->finish_reason));
+        json_object_set_new(c, "stop_reason", ch->stop_index >= 0
+                                                  ? json_string(req->r.stop[ch->stop_index])
+                                                  : json_null());
+        json_array_append_new(choices, c);
+    }
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", req->id, "object",
+                          req->kind == GW_KIND_CHAT ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)req->created, "model", req->srv->model_name,
+                          "choices", choices, "usage", usage_json(req));
+    char *body = gw_json_dump(j);
+    json_decref(j);
+    gw_hdr h = {"X-Request-Id", req->xrid};
+    gw_stream_respond(req->st, 200, "application/json", &h, 1, body, strlen(body));
+    free(body);
+}
+
+static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
+    pd_gw_request *req = arg;
+    if (!req->engine_done) { /* stop strings ended every choice: release the engine */
+        req->engine_done = true;
+        req->srv->engine.abort(req->srv->engine_ctx, req);
+    }
+    if (req->st) {
+        if (req->failed && !req->started) {
+            respond_error(req, req->err_status, req->err_msg, NULL, 0);
+        } else if (req->failed) {
+            /* after the 200: an in-band error event, then [DONE] */
+            char *e = gw_error_json(req->err_status, req->err_msg, NULL);
+            sse_send_text(req, e);
+            free(e);
+            sse_done(req);
+            gw_stream_end(req->st);
+        } else if (req->r.stream) {
+            if (req->r.include_usage) {
+                json_t *j = chunk_base(req);
+                json_object_set_new(j, "choices", json_array());
+                json_object_set_new(j, "usage", usage_json(req));
+                sse_send(req, j);
+            }
+            sse_done(req);
+            gw_stream_end(req->st);
+        } else {
+            respond_full(req);
+        }
+        req->st = NULL; /* ended: the protocol owns and frees it */
+    }
+    json_int_t c = 0;
+    for (int i = 0; i < req->gp.n; i++) c += req->ch[i].n_tokens;
+    PD_LOGD(GW_MOD, "%s: done, %d prompt + %lld completion tokens%s", req->id, req->r.n_prompt,
+            (long long)c, req->failed ? " (failed)" : "");
+    req_free(req);
+}
+
+static void req_ping_cb(evutil_socket_t fd, short what, void *arg) {
+    pd_gw_request *req = arg;
+    if (req->st && req->started && !req->got_token) {
+        static const char ping[] = ": ping\n\n";
+        gw_stream_write(req->st, ping, sizeof ping - 1);
+    }
+}
+
+/* Stream: the response head, the role chunk per choice (chat) or the echoed
+ * prompt (completions), and the ping timer. */
+static void start_stream(pd_gw_request *req) {
+    gw_hdr h[3] = {{"Cache-Control", "no-cache"},
+                   {"X-Request-Id", req->xrid},
+                   {"X-Accel-Buffering", "no"}};
+    gw_stream_start(req->st, 200, "text/event-stream; charset=utf-8", h, 3);
+    req->started = true;
+    for (int i = 0; i < req->gp.n; i++) {
+        json_t *c;
+        if (req->kind == GW_KIND_CHAT) {
+            c = json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role",
+                          "assistant", "content", "", "logprobs", "finish_reason");
+        } else if (req->r.echo && req->r.echo_len) {
+            c = json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
+                          gw_json_text(req->r.echo_text, req->r.echo_len), "logprobs",
+                          "finish_reason");
+        } else {
+            continue;
+        }
+        json_t *j = chunk_base(req);
+        json_t *choices = json_array();
+        json_array_append_new(choices, c);
+        json_object_set_new(j, "choices", choices);
+        if (req->r.include_usage) json_object_set_new(j, "usage", json_null());
+        sse_send(req, j);
+    }
+    double iv = req->srv->cfg.sse_ping_interval_s;
+    if (iv > 0) {
+        req->ev_ping = event_new(req->srv->base, -1, EV_PERSIST, req_ping_cb, req);
+        struct timeval tv = {(time_t)iv, (suseconds_t)((iv - (double)(time_t)iv) * 1e6)};
+        if (req->ev_ping) evtimer_add(req->ev_ping, &tv);
+    }
+}
+
+static void make_id(pd_gw_request *req) {
+    gw_server *s = req->srv;
+    snprintf(req->id, sizeof req->id, "%s-%016llx%016llx",
+             req->kind == GW_KIND_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)pd_rng_next(&s->rng), (unsigned long long)pd_rng_next(&s->rng));
+}
+
+/* The worker is done with the body: refuse, or hand the request to the
+ * engine. */
+static void req_prepared(gw_job *job, void *ud) {
+    pd_gw_request *req = ud;
+    req->job = NULL;
+    if (job->rc != 0) {
+        PD_LOGD(GW_MOD, "conn %llu: %d %s (param %s)", (unsigned long long)req->st->conn->id,
+                job->err.status, job->err.message, job->err.param);
+        respond_error(req, job->err.status ? job->err.status : 400, job->err.message,
+                      job->err.param, 0);
+        req->st = NULL;
+        gw_job_free(job);
+        req_free(req);
+        return;
+    }
+    req->r = job->req;
+    memset(&job->req, 0, sizeof job->req);
+    gw_job_free(job);
+
+    gw_oai_req *r = &req->r;
+    req->ev_complete = event_new(req->srv->base, -1, 0, req_complete_cb, req);
+    req->ch = calloc((size_t)r->n, sizeof *req->ch);
+    bool ok = req->ev_complete && req->ch;
+    for (int i = 0; ok && i < r->n; i++) {
+        req->ch[i].dt = pd_detok_new(req->srv->tok, r->skip_special);
+        req->ch[i].text = evbuffer_new();
+        req->ch[i].stop_index = -1;
+        req->ch[i].text_offset = r->echo ? r->echo_len : 0;
+        ok = req->ch[i].dt && req->ch[i].text;
+    }
+    req->gp = (pd_gw_gen_params){
+        .request_id = req->id,
+        .prompt_ids = r->prompt_ids,
+        .n_prompt = r->n_prompt,
+        .sampling = r->sampling,
+        .max_tokens = r->max_tokens,
+        .min_tokens = r->min_tokens,
+        .ignore_eos = r->ignore_eos,
+        .stop_token_ids = r->stop_token_ids,
+        .n_stop_token_ids = r->n_stop_token_ids,
+        .n = r->n,
+        .logprobs = r->logprobs,
+    };
+    if (!ok) {
+        respond_error(req, 500, "out of memory", NULL, 0);
+        req->st = NULL;
+        req_free(req);
+        return;
+    }
+    req->n_unfinished = req->n_engine_unfinished = r->n;
+
+    req->submit_status = 0;
+    int rc = req->srv->engine.submit(req->srv->engine_ctx, req, &req->gp);
+    if (rc < 0) {
+        int st = req->submit_status == 429 ? 429 : 503;
+        const char *msg = req->submit_msg[0] ? req->submit_msg
+                          : st == 429          ? "too many requests are queued; retry later"
+                                               : "no replica is available to serve the request";
+        PD_LOGW(GW_MOD, "%s: refused by the engine: %d %s", req->id, st, msg);
+        respond_error(req, st, msg, NULL, req->retry_after);
+        req->st = NULL;
+        req_free(req);
+        return;
+    }
+    req->submitted = true;
+    PD_LOGD(GW_MOD, "%s: submitted, %d prompt tokens, max_tokens %d, n %d%s", req->id,
+            r->n_prompt, r->max_tokens, r->n, r->stream ? ", stream" : "");
+    if (r->stream) start_stream(req);
+}
+
+void gw_request_begin(gw_stream *st, gw_kind kind) {
+    gw_server *s = st->conn->srv;
+    const char *ct = gw_stream_header(st, "Content-Type");
+    if (!is_json_content_type(ct)) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "Content-Type must be application/json (optionally with charset=utf-8), "
+                 "got '%.80s'",
+                 ct ? ct : "(none)");
+        gw_stream_respond_error(st, 415, msg, NULL, NULL, 0);
+        return;
+    }
+    pd_gw_request *req = calloc(1, sizeof *req);
+    gw_job *job = calloc(1, sizeof *job);
+    struct evbuffer *body = evbuffer_new();
+    if (!req || !job || !body) {
+        free(req);
+        free(job);
+        if (body) evbuffer_free(body);
+        gw_stream_respond_error(st, 500, "out of memory", NULL, NULL, 0);
+        return;
+    }
+    req->srv = s;
+    req->st = st;
+    req->kind = kind;
+    req->created = (int64_t)time(NULL);
+    make_id(req);
+    const char *xrid = gw_stream_header(st, "X-Request-Id");
+    bool sane = xrid && *xrid && strlen(xrid) < sizeof req->xrid;
+    for (const char *p = xrid; sane && *p; p++)
+        if (!isgraph((unsigned char)*p)) sane = false;
+    snprintf(req->xrid, sizeof req->xrid, "%s", sane ? xrid : req->id);
+
+    evbuffer_add_buffer(body, st->body); /* moves the chunks, no copy */
+    job->kind = kind;
+    job->body = body;
+    job->done = req_prepared;
+    job->ud = req;
+    req->job = job;
+    gw_stream_set_close_cb(st, req_on_stream_close, req);
+    gw_pool_submit(s->pool, job);
+}

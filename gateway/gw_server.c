@@ -1,0 +1,277 @@
+/* The server object, routing and the built-in GET endpoints. */
+#include <http_parser.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gw_internal.h"
+
+void pd_gw_config_defaults(pd_gw_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "0.0.0.0";
+    cfg->port = 8000;
+    cfg->backlog = 1024;
+    cfg->max_stop_strings = 16;
+    cfg->max_logprobs = 20;
+    cfg->max_request_body_bytes = 64u << 20;
+    cfg->max_header_bytes = 64u << 10;
+    cfg->max_header_count = 100;
+    cfg->timeout_keep_alive_s = 5;
+    cfg->timeout_request_s = 60;
+    cfg->timeout_write_s = 60;
+    cfg->output_high_water_bytes = 1u << 20;
+    cfg->tokenizer_pool_size = 2;
+    cfg->sse_ping_interval_s = 5;
+}
+
+static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/completions",
+                                            "/v1/chat/completions"};
+
+static pd_status check_config(const pd_gw_config *c, pd_err *err) {
+    if (!c->host || !*c->host) return pd_err_set(err, PD_ERR_INVALID, "gateway: --host is empty");
+    if (c->port < 0 || c->port > 65535)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --port %d out of range", c->port);
+    if (!c->served_model_name || !*c->served_model_name)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --served-model-name is required");
+    if (!c->tokenizer_handle && (!c->tokenizer || !*c->tokenizer))
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --tokenizer is required");
+    if (c->max_model_len <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --max-model-len must be > 0 (got %d)",
+                          c->max_model_len);
+    if (c->vocab_size < 0 || c->max_stop_strings < 0 || c->max_logprobs < 0 ||
+        c->default_max_tokens < 0)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "gateway: vocab_size, max_stop_strings, max_logprobs and "
+                          "default_max_tokens must be >= 0");
+    if (c->max_request_body_bytes == 0 || c->max_header_bytes < 256 || c->max_header_count < 1)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "gateway: max_request_body_bytes must be > 0, max_header_bytes >= 256, "
+                          "max_header_count >= 1");
+    if (c->output_high_water_bytes < 1024)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: output_high_water_bytes must be >= 1024");
+    if (c->tokenizer_pool_size < 1 || c->tokenizer_pool_size > 256)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --tokenizer-pool-size must be 1..256");
+    if (c->ssl_certfile || c->ssl_keyfile)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "gateway: TLS (--ssl-certfile/--ssl-keyfile) is not implemented yet");
+    return PD_OK;
+}
+
+static pd_status load_tokenizer(gw_server *s, pd_err *err) {
+    if (s->cfg.tokenizer_handle) {
+        s->tok = s->cfg.tokenizer_handle;
+        return PD_OK;
+    }
+    const char *path = s->tokenizer_path;
+    char *joined = NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        size_t n = strlen(path) + sizeof "/tokenizer.json";
+        joined = pd_xmalloc(n);
+        snprintf(joined, n, "%s/tokenizer.json", path);
+        path = joined;
+    }
+    pd_status rc = pd_tok_load(path, &s->tok_owned, err);
+    free(joined);
+    if (rc != PD_OK) return rc;
+    s->tok = s->tok_owned;
+    return PD_OK;
+}
+
+pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
+                            const pd_gw_engine_i *engine, void *engine_ctx, pd_gw_server **s_p,
+                            pd_err *err) {
+    if (!base || !cfg || !engine || !s_p)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: NULL argument");
+    if (!engine->submit || !engine->abort)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: engine needs submit and abort");
+    pd_status rc = check_config(cfg, err);
+    if (rc != PD_OK) return rc;
+
+    gw_server *s = pd_xcalloc(1, sizeof *s);
+    s->base = base;
+    s->cfg = *cfg;
+    s->host = pd_xstrdup(cfg->host);
+    s->model_name = pd_xstrdup(cfg->served_model_name);
+    s->tokenizer_path = cfg->tokenizer ? pd_xstrdup(cfg->tokenizer) : NULL;
+    s->cfg.host = s->host;
+    s->cfg.served_model_name = s->model_name;
+    s->cfg.tokenizer = s->tokenizer_path;
+    s->engine = *engine;
+    s->engine_ctx = engine_ctx;
+    s->ready = true;
+    s->created = (int64_t)time(NULL);
+    pd_rng_seed(&s->rng, (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
+                             (uint64_t)(uintptr_t)s ^ (uint64_t)(pd_now_s() * 1e9));
+
+    rc = load_tokenizer(s, err);
+    if (rc != PD_OK) goto undo_strings;
+    if (s->cfg.vocab_size == 0) s->cfg.vocab_size = pd_tok_vocab_size(s->tok);
+    /* libhttp-parser's own limit (a process-wide setting) must not bite
+     * before ours, which answers 431 with a clearer message. */
+    http_parser_set_max_header_size((uint32_t)(s->cfg.max_header_bytes + 4096));
+
+    rc = gw_pool_init(s, s->cfg.tokenizer_pool_size, &s->pool, err);
+    if (rc != PD_OK) goto undo_tokenizer;
+    rc = gw_listener_init(s, err);
+    if (rc != PD_OK) goto undo_pool;
+    PD_LOGI(GW_MOD, "listening on %s:%d, model %s, max_model_len %d", s->cfg.host, s->port,
+            s->model_name, s->cfg.max_model_len);
+    *s_p = s;
+    return PD_OK;
+
+undo_pool:
+    gw_pool_free(&s->pool);
+undo_tokenizer:
+    pd_tok_free(&s->tok_owned);
+undo_strings:
+    free(s->host);
+    free(s->model_name);
+    free(s->tokenizer_path);
+    free(s);
+    return rc;
+}
+
+void pd_gw_server_free(pd_gw_server **s_p) {
+    if (!s_p || !*s_p) return;
+    gw_server *s = *s_p;
+    s->shutting_down = true;
+    gw_listener_free(s);
+    while (s->conns) gw_conn_free(s->conns); /* aborts in-flight requests */
+    gw_pool_free(&s->pool);
+    for (int i = 0; i < s->n_routes; i++) free(s->routes[i].path);
+    free(s->routes);
+    pd_tok_free(&s->tok_owned);
+    free(s->host);
+    free(s->model_name);
+    free(s->tokenizer_path);
+    free(s);
+    *s_p = NULL;
+}
+
+int pd_gw_server_port(const pd_gw_server *s) { return s ? s->port : -1; }
+
+const pd_tokenizer *pd_gw_server_tokenizer(const pd_gw_server *s) { return s ? s->tok : NULL; }
+
+void pd_gw_server_set_ready(pd_gw_server *s, bool ready) {
+    if (s) s->ready = ready;
+}
+
+pd_status pd_gw_server_add_get(pd_gw_server *s, const char *path, pd_gw_get_fn fn, void *ctx,
+                               pd_err *err) {
+    if (!s || !path || !fn) return pd_err_set(err, PD_ERR_INVALID, "gateway: NULL argument");
+    if (path[0] != '/')
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: GET path '%s' must start with '/'", path);
+    for (size_t i = 0; i < sizeof builtin_paths / sizeof *builtin_paths; i++)
+        if (strcmp(path, builtin_paths[i]) == 0)
+            return pd_err_set(err, PD_ERR_INVALID, "gateway: %s is a built-in path", path);
+    for (int i = 0; i < s->n_routes; i++) {
+        if (strcmp(s->routes[i].path, path) == 0) {
+            s->routes[i].fn = fn;
+            s->routes[i].ctx = ctx;
+            return PD_OK;
+        }
+    }
+    gw_route *r = realloc(s->routes, (size_t)(s->n_routes + 1) * sizeof *r);
+    if (!r) return pd_err_set(err, PD_ERR_NOMEM, "gateway: out of memory");
+    s->routes = r;
+    r[s->n_routes].path = pd_xstrdup(path);
+    r[s->n_routes].fn = fn;
+    r[s->n_routes].ctx = ctx;
+    s->n_routes++;
+    return PD_OK;
+}
+
+/* ---- built-in endpoints ----------------------------------------------- */
+
+static json_t *model_card(const gw_server *s) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:i}", "id", s->model_name, "object", "model",
+                     "created", (json_int_t)s->created, "owned_by", "pdserve", "root",
+                     s->model_name, "max_model_len", s->cfg.max_model_len);
+}
+
+static void respond_json(gw_stream *st, int status, json_t *j) {
+    char *body = gw_json_dump(j);
+    json_decref(j);
+    gw_stream_respond(st, status, "application/json", NULL, 0, body, strlen(body));
+    free(body);
+}
+
+static bool is_get(const gw_stream *st) {
+    return strcmp(st->method, "GET") == 0 || strcmp(st->method, "HEAD") == 0;
+}
+
+static void method_not_allowed(gw_stream *st, const char *allow) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "method %s is not allowed on %s (allowed: %s)", st->method,
+             st->path, allow);
+    gw_hdr h = {"Allow", allow};
+    gw_stream_respond_error(st, 405, msg, NULL, &h, 1);
+}
+
+void gw_server_dispatch(gw_stream *st) {
+    gw_server *s = st->conn->srv;
+    const char *path = st->path;
+    PD_LOGD(GW_MOD, "conn %llu: %s %s", (unsigned long long)st->conn->id, st->method, path);
+
+    if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
+        if (strcmp(st->method, "POST") != 0) {
+            method_not_allowed(st, "POST");
+            return;
+        }
+        gw_request_begin(st, strcmp(path, "/v1/chat/completions") == 0 ? GW_KIND_CHAT
+                                                                       : GW_KIND_COMPLETION);
+        return;
+    }
+    bool builtin_get = strcmp(path, "/health") == 0 || strcmp(path, "/v1/models") == 0 ||
+                       strncmp(path, "/v1/models/", 11) == 0;
+    int route = -1;
+    for (int i = 0; i < s->n_routes && !builtin_get; i++)
+        if (strcmp(s->routes[i].path, path) == 0) route = i;
+    if (!builtin_get && route < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "no such endpoint: %.80s", path);
+        gw_stream_respond_error(st, 404, msg, NULL, NULL, 0);
+        return;
+    }
+    if (!is_get(st)) {
+        method_not_allowed(st, "GET, HEAD");
+        return;
+    }
+    if (strcmp(path, "/health") == 0) {
+        if (s->ready)
+            gw_stream_respond(st, 200, "text/plain; charset=utf-8", NULL, 0, "ok", 2);
+        else
+            gw_stream_respond_error(st, 503, "the gateway is not ready", NULL, NULL, 0);
+        return;
+    }
+    if (strcmp(path, "/v1/models") == 0) {
+        json_t *list = json_array();
+        json_array_append_new(list, model_card(s));
+        respond_json(st, 200, json_pack("{s:s, s:o}", "object", "list", "data", list));
+        return;
+    }
+    if (strncmp(path, "/v1/models/", 11) == 0) {
+        if (strcmp(path + 11, s->model_name) == 0) {
+            respond_json(st, 200, model_card(s));
+        } else {
+            char msg[160];
+            snprintf(msg, sizeof msg, "The model `%.80s` does not exist.", path + 11);
+            gw_stream_respond_error(st, 404, msg, "model", NULL, 0);
+        }
+        return;
+    }
+    struct evbuffer *body = evbuffer_new();
+    if (!body) {
+        gw_stream_respond_error(st, 500, "out of memory", NULL, NULL, 0);
+        return;
+    }
+    const char *ctype = "text/plain; charset=utf-8";
+    int status = s->routes[route].fn(s->routes[route].ctx, path, st->query, body, &ctype);
+    if (status < 200 || status > 599) status = 500;
+    size_t len = evbuffer_get_length(body);
+    const char *p = len ? (const char *)evbuffer_pullup(body, -1) : "";
+    gw_stream_respond(st, status, ctype, NULL, 0, p, len);
+    evbuffer_free(body);
+}

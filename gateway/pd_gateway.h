@@ -1,0 +1,215 @@
+/* gateway/ — the HTTP front door of pdserve: an HTTP/1.1 server (HTTP/2 on
+ * the same port comes next, issue "Gateway completeness") with the OpenAI
+ * endpoints, validation, chat rendering and tokenization (off the event-loop
+ * thread), incremental detokenization, stop strings, and OpenAI response
+ * shapes (JSON and SSE). What generates tokens is not here: the gateway hands
+ * each validated request to an *engine* (the router that talks to prefill and
+ * decode replicas) through a table of two functions, and the engine reports
+ * tokens back through three calls. Read this header first.
+ *
+ *   client ──HTTP──▶ connection (protocol handler: HTTP/1.1 today, h2 later)
+ *                      └─ stream (one request/response exchange)
+ *                           └─ route: GET /health, /v1/models, handlers added
+ *                              with pd_gw_server_add_get; POST /v1/completions
+ *                              and /v1/chat/completions ─▶ worker pool (parse
+ *                              JSON, validate, render, tokenize) ─▶ engine
+ *   engine ─pd_gw_on_tokens/on_finish/on_error─▶ detokenize, stop strings,
+ *                              SSE chunks or the final JSON
+ *
+ * Threads: everything here runs on the thread that runs the event_base given
+ * to pd_gw_server_init ("the loop thread"), except the tokenizer workers,
+ * which touch nothing of this API. The engine's submit/abort are called on
+ * the loop thread, and the engine calls pd_gw_on_* on the loop thread only.
+ *
+ * Errors answered to clients are OpenAI error bodies
+ * {"error":{"message","type","param","code"}} (code: the HTTP status).
+ */
+#ifndef PD_GATEWAY_H
+#define PD_GATEWAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pd_common.h"
+#include "pd_model.h" /* pd_sampling_params */
+#include "pd_tokenizer.h"
+
+struct event_base;
+struct evbuffer;
+
+/* ------------------------------------------------------------------ */
+/* configuration                                                       */
+/* ------------------------------------------------------------------ */
+
+/** Gateway settings. Field names follow vLLM's flags (--host, --port,
+ * --served-model-name, --max-model-len, --max-logprobs, --tokenizer,
+ * --tokenizer-pool-size) and uvicorn's (--timeout-keep-alive). Strings are
+ * borrowed only for the duration of pd_gw_server_init (copied). */
+typedef struct {
+    const char *host;              /* --host; default "0.0.0.0" */
+    int port;                      /* --port; default 8000; 0 = any free port (see pd_gw_server_port) */
+    int backlog;                   /* listen backlog; default 1024 */
+    const char *served_model_name; /* --served-model-name; required: the `model` clients must name */
+    const char *tokenizer;         /* --tokenizer: tokenizer.json, or a directory holding one */
+    const pd_tokenizer *tokenizer_handle; /* already loaded (borrowed, must outlive the server);
+                                             when set, `tokenizer` is not read */
+    int max_model_len;         /* --max-model-len (tokens, prompt + completion); required, > 0 */
+    int vocab_size;            /* ids accepted in token prompts / stop_token_ids are < this;
+                                  0 = the tokenizer's pd_tok_vocab_size */
+    int max_stop_strings;      /* --max-stop-strings; default 16 */
+    int max_logprobs;          /* --max-logprobs; default 20 */
+    int default_max_tokens;    /* max_tokens when the request gives none; 0 (default) = whatever
+                                  is left of max_model_len after the prompt */
+    size_t max_request_body_bytes; /* --max-request-body-bytes; default 64 MiB; larger → 413 */
+    size_t max_header_bytes;       /* request line + headers; default 64 KiB; larger → 431 */
+    int max_header_count;          /* default 100; more → 431 */
+    double timeout_keep_alive_s;   /* idle keep-alive connection closed after; default 5 */
+    double timeout_request_s;      /* a request must arrive whole within; default 60; else 408 */
+    double timeout_write_s;        /* no write progress for this long closes; default 60 */
+    size_t output_high_water_bytes; /* stop reading a connection whose unsent output is above
+                                       this; resume below half of it; default 1 MiB */
+    int tokenizer_pool_size;        /* --tokenizer-pool-size: worker threads; default 2 */
+    double sse_ping_interval_s;     /* ": ping" while a stream waits for its first token;
+                                       default 5; 0 = never */
+    const char *ssl_certfile;       /* --ssl-certfile / --ssl-keyfile: TLS (with ALPN) comes with */
+    const char *ssl_keyfile;        /* HTTP/2; non-NULL is refused with PD_ERR_UNSUPPORTED for now */
+} pd_gw_config;
+
+/** Fills cfg with the defaults above (served_model_name, tokenizer and
+ * max_model_len are left NULL / 0: the caller must set them). */
+void pd_gw_config_defaults(pd_gw_config *cfg);
+
+/* ------------------------------------------------------------------ */
+/* the engine interface                                                */
+/* ------------------------------------------------------------------ */
+
+/** One generation request. Owned by the gateway. For the engine it is valid
+ * from submit until (a) the engine's pd_gw_on_finish for the last unfinished
+ * choice returns, (b) its pd_gw_on_error returns, or (c) the gateway calls
+ * engine->abort for it — whichever comes first; after that the engine must
+ * not touch it. */
+typedef struct pd_gw_request pd_gw_request;
+
+/** What the engine is asked to generate. Every pointer is owned by the
+ * gateway and valid as long as the request is (see pd_gw_request). */
+typedef struct {
+    const char *request_id;   /* "cmpl-<hex>" or "chatcmpl-<hex>": the response id */
+    const int32_t *prompt_ids; /* the rendered and tokenized prompt, BOS included */
+    int n_prompt;
+    pd_sampling_params sampling; /* model/pd_model.h: temperature 0 = greedy, has_seed */
+    int max_tokens;              /* >= 1; n_prompt + max_tokens <= max_model_len */
+    int min_tokens;              /* 0..max_tokens: EOS / stop_token_ids not before this */
+    bool ignore_eos;
+    const int32_t *stop_token_ids; /* finish "stop" after emitting one of these */
+    int n_stop_token_ids;
+    int n;        /* choices, 1..128; each is an independent sample of the same prompt */
+    int logprobs; /* -1: off; else the request wants the sampled token's logprob and this
+                     many top alternatives (the gateway today uses only the sampled one) */
+} pd_gw_gen_params;
+
+/** The engine, as a table of functions over an opaque context (the style of
+ * ggml's backend interface). Both are called on the loop thread, never from
+ * inside one of the pd_gw_on_* calls. */
+typedef struct {
+    /** Accepts req for generation. Returns 0 when accepted: from then on the
+     * engine calls pd_gw_on_tokens / pd_gw_on_finish / pd_gw_on_error, on the
+     * loop thread, and never from inside submit itself. Returns < 0 when it
+     * cannot take the request; it may first call pd_gw_submit_error to say
+     * why (else the client gets 503). p is valid as long as req. */
+    int (*submit)(void *engine, pd_gw_request *req, const pd_gw_gen_params *p);
+    /** The gateway no longer wants req (client went away, every choice ended
+     * on a stop string, shutdown): free everything held for it, here and on
+     * replicas. Not called after the engine's own final on_finish / on_error.
+     * req is invalid once abort returns; make no pd_gw_on_* call from it. */
+    void (*abort)(void *engine, pd_gw_request *req);
+} pd_gw_engine_i;
+
+/** Inside submit, before returning < 0: the status the client gets (429
+ * queue full, 503 no replica; anything else is answered 503), a Retry-After
+ * in seconds (<= 0: no header) and a message (copied; NULL: a default). */
+void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
+                        const char *message);
+
+/** Reports n >= 1 new tokens of one choice (0 <= choice < n), in order.
+ * logprobs, when non-NULL, holds the sampled token's log-probability for
+ * each id. ids and logprobs are borrowed for the call. The gateway counts
+ * every id towards usage until the choice finishes; tokens of a choice that
+ * already finished (a stop string matched) are ignored. Malformed calls (bad
+ * choice index, n < 1) are logged and ignored. */
+void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
+                     int n);
+
+/** Ends one choice: finish_reason "stop" (EOS or a stop token id) or
+ * "length" (max_tokens reached). Other strings are passed through. When it
+ * ends the last unfinished choice, req is released when this call returns. */
+void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason);
+
+/** Fails the whole request. If no response byte has been sent yet the
+ * client gets http_status_if_not_started (4xx/5xx; else 500) and an error
+ * body with message; a stream that already started gets an SSE error event
+ * then "data: [DONE]". req is released when this call returns. */
+void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const char *message);
+
+/** The request's generation parameters (same pointer as given to submit). */
+const pd_gw_gen_params *pd_gw_request_params(const pd_gw_request *req);
+
+/** One pointer the engine may keep on each request (NULL until set). */
+void pd_gw_request_set_engine_data(pd_gw_request *req, void *data);
+void *pd_gw_request_engine_data(const pd_gw_request *req);
+
+/* ------------------------------------------------------------------ */
+/* the server                                                          */
+/* ------------------------------------------------------------------ */
+
+typedef struct pd_gw_server pd_gw_server;
+
+/** Starts the gateway on base: loads the tokenizer (unless
+ * cfg->tokenizer_handle), starts the tokenizer workers, binds and listens on
+ * cfg->host:cfg->port. Requests are served once the caller runs base. The
+ * engine table is copied; engine_ctx is borrowed and must outlive the server.
+ * On success *s_p owns it all (free with pd_gw_server_free); on failure *s_p
+ * is untouched and nothing is left running.
+ * Errors (err says which setting or call): PD_ERR_INVALID (NULL argument, no
+ * served_model_name, max_model_len <= 0, a limit out of range, engine without
+ * submit or abort), PD_ERR_UNSUPPORTED (ssl_certfile/ssl_keyfile set),
+ * PD_ERR_IO (tokenizer unreadable, host unresolvable, bind or listen failed),
+ * PD_ERR_FORMAT (tokenizer.json refused), PD_ERR_NOMEM. */
+pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
+                            const pd_gw_engine_i *engine, void *engine_ctx, pd_gw_server **s_p,
+                            pd_err *err);
+
+/** Stops listening, closes every connection (aborting their requests through
+ * engine->abort), joins the tokenizer workers, frees everything and sets
+ * *s_p to NULL. Call on the loop thread, with the loop not running a
+ * gateway callback. NULL or *s_p NULL is a no-op. */
+void pd_gw_server_free(pd_gw_server **s_p);
+
+/** The TCP port actually bound (useful with cfg->port = 0). */
+int pd_gw_server_port(const pd_gw_server *s);
+
+/** The tokenizer in use (borrowed from the server). */
+const pd_tokenizer *pd_gw_server_tokenizer(const pd_gw_server *s);
+
+/** GET /health answers 200 "ok" while ready, else 503 with an error body.
+ * A server is ready from pd_gw_server_init on; an engine that has no
+ * replica yet may set it false until one registers. */
+void pd_gw_server_set_ready(pd_gw_server *s, bool ready);
+
+/** A handler for GET (and HEAD) on one exact path. It runs on the loop
+ * thread and must not block: it appends the response body to body (owned by
+ * the gateway), may set *content_type_p to a static string (default
+ * "text/plain; charset=utf-8") and returns the HTTP status (200..599).
+ * query is the text after '?' or NULL. */
+typedef int (*pd_gw_get_fn)(void *ctx, const char *path, const char *query,
+                            struct evbuffer *body, const char **content_type_p);
+
+/** Adds (or replaces) the GET handler for path (exact match, e.g.
+ * "/metrics"); ctx is borrowed. Built-in paths (/health, /v1/models,
+ * /v1/completions, /v1/chat/completions) cannot be replaced.
+ * Errors: PD_ERR_INVALID (NULL argument, path not starting with '/', a
+ * built-in path). */
+pd_status pd_gw_server_add_get(pd_gw_server *s, const char *path, pd_gw_get_fn fn, void *ctx,
+                               pd_err *err);
+
+#endif

@@ -1,0 +1,675 @@
+/* The router: control plane (registration, heartbeats, expiry) and the data
+ * path of each request over replicas. Runs entirely on the gateway's loop
+ * thread; the ZeroMQ socket's fd is watched by libevent (ZMQ_FD is
+ * edge-triggered, so every wake-up drains while ZMQ_EVENTS says POLLIN, and
+ * a 20 ms timer re-checks as a safety net after sends). */
+#include "pd_router.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "pd_msg.h"
+
+#define LOGM "router"
+
+enum { ROLE_PREFILL = 0, ROLE_DECODE = 1 };
+enum { SUB_DECODING = 0, SUB_RESERVING, SUB_PREFILLING, SUB_DONE };
+
+typedef struct gw_replica {
+    char id[128];
+    int role;
+    unsigned char env[256];
+    size_t env_len;
+    uint32_t block_size, num_layers, kv_lora_rank, rope_dim, dtype_bytes, num_blocks;
+    unsigned char *ucx_addr, *rkey;
+    size_t ucx_len, rkey_len;
+    uint64_t kv_base;
+    Pdserve__Heartbeat hb; /* last load report (strings not kept) */
+    double last_seen;
+    bool alive;
+    int n_assigned;
+    uint64_t assigned_tokens;
+    struct gw_replica *next;
+} gw_replica;
+
+struct gw_req;
+typedef struct gw_sub {
+    char rid[160]; /* request id on the replicas: <request_id>-<choice> */
+    struct gw_req *parent;
+    int choice, state;
+    gw_replica *decode, *prefill;
+    uint64_t reservation;
+    uint64_t tokens; /* prompt + max_tokens, for load accounting */
+    struct gw_sub *next_all;
+} gw_sub;
+
+typedef struct gw_req {
+    pd_gw_request *gw;
+    const pd_gw_gen_params *p;
+    gw_sub *subs;
+    int n_open;
+} gw_req;
+
+struct pd_router {
+    struct event_base *base;
+    pd_router_config cfg;
+    char endpoint[256];
+    void *zctx, *sock;
+    struct event *ev_fd, *ev_timer;
+    gw_replica *replicas;
+    gw_sub *subs; /* every live sub-request */
+    pd_gw_server *gw;
+    pd_router_stats stats;
+};
+
+static pd_router *g_router; /* the engine context is the router itself; kept for the table */
+
+/* ---- replicas ---- */
+
+static gw_replica *replica_by_env(pd_router *r, const unsigned char *env, size_t n) {
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->env_len == n && !memcmp(x->env, env, n)) return x;
+    return NULL;
+}
+
+static double hb_timeout_s(const pd_router *r) {
+    return 3.0 * r->cfg.heartbeat_interval_ms / 1000.0;
+}
+
+static void send_to(pd_router *r, gw_replica *x, pd_msg_type t, const ProtobufCMessage *m) {
+    pd_status st = pd_msg_send(r->sock, x->env, x->env_len, t, m);
+    if (st != PD_OK)
+        PD_LOGW(LOGM, "send %s to %s failed (%s)", pd_msg_type_name(t), x->id, pd_status_str(st));
+}
+
+static void send_abort_ex(pd_router *r, gw_replica *x, const char *rid, const char *reason, bool never_granted) {
+    if (!x || !x->alive) return;
+    Pdserve__Abort a = PDSERVE__ABORT__INIT;
+    a.request_id = (char *)rid;
+    a.reason = (char *)reason;
+    a.never_granted = never_granted;
+    send_to(r, x, PD_MSG_ABORT, &a.base);
+}
+
+static void send_abort(pd_router *r, gw_replica *x, const char *rid, const char *reason) {
+    send_abort_ex(r, x, rid, reason, false);
+}
+
+static gw_replica *pick(pd_router *r, int role) {
+    gw_replica *best = NULL;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!x->alive || x->role != role) continue;
+        if (!best || x->assigned_tokens < best->assigned_tokens ||
+            (x->assigned_tokens == best->assigned_tokens && x->hb.free_blocks > best->hb.free_blocks))
+            best = x;
+    }
+    return best;
+}
+
+static void count_alive(pd_router *r) {
+    int d = 0, p = 0;
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive) *(x->role == ROLE_DECODE ? &d : &p) += 1;
+    r->stats.decode_alive = d;
+    r->stats.prefill_alive = p;
+    if (r->gw) pd_gw_server_set_ready(r->gw, d > 0);
+}
+
+/* ---- sub-requests ---- */
+
+static gw_sub *sub_find(pd_router *r, const char *rid) {
+    for (gw_sub *s = r->subs; s; s = s->next_all)
+        if (!strcmp(s->rid, rid)) return s;
+    return NULL;
+}
+
+static void sub_unassign(gw_sub *s) {
+    if (s->decode) {
+        s->decode->n_assigned--;
+        s->decode->assigned_tokens -= s->tokens;
+    }
+    if (s->prefill) {
+        s->prefill->n_assigned--;
+        s->prefill->assigned_tokens -= s->tokens;
+    }
+    s->decode = s->prefill = NULL;
+}
+
+static void sub_unlink(pd_router *r, gw_sub *s) {
+    for (gw_sub **pp = &r->subs; *pp; pp = &(*pp)->next_all)
+        if (*pp == s) {
+            *pp = s->next_all;
+            return;
+        }
+}
+
+/* Frees the router's state of a request (all subs), telling replicas to
+ * drop whatever they still hold. Does not touch q->gw. */
+static void req_release(pd_router *r, gw_req *q, const char *reason) {
+    for (int c = 0; c < q->p->n; c++) {
+        gw_sub *s = &q->subs[c];
+        if (s->state != SUB_DONE) {
+            send_abort_ex(r, s->decode, s->rid, reason, s->state == SUB_RESERVING);
+            if (s->state == SUB_PREFILLING) send_abort(r, s->prefill, s->rid, reason);
+            sub_unassign(s);
+            sub_unlink(r, s);
+            s->state = SUB_DONE;
+        }
+    }
+    free(q->subs);
+    free(q);
+}
+
+static void fail_request(pd_router *r, gw_req *q, int status, const char *msg) {
+    pd_gw_request *gw = q->gw;
+    req_release(r, q, "failed");
+    pd_gw_on_error(gw, status, msg);
+}
+
+/* One choice ended normally. */
+static void finish_sub(pd_router *r, gw_sub *s, const char *reason) {
+    gw_req *q = s->parent;
+    sub_unassign(s);
+    sub_unlink(r, s);
+    s->state = SUB_DONE;
+    int choice = s->choice;
+    pd_gw_request *gw = q->gw;
+    if (--q->n_open == 0) {
+        free(q->subs);
+        free(q);
+    }
+    pd_gw_on_finish(gw, choice, reason);
+}
+
+static void fill_sampling(Pdserve__SamplingParams *sp, const pd_sampling_params *p, int choice) {
+    sp->temperature = p->temperature;
+    sp->top_k = p->top_k;
+    sp->top_p = p->top_p;
+    sp->min_p = p->min_p;
+    sp->presence_penalty = p->presence_penalty;
+    sp->frequency_penalty = p->frequency_penalty;
+    sp->repetition_penalty = p->repetition_penalty;
+    sp->seed = p->seed + (uint64_t)choice; /* n > 1: independent samples, still reproducible */
+    sp->has_seed = p->has_seed;
+}
+
+static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
+    const pd_gw_gen_params *p = s->parent->p;
+    Pdserve__SamplingParams sp = PDSERVE__SAMPLING_PARAMS__INIT;
+    fill_sampling(&sp, &p->sampling, s->choice);
+    Pdserve__Generate g = PDSERVE__GENERATE__INIT;
+    g.request_id = s->rid;
+    g.prompt_ids = (int32_t *)p->prompt_ids;
+    g.n_prompt_ids = (size_t)p->n_prompt;
+    g.sampling = &sp;
+    g.max_tokens = (uint32_t)p->max_tokens;
+    g.min_tokens = (uint32_t)p->min_tokens;
+    g.ignore_eos = p->ignore_eos;
+    g.stop_token_ids = (int32_t *)p->stop_token_ids;
+    g.n_stop_token_ids = (size_t)p->n_stop_token_ids;
+    g.logprobs = p->logprobs;
+    g.kv_reserved = reserved;
+    g.prefill_replica_id = reserved && s->prefill ? s->prefill->id : "";
+    send_to(r, s->decode, PD_MSG_GENERATE, &g.base);
+}
+
+/* ---- engine interface ---- */
+
+static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_params *p) {
+    pd_router *r = engine;
+    bool is_long = p->n_prompt > r->cfg.long_prompt_threshold;
+    if (!pick(r, ROLE_DECODE)) {
+        pd_gw_submit_error(gwr, 503, 1, "no decode replica is available");
+        return -1;
+    }
+    if (is_long && !pick(r, ROLE_PREFILL)) {
+        pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
+        return -1;
+    }
+    gw_req *q = pd_xcalloc(1, sizeof *q);
+    q->gw = gwr;
+    q->p = p;
+    q->n_open = p->n;
+    q->subs = pd_xcalloc((size_t)p->n, sizeof *q->subs);
+    pd_gw_request_set_engine_data(gwr, q);
+    for (int c = 0; c < p->n; c++) {
+        gw_sub *s = &q->subs[c];
+        snprintf(s->rid, sizeof s->rid, "%s-%d", p->request_id, c);
+        s->parent = q;
+        s->choice = c;
+        s->tokens = (uint64_t)p->n_prompt + (uint64_t)p->max_tokens;
+        s->decode = pick(r, ROLE_DECODE);
+        s->decode->n_assigned++;
+        s->decode->assigned_tokens += s->tokens;
+        s->next_all = r->subs;
+        r->subs = s;
+        if (!is_long) {
+            s->state = SUB_DECODING;
+            send_generate(r, s, false);
+            r->stats.requests_short++;
+        } else {
+            s->state = SUB_RESERVING;
+            s->prefill = pick(r, ROLE_PREFILL);
+            s->prefill->n_assigned++;
+            s->prefill->assigned_tokens += s->tokens;
+            send_generate(r, s, true);
+            r->stats.requests_long++;
+        }
+    }
+    return 0;
+}
+
+static void engine_abort(void *engine, pd_gw_request *gwr) {
+    pd_router *r = engine;
+    gw_req *q = pd_gw_request_engine_data(gwr);
+    if (q)
+        req_release(r, q, "client went away");
+}
+
+static const pd_gw_engine_i router_engine = {engine_submit, engine_abort};
+const pd_gw_engine_i *pd_router_engine(void) {
+    return &router_engine;
+}
+
+/* ---- control messages ---- */
+
+static void on_register(pd_router *r, pd_msg *m) {
+    Pdserve__Register *g = (Pdserve__Register *)m->msg;
+    Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
+    rep.heartbeat_interval_ms = (uint32_t)r->cfg.heartbeat_interval_ms;
+    char reason[256] = "";
+    int role = !strcmp(g->role, "decode") ? ROLE_DECODE : !strcmp(g->role, "prefill") ? ROLE_PREFILL : -1;
+    if (role < 0)
+        snprintf(reason, sizeof reason, "unknown role '%s'", g->role);
+    else if (g->model_fingerprint != r->cfg.model_fingerprint)
+        snprintf(reason, sizeof reason, "model fingerprint %016llx differs from the gateway's %016llx",
+                 (unsigned long long)g->model_fingerprint, (unsigned long long)r->cfg.model_fingerprint);
+    else if (!g->geometry)
+        snprintf(reason, sizeof reason, "no KV geometry");
+    else if (r->cfg.block_size && g->geometry->block_size != (uint32_t)r->cfg.block_size)
+        snprintf(reason, sizeof reason, "KV geometry: block size %u, the deployment uses %d", g->geometry->block_size,
+                 r->cfg.block_size);
+    /* every replica of the deployment must agree on the block layout */
+    if (!reason[0])
+        for (gw_replica *x = r->replicas; x; x = x->next)
+            if (x->alive && !(x->env_len == m->envelope_len && !memcmp(x->env, m->envelope, x->env_len)) &&
+                (x->block_size != g->geometry->block_size || x->num_layers != g->geometry->num_layers ||
+                             x->kv_lora_rank != g->geometry->kv_lora_rank))
+                snprintf(reason, sizeof reason, "KV geometry differs from replica %s", x->id);
+    gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
+    if (reason[0]) {
+        rep.accepted = false;
+        rep.reason = reason;
+        PD_LOGW(LOGM, "refused %s replica %s: %s", g->role, g->replica_id, reason);
+        pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
+        return;
+    }
+    if (!x) {
+        x = pd_xcalloc(1, sizeof *x);
+        memcpy(x->env, m->envelope, m->envelope_len);
+        x->env_len = m->envelope_len;
+        x->next = r->replicas;
+        r->replicas = x;
+    }
+    snprintf(x->id, sizeof x->id, "%s", g->replica_id);
+    x->role = role;
+    x->block_size = g->geometry->block_size;
+    x->num_layers = g->geometry->num_layers;
+    x->kv_lora_rank = g->geometry->kv_lora_rank;
+    x->rope_dim = g->geometry->qk_rope_head_dim;
+    x->dtype_bytes = g->geometry->dtype_bytes;
+    x->num_blocks = g->geometry->num_blocks;
+    free(x->ucx_addr);
+    free(x->rkey);
+    x->ucx_addr = g->ucx_worker_address.len ? pd_xmalloc(g->ucx_worker_address.len) : NULL;
+    if (x->ucx_addr) memcpy(x->ucx_addr, g->ucx_worker_address.data, g->ucx_worker_address.len);
+    x->ucx_len = g->ucx_worker_address.len;
+    x->rkey = g->kv_rkey.len ? pd_xmalloc(g->kv_rkey.len) : NULL;
+    if (x->rkey) memcpy(x->rkey, g->kv_rkey.data, g->kv_rkey.len);
+    x->rkey_len = g->kv_rkey.len;
+    x->kv_base = g->kv_base;
+    x->hb.free_blocks = g->geometry->num_blocks;
+    x->last_seen = pd_now_s();
+    x->alive = true;
+    rep.accepted = true;
+    pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
+    PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens)", g->role, x->id, g->pid,
+            x->num_blocks, x->block_size);
+    count_alive(r);
+}
+
+static void on_heartbeat(pd_router *r, pd_msg *m) {
+    gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
+    if (!x || !x->alive) {
+        /* unknown (e.g. the gateway restarted, or it was declared dead): ask it to register again */
+        Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
+        rep.accepted = false;
+        rep.reason = "unknown replica: register again";
+        pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
+        return;
+    }
+    Pdserve__Heartbeat *h = (Pdserve__Heartbeat *)m->msg;
+    x->hb = *h;
+    x->hb.replica_id = NULL;
+    x->hb.base.unknown_fields = NULL;
+    x->hb.base.n_unknown_fields = 0;
+    x->last_seen = pd_now_s();
+}
+
+static void on_tokens(pd_router *r, pd_msg *m) {
+    Pdserve__Tokens *t = (Pdserve__Tokens *)m->msg;
+    gw_sub *s = sub_find(r, t->request_id);
+    if (!s) return; /* aborted meanwhile */
+    gw_req *q = s->parent;
+    if (t->error && t->error[0]) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "replica %s: %s", s->decode ? s->decode->id : "?", t->error);
+        fail_request(r, q, 500, msg);
+        return;
+    }
+    if (t->n_ids > 0)
+        pd_gw_on_tokens(q->gw, s->choice, t->ids, t->n_logprobs == t->n_ids ? t->logprobs : NULL, (int)t->n_ids);
+    if (t->finished)
+        finish_sub(r, s, t->finish_reason && t->finish_reason[0] ? t->finish_reason : "stop");
+}
+
+static void on_reserve_reply(pd_router *r, pd_msg *m) {
+    Pdserve__ReserveReply *rr = (Pdserve__ReserveReply *)m->msg;
+    gw_sub *s = sub_find(r, rr->request_id);
+    if (!s || s->state != SUB_RESERVING) {
+        if (rr->ok) { /* nobody wants it any more: give the blocks back */
+            gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
+            send_abort_ex(r, x, rr->request_id, "no longer wanted", true);
+        }
+        return;
+    }
+    if (!rr->ok) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "no KV capacity on decode replica %s: %s", s->decode->id, rr->reason);
+        fail_request(r, s->parent, 503, msg);
+        return;
+    }
+    gw_replica *pf = s->prefill;
+    if (!pf || !pf->alive) {
+        fail_request(r, s->parent, 503, "the prefill replica went away");
+        return;
+    }
+    s->reservation = rr->reservation_id;
+    s->state = SUB_PREFILLING;
+    const pd_gw_gen_params *p = s->parent->p;
+    Pdserve__SamplingParams sp = PDSERVE__SAMPLING_PARAMS__INIT;
+    fill_sampling(&sp, &p->sampling, s->choice);
+    Pdserve__Prefill pm = PDSERVE__PREFILL__INIT;
+    pm.request_id = s->rid;
+    pm.prompt_ids = (int32_t *)p->prompt_ids;
+    pm.n_prompt_ids = (size_t)p->n_prompt;
+    pm.sampling = &sp;
+    pm.decode_replica_id = s->decode->id;
+    pm.reservation_id = rr->reservation_id;
+    pm.block_ids = rr->block_ids;
+    pm.n_block_ids = rr->n_block_ids;
+    pm.decode_ucx_address.data = s->decode->ucx_addr;
+    pm.decode_ucx_address.len = s->decode->ucx_len;
+    pm.decode_kv_rkey.data = s->decode->rkey;
+    pm.decode_kv_rkey.len = s->decode->rkey_len;
+    pm.decode_kv_base = s->decode->kv_base;
+    pm.logprobs = p->logprobs;
+    send_to(r, pf, PD_MSG_PREFILL, &pm.base);
+}
+
+static gw_replica *replica_by_id(pd_router *r, const char *id) {
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && !strcmp(x->id, id)) return x;
+    return NULL;
+}
+
+static void on_kv_complete(pd_router *r, pd_msg *m) {
+    Pdserve__KvComplete *k = (Pdserve__KvComplete *)m->msg;
+    gw_sub *s = sub_find(r, k->request_id);
+    if (!s || s->state != SUB_PREFILLING || s->reservation != k->reservation_id || k->aborted) {
+        /* nobody waits for it, but the decode replica must hear it: the
+         * writes are flushed, so its quarantined blocks may be reused */
+        gw_replica *d = k->decode_replica_id ? replica_by_id(r, k->decode_replica_id) : NULL;
+        if (d) {
+            k->aborted = true;
+            send_to(r, d, PD_MSG_KV_COMPLETE, &k->base);
+        }
+        return;
+    }
+    if (s->prefill) {
+        s->prefill->n_assigned--;
+        s->prefill->assigned_tokens -= s->tokens;
+        s->prefill = NULL;
+    }
+    s->state = SUB_DECODING;
+    r->stats.kv_bytes_transferred += k->kv_bytes;
+    r->stats.kv_transfer_seconds += k->transfer_seconds;
+    send_to(r, s->decode, PD_MSG_KV_COMPLETE, &k->base);
+    float lp = k->first_logprob;
+    pd_gw_on_tokens(s->parent->gw, s->choice, &k->first_token, &lp, 1);
+}
+
+static void on_prefill_error(pd_router *r, pd_msg *m) {
+    /* Tokens with an error from a prefill replica share on_tokens */
+    on_tokens(r, m);
+}
+
+static void drain(pd_router *r) {
+    for (;;) {
+        int events = 0;
+        size_t len = sizeof events;
+        if (zmq_getsockopt(r->sock, ZMQ_EVENTS, &events, &len) != 0 || !(events & ZMQ_POLLIN)) return;
+        pd_msg m;
+        pd_err err = {{0}};
+        pd_status st = pd_msg_recv(r->sock, true, &m, &err);
+        if (st == PD_ERR_LIMIT) return;
+        if (st != PD_OK) {
+            PD_LOGW(LOGM, "dropped a malformed control message: %s", err.msg);
+            continue;
+        }
+        gw_replica *x = replica_by_env(r, m.envelope, m.envelope_len);
+        if (x) x->last_seen = pd_now_s();
+        switch (m.type) {
+        case PD_MSG_REGISTER: on_register(r, &m); break;
+        case PD_MSG_HEARTBEAT: on_heartbeat(r, &m); break;
+        case PD_MSG_TOKENS:
+            if (x && x->role == ROLE_PREFILL) on_prefill_error(r, &m);
+            else on_tokens(r, &m);
+            break;
+        case PD_MSG_RESERVE_REPLY: on_reserve_reply(r, &m); break;
+        case PD_MSG_KV_COMPLETE: on_kv_complete(r, &m); break;
+        default: PD_LOGW(LOGM, "unexpected %s on the control socket", pd_msg_type_name(m.type));
+        }
+        pd_msg_clear(&m);
+    }
+}
+
+/* A replica whose heartbeats stopped: out of rotation, its requests fail
+ * with a clear error (streams get an in-band error event). */
+static void expire(pd_router *r) {
+    double now = pd_now_s();
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!x->alive || now - x->last_seen <= hb_timeout_s(r)) continue;
+        x->alive = false;
+        PD_LOGW(LOGM, "replica %s missed heartbeats for %.1f s: out of rotation", x->id, now - x->last_seen);
+        for (gw_sub *s = r->subs; s;) {
+            gw_sub *next = s->next_all;
+            if (s->decode == x || s->prefill == x) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "%s replica %s stopped responding", x->role == ROLE_DECODE ? "decode" : "prefill",
+                         x->id);
+                if (s->decode == x) s->decode = NULL; /* do not send it aborts */
+                if (s->prefill == x) s->prefill = NULL;
+                gw_req *q = s->parent;
+                /* failing q removes all of its subs from the list: restart the scan */
+                fail_request(r, q, 503, msg);
+                next = r->subs;
+            }
+            s = next;
+        }
+        x->n_assigned = 0;
+        x->assigned_tokens = 0;
+        if (x->role == ROLE_PREFILL) /* decode replicas may reuse blocks it was granted */
+            for (gw_replica *d = r->replicas; d; d = d->next)
+                if (d->alive && d->role == ROLE_DECODE) {
+                    Pdserve__Abort a = PDSERVE__ABORT__INIT;
+                    a.request_id = "";
+                    a.reason = "prefill replica gone";
+                    a.writer_gone = x->id;
+                    send_to(r, d, PD_MSG_ABORT, &a.base);
+                }
+        count_alive(r);
+    }
+}
+
+static void on_fd(evutil_socket_t fd, short what, void *arg) {
+    drain(arg);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg) {
+    pd_router *r = arg;
+    drain(r);
+    expire(r);
+}
+
+pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, pd_router **r_p, pd_err *err) {
+    pd_router *r = pd_xcalloc(1, sizeof *r);
+    r->base = base;
+    r->cfg = *cfg;
+    snprintf(r->endpoint, sizeof r->endpoint, "%s", cfg->control_endpoint);
+    r->cfg.control_endpoint = r->endpoint;
+    if (r->cfg.heartbeat_interval_ms <= 0) r->cfg.heartbeat_interval_ms = 500;
+    r->zctx = zmq_ctx_new();
+    r->sock = zmq_socket(r->zctx, ZMQ_ROUTER);
+    int one = 1, zero = 0, hwm = 100000;
+    zmq_setsockopt(r->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(r->sock, ZMQ_ROUTER_HANDOVER, &one, sizeof one); /* a restarted replica takes over its id */
+    zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(r->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(r->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_bind(r->sock, r->endpoint) != 0) {
+        pd_status st = pd_err_set(err, PD_ERR_IO, "control endpoint %s: %s", r->endpoint, zmq_strerror(errno));
+        zmq_close(r->sock);
+        zmq_ctx_term(r->zctx);
+        free(r);
+        return st;
+    }
+    int fd;
+    size_t fl = sizeof fd;
+    zmq_getsockopt(r->sock, ZMQ_FD, &fd, &fl);
+    r->ev_fd = event_new(base, fd, EV_READ | EV_PERSIST, on_fd, r);
+    event_add(r->ev_fd, NULL);
+    r->ev_timer = event_new(base, -1, EV_PERSIST, on_timer, r);
+    struct timeval tv = {0, 20 * 1000};
+    event_add(r->ev_timer, &tv);
+    g_router = r;
+    *r_p = r;
+    return PD_OK;
+}
+
+static int metrics_get(void *ctx, const char *path, const char *query, struct evbuffer *body, const char **ct);
+
+void pd_router_attach(pd_router *r, pd_gw_server *gw) {
+    r->gw = gw;
+    count_alive(r);
+    pd_err err = {{0}};
+    if (pd_gw_server_add_get(gw, "/metrics", metrics_get, r, &err) != PD_OK)
+        PD_LOGW(LOGM, "cannot serve /metrics: %s", err.msg);
+}
+
+void pd_router_get_stats(const pd_router *r, pd_router_stats *st) {
+    *st = r->stats;
+}
+
+void pd_router_free(pd_router **r_p) {
+    if (!r_p || !*r_p) return;
+    pd_router *r = *r_p;
+    while (r->subs) {
+        gw_sub *s = r->subs;
+        r->subs = s->next_all;
+        send_abort(r, s->decode, s->rid, "gateway stopping");
+        send_abort(r, s->prefill, s->rid, "gateway stopping");
+    }
+    event_free(r->ev_fd);
+    event_free(r->ev_timer);
+    zmq_close(r->sock);
+    zmq_ctx_term(r->zctx);
+    while (r->replicas) {
+        gw_replica *x = r->replicas;
+        r->replicas = x->next;
+        free(x->ucx_addr);
+        free(x->rkey);
+        free(x);
+    }
+    if (g_router == r) g_router = NULL;
+    free(r);
+    *r_p = NULL;
+}
+
+/* ---- /metrics (Prometheus text exposition; vLLM's names, pdserve: prefix) ---- */
+
+#include <event2/buffer.h>
+
+static int metrics_get(void *ctx, const char *path, const char *query, struct evbuffer *body, const char **ct) {
+    pd_router *r = ctx;
+    *ct = "text/plain; version=0.0.4; charset=utf-8";
+    evbuffer_add_printf(body, "# HELP pdserve:num_requests_running Requests running on a replica.\n"
+                              "# TYPE pdserve:num_requests_running gauge\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive)
+            evbuffer_add_printf(body, "pdserve:num_requests_running{replica=\"%s\",role=\"%s\"} %u\n", x->id,
+                                x->role == ROLE_DECODE ? "decode" : "prefill", x->hb.num_running);
+    evbuffer_add_printf(body, "# HELP pdserve:num_requests_waiting Requests waiting on a replica.\n"
+                              "# TYPE pdserve:num_requests_waiting gauge\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive)
+            evbuffer_add_printf(body, "pdserve:num_requests_waiting{replica=\"%s\",role=\"%s\"} %u\n", x->id,
+                                x->role == ROLE_DECODE ? "decode" : "prefill", x->hb.num_waiting);
+    evbuffer_add_printf(body, "# HELP pdserve:kv_cache_usage_perc KV cache blocks in use (0-1).\n"
+                              "# TYPE pdserve:kv_cache_usage_perc gauge\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && x->hb.total_blocks)
+            evbuffer_add_printf(body, "pdserve:kv_cache_usage_perc{replica=\"%s\",role=\"%s\"} %.6f\n", x->id,
+                                x->role == ROLE_DECODE ? "decode" : "prefill",
+                                1.0 - (double)x->hb.free_blocks / x->hb.total_blocks);
+    evbuffer_add_printf(body, "# HELP pdserve:kv_cache_free_blocks Free KV blocks per replica.\n"
+                              "# TYPE pdserve:kv_cache_free_blocks gauge\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive)
+            evbuffer_add_printf(body, "pdserve:kv_cache_free_blocks{replica=\"%s\",role=\"%s\"} %u\n", x->id,
+                                x->role == ROLE_DECODE ? "decode" : "prefill", x->hb.free_blocks);
+    evbuffer_add_printf(body, "# HELP pdserve:replica_prefill_tokens_total Prompt tokens a replica computed itself.\n"
+                              "# TYPE pdserve:replica_prefill_tokens_total counter\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive)
+            evbuffer_add_printf(body, "pdserve:replica_prefill_tokens_total{replica=\"%s\",role=\"%s\"} %llu\n", x->id,
+                                x->role == ROLE_DECODE ? "decode" : "prefill",
+                                (unsigned long long)x->hb.prefill_tokens_total);
+    evbuffer_add_printf(body, "# HELP pdserve:generation_tokens_total Tokens sampled on a decode replica.\n"
+                              "# TYPE pdserve:generation_tokens_total counter\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && x->role == ROLE_DECODE)
+            evbuffer_add_printf(body, "pdserve:generation_tokens_total{replica=\"%s\"} %llu\n", x->id,
+                                (unsigned long long)x->hb.generation_tokens_total);
+    evbuffer_add_printf(body,
+                        "# HELP pdserve:kv_transfer_bytes_total KV cache bytes moved from prefill to decode.\n"
+                        "# TYPE pdserve:kv_transfer_bytes_total counter\n"
+                        "pdserve:kv_transfer_bytes_total %llu\n"
+                        "# HELP pdserve:kv_transfer_seconds_total Seconds from prefill start to flushed KV.\n"
+                        "# TYPE pdserve:kv_transfer_seconds_total counter\n"
+                        "pdserve:kv_transfer_seconds_total %.6f\n"
+                        "# HELP pdserve:requests_routed_total Requests by route.\n"
+                        "# TYPE pdserve:requests_routed_total counter\n"
+                        "pdserve:requests_routed_total{class=\"short\"} %llu\n"
+                        "pdserve:requests_routed_total{class=\"long\"} %llu\n"
+                        "# HELP pdserve:replicas_alive Replicas in rotation.\n"
+                        "# TYPE pdserve:replicas_alive gauge\n"
+                        "pdserve:replicas_alive{role=\"decode\"} %d\n"
+                        "pdserve:replicas_alive{role=\"prefill\"} %d\n",
+                        (unsigned long long)r->stats.kv_bytes_transferred, r->stats.kv_transfer_seconds,
+                        (unsigned long long)r->stats.requests_short, (unsigned long long)r->stats.requests_long,
+                        r->stats.decode_alive, r->stats.prefill_alive);
+    return 200;
+}

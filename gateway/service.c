@@ -1,0 +1,92 @@
+/* pdserve gateway: the HTTP front door plus the router, on one libevent
+ * loop. */
+#include <event2/event.h>
+#include <signal.h>
+#include <string.h>
+
+#include "pd_flags.h"
+#include "pd_router.h"
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+    event_base_loopbreak(arg);
+}
+
+int pd_gateway_main(int argc, char **argv) {
+    const char *model = NULL, *host = "0.0.0.0", *control = "tcp://127.0.0.1:8001", *served = NULL;
+    const char *tokenizer = NULL;
+    int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
+    int tok_pool = 2, max_logprobs = 20;
+    pd_flag flags[] = {
+        {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, tokenizer.json)"},
+        {"served-model-name", PD_FLAG_STR, &served, "the model name clients use (default: --model)"},
+        {"tokenizer", PD_FLAG_STR, &tokenizer, "tokenizer.json (default: the model's)"},
+        {"host", PD_FLAG_STR, &host, "HTTP listen address (default 0.0.0.0)"},
+        {"port", PD_FLAG_INT, &port, "HTTP port (default 8000)"},
+        {"control", PD_FLAG_STR, &control, "control endpoint replicas connect to (default tcp://127.0.0.1:8001)"},
+        {"long-prompt-threshold", PD_FLAG_INT, &threshold, "longer prompts go through a prefill replica (1024)"},
+        {"max-model-len", PD_FLAG_INT, &max_model_len, "prompt + completion tokens (default: the model's)"},
+        {"max-stop-strings", PD_FLAG_INT, &max_stop, "stop strings per request (16)"},
+        {"max-logprobs", PD_FLAG_INT, &max_logprobs, "largest top_logprobs (20)"},
+        {"tokenizer-pool-size", PD_FLAG_INT, &tok_pool, "tokenizer threads (2)"},
+        {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "replica load report period (500)"},
+    };
+    int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
+    if (rc) return rc == 1 ? 0 : 2;
+    if (!model) {
+        fprintf(stderr, "pdserve gateway: --model is required\n");
+        return 2;
+    }
+    pd_err err = {{0}};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    pd_model_config mc;
+    if (pd_config_load(path, &mc, &err) != PD_OK) {
+        fprintf(stderr, "pdserve gateway: %s\n", err.msg);
+        return 1;
+    }
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    pd_router_config rc_cfg = {.control_endpoint = control, .long_prompt_threshold = threshold,
+                               .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc)};
+    pd_router *router = NULL;
+    if (pd_router_init(base, &rc_cfg, &router, &err) != PD_OK) {
+        fprintf(stderr, "pdserve gateway: %s\n", err.msg);
+        event_base_free(base);
+        return 1;
+    }
+    pd_gw_config gc;
+    pd_gw_config_defaults(&gc);
+    gc.host = host;
+    gc.port = port;
+    gc.served_model_name = served ? served : model;
+    gc.tokenizer = tokenizer ? tokenizer : tokpath;
+    gc.max_model_len = max_model_len > 0 ? max_model_len : mc.max_position_embeddings;
+    gc.vocab_size = mc.vocab_size;
+    gc.max_stop_strings = max_stop;
+    gc.max_logprobs = max_logprobs;
+    gc.tokenizer_pool_size = tok_pool;
+    pd_gw_server *gw = NULL;
+    if (pd_gw_server_init(base, &gc, pd_router_engine(), router, &gw, &err) != PD_OK) {
+        fprintf(stderr, "pdserve gateway: %s\n", err.msg);
+        pd_router_free(&router);
+        event_base_free(base);
+        return 1;
+    }
+    pd_router_attach(router, gw);
+    struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
+    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    event_add(sigint, NULL);
+    event_add(sigterm, NULL);
+    PD_LOGI("gateway", "listening on http://%s:%d, control %s, model %s (max_model_len %d, long prompts > %d tokens)",
+            host, pd_gw_server_port(gw), control, gc.served_model_name, gc.max_model_len, threshold);
+    event_base_dispatch(base);
+    PD_LOGI("gateway", "stopping");
+    pd_gw_server_free(&gw);
+    pd_router_free(&router);
+    event_free(sigint);
+    event_free(sigterm);
+    event_base_free(base);
+    return 0;
+}

@@ -1,0 +1,411 @@
+/* Unit tests of the OpenAI request validation (gw_oai_prepare: every rule of
+ * the contract, status and `param`) and of the stop-string matcher. No
+ * sockets; the real DeepSeek-V3 tokenizer. */
+#ifndef PD_GW_TEST_BUILD
+/* Built by gateway/CMakeLists.txt (target gateway_test_gw_openai); a glob
+ * elsewhere that picks this file up gets an empty program. */
+#include <stdio.h>
+int main(void) {
+    puts("gateway test: built and run by gateway/CMakeLists.txt");
+    return 0;
+}
+#else
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gw_internal.h"
+#include "gw_test_util.h"
+
+static pd_gw_config g_cfg;
+
+static void cfg_init(void) {
+    pd_gw_config_defaults(&g_cfg);
+    g_cfg.served_model_name = "test-model";
+    g_cfg.max_model_len = 4096;
+    g_cfg.vocab_size = pd_tok_vocab_size(gwt_tokenizer());
+}
+
+#define CHAT_MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+typedef struct {
+    gw_kind kind;
+    const char *body;
+    int status; /* 0: accepted */
+    const char *param; /* expected param ("" = null) */
+} vcase;
+
+static const vcase cases[] = {
+    /* body shape */
+    {GW_KIND_CHAT, "{", 400, ""},
+    {GW_KIND_CHAT, "[]", 400, ""},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]} trailing", 400, ""},
+    {GW_KIND_CHAT, "{}", 400, "messages"},
+    {GW_KIND_CHAT, "{\"messages\":null}", 400, "messages"},
+    {GW_KIND_CHAT, "{\"messages\":[]}", 400, "messages"},
+    {GW_KIND_CHAT, "{\"messages\":\"hi\"}", 400, "messages"},
+    {GW_KIND_CHAT, "{\"messages\":[5]}", 400, "messages[0]"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"robot\",\"content\":\"hi\"}]}", 400,
+     "messages[0].role"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+     "messages[0].content"},
+    {GW_KIND_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+     400, "messages[0].content[0]"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
+     "messages[0].content[0]"},
+    {GW_KIND_CHAT,
+     "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
+     "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
+     0, NULL},
+    {GW_KIND_CHAT,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":"
+     "null,\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+     "\"{}\"}}]},{\"role\":\"tool\",\"content\":\"r\"}]}",
+     0, NULL},
+    {GW_KIND_CHAT,
+     "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"function\":5}]}]}",
+     400, "messages[0].tool_calls[0]"},
+    {GW_KIND_CHAT, "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"}]}", 0, NULL},
+    /* model */
+    {GW_KIND_CHAT, "{\"model\":\"other\"," CHAT_MSGS "}", 404, "model"},
+    {GW_KIND_CHAT, "{\"model\":5," CHAT_MSGS "}", 400, "model"},
+    {GW_KIND_CHAT, "{\"model\":\"test-model\"," CHAT_MSGS "}", 0, NULL},
+    {GW_KIND_CHAT, "{\"model\":null," CHAT_MSGS "}", 0, NULL},
+    /* max_tokens */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":0}", 400, "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":-1}", 400, "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":\"5\"}", 400, "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":1.5}", 400, "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5.0}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":null}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5000}", 400, "max_tokens"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens"},
+    /* sampling */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":-0.1}", 400, "temperature"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":2.01}", 400, "temperature"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":\"1\"}", 400, "temperature"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":1e400}", 400, ""},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":0}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":2}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":0}", 400, "top_p"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1.01}", 400, "top_p"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-2}", 400, "top_k"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-1}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":0.5}", 400, "top_k"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_p\":-0.01}", 400, "min_p"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_p\":1.01}", 400, "min_p"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_p\":1}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"presence_penalty\":2.5}", 400, "presence_penalty"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"frequency_penalty\":-2.5}", 400, "frequency_penalty"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"frequency_penalty\":-2}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"repetition_penalty\":0}", 400, "repetition_penalty"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"n\":0}", 400, "n"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"n\":129}", 400, "n"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"n\":128}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"seed\":9223372036854775808}", 400, "seed"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"seed\":-9223372036854775809}", 400, "seed"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"seed\":9223372036854775807}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"seed\":1.5}", 400, "seed"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"seed\":\"1\"}", 400, "seed"},
+    /* stop */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":\"\"}", 400, "stop"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":[\"a\",\"\"]}", 400, "stop"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":[1]}", 400, "stop"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":5}", 400, "stop"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
+     "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+     400, "stop"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
+     "\"12\",\"13\",\"14\",\"15\",\"16\"]}",
+     0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":[]}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop\":null}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":[-1]}", 400, "stop_token_ids"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":[999999999]}", 400, "stop_token_ids"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":1}", 400, "stop_token_ids"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":[1,2]}", 0, NULL},
+    /* stream */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":\"yes\"}", 400, "stream"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream_options\":{\"include_usage\":true}}", 400,
+     "stream_options"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":false,\"stream_options\":{}}", 400,
+     "stream_options"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":5}", 400, "stream_options"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
+     "stream_options.include_usage"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+     0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":false,\"stream_options\":null}", 0, NULL},
+    /* logprobs */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_logprobs\":2}", 400, "top_logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logprobs\":false,\"top_logprobs\":2}", 400, "top_logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logprobs\":true,\"top_logprobs\":-1}", 400, "top_logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logprobs\":1}", 400, "logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logprobs\":true,\"top_logprobs\":20}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logprobs\":21}", 400, "logprobs"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logprobs\":true}", 400, "logprobs"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logprobs\":5}", 0, NULL},
+    /* min_tokens, flags */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_tokens\":-1}", 400, "min_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_tokens\":10,\"max_tokens\":5}", 400, "min_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"min_tokens\":5,\"max_tokens\":5}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"ignore_eos\":\"x\"}", 400, "ignore_eos"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"skip_special_tokens\":0}", 400, "skip_special_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"continue_final_message\":true}", 400,
+     "continue_final_message"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"echo\":\"x\"}", 400, "echo"},
+    /* unknown fields accepted */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"user\":\"u\",\"foo\":{\"bar\":[1]},\"tools\":[]}", 0, NULL},
+    /* completions prompt */
+    {GW_KIND_COMPLETION, "{}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":5}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[-1]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[1,\"a\"]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[1,2.5]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[999999999]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[[1],[2]]}", 400, "prompt"},
+    {GW_KIND_COMPLETION, "{\"prompt\":[\"a\"]}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":[[1,2]]}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":[1,2,3]}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"\"}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"messages\":5}", 0, NULL},
+};
+
+static void test_validation_table(void **state) {
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const vcase *c = &cases[i];
+        gw_oai_req r;
+        gw_oai_err e;
+        int rc = gw_oai_prepare(&g_cfg, gwt_tokenizer(), c->kind, c->body, strlen(c->body), &r, &e);
+        bool ok;
+        if (c->status == 0)
+            ok = rc == 0;
+        else
+            ok = rc != 0 && e.status == c->status && strcmp(e.param, c->param) == 0;
+        if (!ok) {
+            fprintf(stderr, "case %zu %s: want %d param '%s', got rc %d status %d param '%s': %s\n",
+                    i, c->body, c->status, c->param ? c->param : "", rc, e.status, e.param,
+                    e.message);
+            failures++;
+        }
+        if (rc == 0) gw_oai_req_clear(&r);
+    }
+    assert_int_equal(failures, 0);
+}
+
+static void test_completion_prompt_ids(void **state) {
+    const char *body = "{\"prompt\":\"Hello world\",\"max_tokens\":7,\"temperature\":0,"
+                       "\"seed\":42,\"stop\":[\"x\",\"yz\"],\"n\":3,\"min_tokens\":2}";
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e),
+        0);
+    int n = 0;
+    int32_t *ids = gwt_ids_encode("Hello world", &n);
+    assert_int_equal(r.n_prompt, n + 1);
+    assert_int_equal(r.prompt_ids[0], pd_tok_find(gwt_tokenizer(), PD_TOK_DSV3_BOS));
+    assert_memory_equal(r.prompt_ids + 1, ids, (size_t)n * sizeof *ids);
+    assert_int_equal(r.max_tokens, 7);
+    assert_int_equal(r.min_tokens, 2);
+    assert_int_equal(r.n, 3);
+    assert_true(r.sampling.temperature == 0.0f);
+    assert_true(r.sampling.has_seed);
+    assert_int_equal((int)r.sampling.seed, 42);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[1], "yz");
+    assert_int_equal(r.logprobs, -1);
+    assert_true(r.skip_special);
+    free(ids);
+    gw_oai_req_clear(&r);
+}
+
+static void test_chat_rendered(void **state) {
+    const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"},"
+                       "{\"type\":\"text\",\"text\":\"there\"}]}],\"logprobs\":true,"
+                       "\"top_logprobs\":3}";
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    pd_chat_message m[2] = {{.role = "system", .content = "Be brief."},
+                            {.role = "user", .content = "Hi\nthere"}};
+    char *text = NULL;
+    pd_err err;
+    assert_int_equal(pd_chat_render(m, 2, true, PD_TOK_DSV3_BOS, &text, &err), PD_OK);
+    int n = 0;
+    int32_t *ids = gwt_ids_encode(text, &n);
+    assert_int_equal(r.n_prompt, n);
+    assert_memory_equal(r.prompt_ids, ids, (size_t)n * sizeof *ids);
+    assert_int_equal(r.prompt_ids[0], pd_tok_find(gwt_tokenizer(), PD_TOK_DSV3_BOS));
+    /* default max_tokens: what is left of max_model_len */
+    assert_int_equal(r.max_tokens, 4096 - n);
+    assert_int_equal(r.logprobs, 3);
+    free(ids);
+    free(text);
+    gw_oai_req_clear(&r);
+}
+
+static void test_length_limit_message(void **state) {
+    pd_gw_config cfg = g_cfg;
+    cfg.max_model_len = 10;
+    const char *body = "{\"prompt\":[1,2,3,4],\"max_tokens\":7}";
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_not_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "max_tokens");
+    assert_non_null(strstr(e.message, "10 tokens"));  /* the limit */
+    assert_non_null(strstr(e.message, "4 in the prompt")); /* the prompt length */
+    assert_non_null(strstr(e.message, "7 for the completion")); /* max_tokens */
+    /* exactly at the limit is fine */
+    body = "{\"prompt\":[1,2,3,4],\"max_tokens\":6}";
+    assert_int_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    gw_oai_req_clear(&r);
+    /* a prompt that fills the context on its own */
+    body = "{\"prompt\":[1,2,3,4,5,6,7,8,9,10]}";
+    assert_int_not_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "prompt");
+    assert_non_null(strstr(e.message, "10 tokens"));
+    /* default max_tokens clamps to what is left */
+    cfg.default_max_tokens = 100;
+    body = "{\"prompt\":[1,2,3,4]}";
+    assert_int_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(r.max_tokens, 6);
+    gw_oai_req_clear(&r);
+}
+
+static void test_echo_ids(void **state) {
+    int n = 0;
+    int32_t *ids = gwt_ids_encode("héllo", &n);
+    char body[512];
+    int off = snprintf(body, sizeof body, "{\"echo\":true,\"prompt\":[");
+    for (int i = 0; i < n; i++) off += snprintf(body + off, sizeof body - (size_t)off, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + off, sizeof body - (size_t)off, "]}");
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e),
+        0);
+    assert_true(r.echo);
+    assert_string_equal(r.echo_text, "héllo");
+    free(ids);
+    gw_oai_req_clear(&r);
+}
+
+/* ---- stop strings ------------------------------------------------------- */
+
+typedef struct {
+    gw_stopbuf sb;
+    char out[256];
+    size_t n;
+} stop_run;
+
+static int feed(stop_run *s, const char *piece, char *const *stops, int n_stops, bool incl,
+                bool final) {
+    size_t emit = 0;
+    int m = gw_stop_feed(&s->sb, piece, strlen(piece), stops, n_stops, incl, final, &emit);
+    memcpy(s->out + s->n, s->sb.buf, emit);
+    s->n += emit;
+    s->out[s->n] = 0;
+    gw_stopbuf_consume(&s->sb, m >= 0 ? s->sb.len : emit);
+    return m;
+}
+
+static void test_stop_hold_and_release(void **state) {
+    char *stops[] = {"lo!"};
+    stop_run s = {0};
+    assert_int_equal(feed(&s, "Hel", stops, 1, false, false), -1);
+    assert_string_equal(s.out, "He"); /* "l" may start "lo!" */
+    assert_int_equal(feed(&s, "o", stops, 1, false, false), -1);
+    assert_string_equal(s.out, "He"); /* "lo" held */
+    assert_int_equal(feed(&s, "x", stops, 1, false, false), -1);
+    assert_string_equal(s.out, "Helox");
+    assert_int_equal(feed(&s, "l", stops, 1, false, false), -1);
+    assert_int_equal(feed(&s, "", stops, 1, false, true), -1); /* final: release */
+    assert_string_equal(s.out, "Heloxl");
+    gw_stopbuf_free(&s.sb);
+}
+
+static void test_stop_across_pieces(void **state) {
+    char *stops[] = {"STOP", "never"};
+    stop_run s = {0};
+    const char *pieces[] = {"ab", "cS", "T", "OPz"};
+    int m = -1;
+    for (int i = 0; i < 4 && m < 0; i++) m = feed(&s, pieces[i], stops, 2, false, false);
+    assert_int_equal(m, 0);
+    assert_string_equal(s.out, "abc");
+    gw_stopbuf_free(&s.sb);
+    /* include_stop_str_in_output */
+    stop_run t = {0};
+    m = -1;
+    for (int i = 0; i < 4 && m < 0; i++) m = feed(&t, pieces[i], stops, 2, true, false);
+    assert_int_equal(m, 0);
+    assert_string_equal(t.out, "abcSTOP");
+    gw_stopbuf_free(&t.sb);
+}
+
+static void test_stop_earliest_wins(void **state) {
+    char *stops[] = {"world", "lo w"};
+    stop_run s = {0};
+    assert_int_equal(feed(&s, "hello world", stops, 2, false, false), 1);
+    assert_string_equal(s.out, "hel");
+    gw_stopbuf_free(&s.sb);
+}
+
+static void test_stop_utf8_boundaries(void **state) {
+    char *stops[] = {"é!"};
+    stop_run s = {0};
+    assert_int_equal(feed(&s, "caf", stops, 1, false, false), -1);
+    assert_int_equal(feed(&s, "é", stops, 1, false, false), -1);
+    assert_string_equal(s.out, "caf"); /* the whole "é" is held, never half of it */
+    assert_int_equal(feed(&s, "?", stops, 1, false, false), -1);
+    assert_string_equal(s.out, "café?");
+    assert_true(pd_tok_utf8_valid(s.out, s.n));
+    assert_int_equal(feed(&s, "é!", stops, 1, false, false), 0);
+    assert_string_equal(s.out, "café?");
+    gw_stopbuf_free(&s.sb);
+}
+
+int main(void) {
+    if (!gwt_tokenizer()) {
+        fprintf(stderr, "no tokenizer: set PD_CACHE_DIR\n");
+        return 1;
+    }
+    cfg_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_validation_table),
+        cmocka_unit_test(test_completion_prompt_ids),
+        cmocka_unit_test(test_chat_rendered),
+        cmocka_unit_test(test_length_limit_message),
+        cmocka_unit_test(test_echo_ids),
+        cmocka_unit_test(test_stop_hold_and_release),
+        cmocka_unit_test(test_stop_across_pieces),
+        cmocka_unit_test(test_stop_earliest_wins),
+        cmocka_unit_test(test_stop_utf8_boundaries),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#endif
