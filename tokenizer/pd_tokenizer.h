@@ -21,11 +21,17 @@
  *   5. decoding is ByteLevel (unicode -> bytes), then UTF-8 with invalid
  *      sequences replaced by U+FFFD.
  *
+ * Unicode: the Split regexes run on PCRE2, but characters are classified
+ * (\p{L}, \p{N}, \s, ...) by a Unicode 16.0 table, the version of the
+ * Oniguruma inside HF tokenizers 0.23, not by the linked PCRE2's older
+ * tables (tok_classmap.c explains how).
+ *
  * Units: every length is in bytes; text is UTF-8. Token ids are int32_t.
  *
- * Threads: a loaded pd_tokenizer is immutable; every const function may be
- * called from any number of threads at once. A pd_detok belongs to one
- * request (one thread at a time).
+ * Threads: a loaded pd_tokenizer is immutable apart from an internal word
+ * cache guarded by mutexes; every const function may be called from any
+ * number of threads at once. A pd_detok belongs to one request (one thread
+ * at a time).
  */
 #ifndef PD_TOKENIZER_H
 #define PD_TOKENIZER_H
