@@ -3,6 +3,8 @@
 
 #include "pd_cli.h"
 #include "pd_decode.h"
+#include "pd_prefill.h"
+#include "pd_router.h"
 
 typedef struct {
     const char *name;
@@ -15,6 +17,8 @@ static const pd_command commands[] = {
     {"mkmodel", pd_cmd_mkmodel, "write a random-initialised checkpoint of a preset"},
     {"tokenize", pd_cmd_tokenize, "print token ids of a text (or decode ids)"},
     {"up", pd_cmd_up, "start a gateway, prefill and decode replicas on this host"},
+    {"gateway", pd_gateway_main, "run the HTTP gateway and router"},
+    {"prefill", pd_prefill_main, "run one prefill replica (chunked prefill, KV export over UCX)"},
     {"decode", pd_decode_main, "run one decode replica (continuous batching)"},
 };
 

@@ -59,7 +59,7 @@ static const char *self_exe(void) {
 }
 
 int pd_cmd_up(int argc, char **argv) {
-    const char *model = NULL, *host = "127.0.0.1", *name = NULL;
+    const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL;
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
     char *passthrough[128];
     int n_pass = 0;
@@ -74,6 +74,7 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--decode-replicas")) n_decode = atoi(v);
         else if (TAKE("--long-prompt-threshold")) threshold = atoi(v);
         else if (TAKE("--served-model-name")) name = v;
+        else if (TAKE("--heartbeat-interval-ms")) hb = v;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
                    "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
@@ -110,6 +111,10 @@ int pd_cmd_up(int argc, char **argv) {
         gw[k++] = "--served-model-name";
         gw[k++] = (char *)name;
     }
+    if (hb) {
+        gw[k++] = "--heartbeat-interval-ms";
+        gw[k++] = (char *)hb;
+    }
     gw[k] = NULL;
     if (spawn(self, gw, "gateway") < 0) return 1;
     for (int r = 0; r < n_prefill + n_decode; r++) {
@@ -119,6 +124,10 @@ int pd_cmd_up(int argc, char **argv) {
         char *args[160] = {"pdserve", is_prefill ? "prefill" : "decode", "--model", (char *)model, "--gateway", ctrl,
                            "--replica-id", rid};
         int n = 8;
+        if (hb) {
+            args[n++] = "--heartbeat-interval-ms";
+            args[n++] = (char *)hb;
+        }
         for (int i = 0; i < n_pass; i++) args[n++] = passthrough[i];
         args[n] = NULL;
         if (spawn(self, args, rid) < 0) {

@@ -62,22 +62,29 @@ void pd_sched_free(pd_sched **s_p);
  * prompt can never fit in the KV cache). */
 pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err);
 
-/** Reserves KV blocks for n_tokens prompt tokens (+ 1 block headroom) that a
- * prefill replica will write, for request_id. *reservation_p gets a fresh
- * id; block_ids_p (heap, caller frees) the blocks in order.
- * Errors: PD_ERR_LIMIT (not enough free blocks), PD_ERR_INVALID (duplicate). */
-pd_status pd_sched_reserve(pd_sched *s, const char *request_id, int n_tokens, uint64_t *reservation_p,
-                           uint32_t **block_ids_p, int *n_blocks_p, pd_err *err);
+/** Allocates KV blocks for n_tokens prompt tokens plus the first generated
+ * token, for a prefill replica to write into (the long route). The caller
+ * owns them until it hands them to pd_sched_add_prefilled or gives them back
+ * with pd_sched_free_blocks (only once no writer can touch them any more).
+ * *blocks_p (heap, caller frees the array) lists them in token order.
+ * Errors: PD_ERR_INVALID (n_tokens < 1), PD_ERR_LIMIT (not enough free
+ * blocks; nothing is allocated). */
+pd_status pd_sched_alloc_blocks(pd_sched *s, int n_tokens, int32_t **blocks_p, int *n_blocks_p, pd_err *err);
 
-/** The prefill replica finished writing the prompt KV of a reservation and
- * sampled the first token: the request (r, whose prompt is the full prompt)
- * joins the running set with first_token already generated.
- * Errors: PD_ERR_NOTFOUND (unknown or released reservation — refused, the
- * blocks are not used), PD_ERR_INVALID (token count does not match). */
-pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, uint64_t reservation, int32_t first_token,
-                                 float first_logprob, pd_err *err);
+/** Returns blocks from pd_sched_alloc_blocks to the cache. */
+void pd_sched_free_blocks(pd_sched *s, const int32_t *blocks, int n_blocks);
 
-/** Drops a request (queued, running or reserved) and frees its blocks.
+/** The prompt KV of request r (r->n_prompt tokens) is in blocks (written by
+ * a prefill replica, flushed and accepted), and the first token was sampled
+ * there: the request joins the running set with first_token already
+ * generated (not reported again through on_token). The scheduler takes
+ * ownership of the blocks, also on error (it frees them).
+ * Errors: PD_ERR_INVALID (as pd_sched_add, or too few blocks for the
+ * prompt + 1 token). */
+pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, const int32_t *blocks, int n_blocks,
+                                 int32_t first_token, float first_logprob, pd_err *err);
+
+/** Drops a request (queued or running) and frees its blocks.
  * Returns true if it existed. */
 bool pd_sched_abort(pd_sched *s, const char *request_id);
 
@@ -88,7 +95,7 @@ int pd_sched_step(pd_sched *s);
 
 /** Load figures for heartbeats. */
 typedef struct {
-    int num_running, num_waiting, num_reserved;
+    int num_running, num_waiting;
     int free_blocks, total_blocks;
     uint64_t prefill_tokens_total;    /* prompt tokens this scheduler computed */
     uint64_t generation_tokens_total; /* tokens sampled here */

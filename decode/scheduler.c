@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_RESERVED } seq_state;
+typedef enum { SEQ_WAITING, SEQ_RUNNING } seq_state;
 
 typedef struct seq {
     char id[128];
@@ -24,7 +24,6 @@ typedef struct seq {
     int n_stop;
     pd_sampler *smp;
     pd_seq_kv kv;
-    uint64_t reservation;
     uint64_t admit_order;
     bool in_batch;
     struct seq *next;
@@ -37,7 +36,7 @@ struct pd_sched {
     void *user;
     pd_kv_cache *kv;
     seq *seqs; /* all sequences, a list; small counts (hundreds) */
-    uint64_t next_reservation, admit_counter;
+    uint64_t admit_counter;
     uint64_t prefill_tokens_total, generation_tokens_total;
     float *logits;
     int logits_rows;
@@ -57,7 +56,6 @@ pd_status pd_sched_init(pd_model *m, const pd_sched_config *cfg, const pd_sched_
     s->cfg = *cfg;
     s->cb = *cb;
     s->user = user;
-    s->next_reservation = 1;
     pd_status st = pd_kv_cache_init(m, cfg->block_size, cfg->num_blocks, &s->kv, err);
     if (st != PD_OK) {
         free(s);
@@ -168,34 +166,24 @@ pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err) {
     return PD_OK;
 }
 
-pd_status pd_sched_reserve(pd_sched *s, const char *request_id, int n_tokens, uint64_t *reservation_p,
-                           uint32_t **block_ids_p, int *n_blocks_p, pd_err *err) {
-    if (n_tokens <= 0)
-        return pd_err_set(err, PD_ERR_INVALID, "reserve %s: no tokens", request_id);
-    if (find(s, request_id))
-        return pd_err_set(err, PD_ERR_INVALID, "reserve %s: duplicate request id", request_id);
-    if (strlen(request_id) >= sizeof(((seq *)0)->id))
-        return pd_err_set(err, PD_ERR_INVALID, "request id longer than 127 bytes");
-    seq *q = pd_xcalloc(1, sizeof *q);
-    snprintf(q->id, sizeof q->id, "%s", request_id);
-    q->state = SEQ_RESERVED;
-    /* the prompt, plus the first generated token's slot */
-    if (pd_seq_kv_reserve(s->kv, &q->kv, n_tokens + 1) != PD_OK) {
-        free(q->kv.block_table);
-        free(q);
-        return pd_err_set(err, PD_ERR_LIMIT, "reserve %s: %d tokens need more than the %d free KV blocks", request_id,
-                          n_tokens + 1, pd_kv_cache_num_free(s->kv));
-    }
-    q->reservation = s->next_reservation++;
-    q->n_prompt = n_tokens;
-    uint32_t *ids = pd_xmalloc((size_t)q->kv.num_blocks * sizeof(uint32_t));
-    for (int i = 0; i < q->kv.num_blocks; i++)
-        ids[i] = (uint32_t)q->kv.block_table[i];
-    append_tail(s, q);
-    *reservation_p = q->reservation;
-    *block_ids_p = ids;
-    *n_blocks_p = q->kv.num_blocks;
+pd_status pd_sched_alloc_blocks(pd_sched *s, int n_tokens, int32_t **blocks_p, int *n_blocks_p, pd_err *err) {
+    if (n_tokens < 1)
+        return pd_err_set(err, PD_ERR_INVALID, "reserve: no tokens");
+    int need = (n_tokens + 1 + s->cfg.block_size - 1) / s->cfg.block_size;
+    if (need > pd_kv_cache_num_free(s->kv))
+        return pd_err_set(err, PD_ERR_LIMIT, "reserve: %d tokens need %d KV blocks, %d are free", n_tokens + 1, need,
+                          pd_kv_cache_num_free(s->kv));
+    int32_t *ids = pd_xmalloc((size_t)need * sizeof(int32_t));
+    for (int i = 0; i < need; i++)
+        ids[i] = pd_kv_cache_alloc(s->kv);
+    *blocks_p = ids;
+    *n_blocks_p = need;
     return PD_OK;
+}
+
+void pd_sched_free_blocks(pd_sched *s, const int32_t *blocks, int n_blocks) {
+    for (int i = 0; i < n_blocks; i++)
+        pd_kv_cache_release(s->kv, blocks[i]);
 }
 
 static bool is_stop_token(const seq *q, int32_t t, int eos) {
@@ -219,26 +207,23 @@ static const char *seq_accept(pd_sched *s, seq *q, int32_t t) {
     return NULL;
 }
 
-pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, uint64_t reservation, int32_t first_token,
-                                 float first_logprob, pd_err *err) {
-    seq *res = find(s, r->request_id);
-    if (!res || res->state != SEQ_RESERVED || res->reservation != reservation)
-        return pd_err_set(err, PD_ERR_NOTFOUND, "request %s: reservation %llu is unknown or released; KV refused",
-                          r->request_id, (unsigned long long)reservation);
-    if (res->n_prompt != r->n_prompt)
-        return pd_err_set(err, PD_ERR_INVALID, "request %s: reservation holds %d tokens, prompt has %d", r->request_id,
-                          res->n_prompt, r->n_prompt);
-    /* build the sequence, then move the reservation's blocks into it */
-    seq_unlink(s, res);
-    seq *q;
+pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, const int32_t *blocks, int n_blocks,
+                                 int32_t first_token, float first_logprob, pd_err *err) {
+    seq *q = NULL;
     pd_status st = seq_new(s, r, &q, err);
+    if (st == PD_OK && (int64_t)n_blocks * s->cfg.block_size < r->n_prompt + 1) {
+        st = pd_err_set(err, PD_ERR_INVALID, "request %s: %d blocks cannot hold %d tokens", r->request_id, n_blocks,
+                        r->n_prompt + 1);
+        seq_free(s, q);
+    }
     if (st != PD_OK) {
-        seq_free(s, res);
+        pd_sched_free_blocks(s, blocks, n_blocks);
         return st;
     }
-    q->kv = res->kv;
-    memset(&res->kv, 0, sizeof res->kv);
-    seq_free(s, res);
+    q->kv.block_table = pd_xmalloc((size_t)n_blocks * sizeof(int));
+    for (int i = 0; i < n_blocks; i++)
+        q->kv.block_table[i] = blocks[i];
+    q->kv.num_blocks = q->kv.cap_blocks = n_blocks;
     q->kv.num_tokens = r->n_prompt;
     q->state = SEQ_RUNNING;
     q->admit_order = ++s->admit_counter;
@@ -246,7 +231,6 @@ pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, uint64_
     append_tail(s, q);
     const char *fin = seq_accept(s, q, first_token);
     (void)first_logprob;
-    s->generation_tokens_total++;
     if (fin) {
         seq_unlink(s, q);
         s->cb.on_finished(s->user, q->id, fin);
@@ -387,8 +371,7 @@ void pd_sched_get_stats(const pd_sched *s, pd_sched_stats *st) {
     memset(st, 0, sizeof *st);
     for (const seq *q = s->seqs; q; q = q->next) {
         if (q->state == SEQ_RUNNING) st->num_running++;
-        else if (q->state == SEQ_WAITING) st->num_waiting++;
-        else st->num_reserved++;
+        else st->num_waiting++;
         st->tokens_in_flight += (uint64_t)(q->n_prompt + q->max_tokens - q->n_generated);
     }
     st->free_blocks = pd_kv_cache_num_free(s->kv);

@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "pd_flags.h"
+#include "pd_kvtransfer.h"
 #include "pd_msg.h"
 
 #define LOGM "decode"
@@ -24,9 +25,14 @@ typedef struct pending_tokens {
     struct pending_tokens *next;
 } pending_tokens;
 
-/* A long-route request waiting for its KV: the Generate that reserved it. */
+/* A long-route request waiting for its KV: the Generate that reserved it
+ * and the reservation (its blocks belong to the reservation table until a
+ * KvComplete is accepted). */
 typedef struct parked {
     Pdserve__Generate *gen; /* owned (unpacked message) */
+    uint64_t resv;
+    int32_t *blocks;
+    int n_blocks;
     struct parked *next;
 } parked;
 
@@ -40,7 +46,36 @@ typedef struct {
     bool registered;
     double last_heartbeat, last_register;
     int heartbeat_ms;
+    pd_kvx_agent *agent;
+    pd_kvx_pool *pool;
+    pd_kvx_reservations *resv;
+    double reservation_ttl_s;
 } decode_svc;
+
+/* The writer id of a prefill replica in the reservation table. */
+static uint64_t writer_id(const char *replica_id) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = replica_id ? replica_id : ""; *c; c++) {
+        h ^= (unsigned char)*c;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static void parked_free(parked *p) {
+    protobuf_c_message_free_unpacked(&p->gen->base, NULL);
+    free(p->blocks);
+    free(p);
+}
+
+/* The reservation table hands back blocks once no writer can touch them. */
+static void on_blocks_free(void *user, const char *request_id, uint64_t resv_id, const int32_t *blocks,
+                           size_t n_blocks) {
+    decode_svc *d = user;
+    pd_sched_free_blocks(d->sched, blocks, (int)n_blocks);
+    PD_LOGD(LOGM, "request %s: %zu quarantined blocks of reservation %llx reusable", request_id, n_blocks,
+            (unsigned long long)resv_id);
+}
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = 1; }
@@ -139,6 +174,14 @@ static void send_register(decode_svc *d) {
     geo.dtype_bytes = 4;
     geo.num_blocks = (uint32_t)st.total_blocks;
     Pdserve__Register r = PDSERVE__REGISTER__INIT;
+    const void *addr, *rkey;
+    size_t addr_len, rkey_len;
+    pd_kvx_agent_worker_address(d->agent, &addr, &addr_len);
+    pd_kvx_pool_rkey(d->pool, &rkey, &rkey_len);
+    r.ucx_worker_address.data = (uint8_t *)addr;
+    r.ucx_worker_address.len = addr_len;
+    r.kv_rkey.data = (uint8_t *)rkey;
+    r.kv_rkey.len = rkey_len;
     r.role = "decode";
     r.replica_id = (char *)d->replica_id;
     r.geometry = &geo;
@@ -154,7 +197,7 @@ static void send_heartbeat(decode_svc *d) {
     Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
     h.replica_id = (char *)d->replica_id;
     h.num_running = (uint32_t)st.num_running;
-    h.num_waiting = (uint32_t)(st.num_waiting + st.num_reserved);
+    h.num_waiting = (uint32_t)st.num_waiting;
     h.free_blocks = (uint32_t)st.free_blocks;
     h.total_blocks = (uint32_t)st.total_blocks;
     h.tokens_in_flight = st.tokens_in_flight;
@@ -162,6 +205,26 @@ static void send_heartbeat(decode_svc *d) {
     h.generation_tokens_total = st.generation_tokens_total;
     pd_msg_send(d->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
     d->last_heartbeat = pd_now_s();
+}
+
+/* Reservations past their deadline: the request fails (its blocks stay
+ * quarantined until the writer is known to be quiet). */
+static void expire_reservations(decode_svc *d) {
+    double now = pd_now_s();
+    if (pd_kvx_resv_expire(d->resv, now) == 0) return;
+    for (parked **pp = &d->parked; *pp;) {
+        parked *p = *pp;
+        pd_kvx_resv_state state;
+        if (pd_kvx_resv_get(d->resv, p->gen->request_id, p->resv, &state, NULL, NULL) == PD_OK &&
+            state == PD_KVX_RESV_EXPIRED) {
+            *pp = p->next;
+            send_error(d, p->gen->request_id, "the prompt's KV cache did not arrive in time");
+            p->blocks = NULL;
+            parked_free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
 }
 
 static void handle(decode_svc *d, pd_msg *msg) {
@@ -188,18 +251,34 @@ static void handle(decode_svc *d, pd_msg *msg) {
             break;
         }
         /* long route: reserve blocks now, run when KvComplete arrives */
-        uint64_t res;
-        uint32_t *blocks = NULL;
-        int nb = 0;
         Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
         rr.request_id = g->request_id;
-        if (pd_sched_reserve(d->sched, g->request_id, (int)g->n_prompt_ids, &res, &blocks, &nb, &err) == PD_OK) {
+        int32_t *blocks = NULL;
+        int nb = 0;
+        uint64_t resv = 0;
+        pd_status st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
+        if (st == PD_OK) {
+            st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), blocks, (size_t)nb,
+                                    d->reservation_ttl_s, pd_now_s(), 0, &resv, &err);
+            if (st != PD_OK) {
+                pd_sched_free_blocks(d->sched, blocks, nb);
+                free(blocks);
+                blocks = NULL;
+            }
+        }
+        uint32_t *ublocks = NULL;
+        if (st == PD_OK) {
+            ublocks = pd_xmalloc((size_t)nb * sizeof *ublocks);
+            for (int i = 0; i < nb; i++) ublocks[i] = (uint32_t)blocks[i];
             rr.ok = true;
-            rr.reservation_id = res;
-            rr.block_ids = blocks;
+            rr.reservation_id = resv;
+            rr.block_ids = ublocks;
             rr.n_block_ids = (size_t)nb;
             parked *p = pd_xcalloc(1, sizeof *p);
             p->gen = g;
+            p->resv = resv;
+            p->blocks = blocks;
+            p->n_blocks = nb;
             msg->msg = NULL; /* keep it */
             p->next = d->parked;
             d->parked = p;
@@ -208,39 +287,67 @@ static void handle(decode_svc *d, pd_msg *msg) {
             rr.reason = err.msg;
         }
         pd_msg_send(d->sock, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
-        free(blocks);
+        free(ublocks);
         break;
     }
     case PD_MSG_KV_COMPLETE: {
         Pdserve__KvComplete *k = (Pdserve__KvComplete *)msg->msg;
+        pd_kvx_verdict v = pd_kvx_resv_complete(d->resv, k->request_id, k->reservation_id,
+                                                writer_id(k->prefill_replica_id), 0, pd_now_s(), &err);
         parked **pp = &d->parked;
-        while (*pp && strcmp((*pp)->gen->request_id, k->request_id)) pp = &(*pp)->next;
-        if (!*pp) {
-            PD_LOGW(LOGM, "KvComplete for unknown request %s (reservation %llu): refused", k->request_id,
-                    (unsigned long long)k->reservation_id);
+        while (*pp && ((*pp)->resv != k->reservation_id || strcmp((*pp)->gen->request_id, k->request_id)))
+            pp = &(*pp)->next;
+        parked *p = *pp;
+        if (p) *pp = p->next;
+        if (v != PD_KVX_ACCEPTED) {
+            if (!k->aborted)
+                PD_LOGW(LOGM, "KvComplete for %s refused (%s): %s", k->request_id, pd_kvx_verdict_str(v), err.msg);
+            if (p) {
+                pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
+                send_error(d, k->request_id, "the prompt's KV cache transfer was refused");
+                p->blocks = NULL; /* the table hands them back */
+                parked_free(p);
+            }
             break;
         }
-        parked *p = *pp;
-        *pp = p->next;
+        if (!p || k->aborted) { /* accepted but nobody to run it: give the blocks back */
+            const int32_t *bl;
+            size_t nbl;
+            if (pd_kvx_resv_get(d->resv, k->request_id, k->reservation_id, NULL, &bl, &nbl) == PD_OK)
+                pd_sched_free_blocks(d->sched, bl, (int)nbl);
+            pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
+            if (p) parked_free(p);
+            break;
+        }
+        /* the blocks now belong to the decode sequence */
+        pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
         pd_sched_request r = request_from(p->gen);
-        if (pd_sched_add_prefilled(d->sched, &r, k->reservation_id, k->first_token, k->first_logprob, &err) != PD_OK) {
+        if (pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob, &err) !=
+            PD_OK) {
             PD_LOGW(LOGM, "%s", err.msg);
             send_error(d, k->request_id, err.msg);
-            pd_sched_abort(d->sched, k->request_id);
         }
-        protobuf_c_message_free_unpacked(&p->gen->base, NULL);
-        free(p);
+        parked_free(p);
         break;
     }
     case PD_MSG_ABORT: {
         Pdserve__Abort *a = (Pdserve__Abort *)msg->msg;
+        if (a->writer_gone && a->writer_gone[0]) {
+            size_t n = pd_kvx_resv_writer_gone(d->resv, writer_id(a->writer_gone));
+            PD_LOGI(LOGM, "prefill replica %s is gone: %zu reservations released", a->writer_gone, n);
+        }
+        if (!a->request_id || !a->request_id[0]) break;
         pd_sched_abort(d->sched, a->request_id);
         for (parked **pp = &d->parked; *pp; pp = &(*pp)->next)
             if (!strcmp((*pp)->gen->request_id, a->request_id)) {
                 parked *p = *pp;
                 *pp = p->next;
-                protobuf_c_message_free_unpacked(&p->gen->base, NULL);
-                free(p);
+                /* quarantined until the writer is quiet; the table frees them */
+                pd_kvx_resv_release(d->resv, a->request_id, p->resv, NULL);
+                if (a->never_granted)
+                    pd_kvx_resv_fenced(d->resv, a->request_id, p->resv, writer_id(p->gen->prefill_replica_id), NULL);
+                p->blocks = NULL;
+                parked_free(p);
                 break;
             }
         /* drop tokens not yet sent */
@@ -311,6 +418,25 @@ int pd_decode_main(int argc, char **argv) {
         pd_backend_free(&be);
         return 1;
     }
+    d.reservation_ttl_s = 120.0;
+    {
+        pd_kv_cache *kv = pd_sched_kv(d.sched);
+        pd_kvx_config kc = {.name = replica_id};
+        pd_kvx_resv_config rcfg = {.blocks_free = on_blocks_free, .user = &d, .block_bytes = pd_kv_cache_block_bytes(kv)};
+        if (pd_kvx_agent_init(&kc, &d.agent, &err) != PD_OK ||
+            pd_kvx_register_pool(d.agent, pd_kv_cache_block_ptr(kv, 0),
+                                 pd_kv_cache_block_bytes(kv) * (size_t)pd_kv_cache_num_blocks(kv), &d.pool, &err) != PD_OK ||
+            pd_kvx_resv_init(&rcfg, &d.resv, &err) != PD_OK) {
+            fprintf(stderr, "pdserve decode: KV transfer: %s\n", err.msg);
+            pd_kvx_resv_free(&d.resv);
+            pd_kvx_pool_free(&d.pool);
+            pd_kvx_agent_free(&d.agent);
+            pd_sched_free(&d.sched);
+            pd_model_free(&d.m);
+            pd_backend_free(&be);
+            return 1;
+        }
+    }
     d.zctx = zmq_ctx_new();
     d.sock = zmq_socket(d.zctx, ZMQ_DEALER);
     int linger = 0, hwm = 100000;
@@ -333,8 +459,10 @@ int pd_decode_main(int argc, char **argv) {
         double now = pd_now_s();
         long wait_ms = busy ? 0 : (long)(d.heartbeat_ms - (now - d.last_heartbeat) * 1000.0);
         if (wait_ms < 0) wait_ms = 0;
-        zmq_pollitem_t it = {d.sock, 0, ZMQ_POLLIN, 0};
-        zmq_poll(&it, 1, wait_ms);
+        if (pd_kvx_agent_progress(d.agent)) wait_ms = 0;
+        zmq_pollitem_t it[2] = {{d.sock, 0, ZMQ_POLLIN, 0}, {NULL, pd_kvx_agent_event_fd(d.agent), ZMQ_POLLIN, 0}};
+        zmq_poll(it, 2, wait_ms);
+        pd_kvx_agent_progress(d.agent);
         for (;;) {
             pd_msg msg;
             pd_status s = pd_msg_recv(d.sock, false, &msg, &err);
@@ -352,17 +480,21 @@ int pd_decode_main(int argc, char **argv) {
         now = pd_now_s();
         if (!d.registered && now - d.last_register > 1.0)
             send_register(&d);
-        if ((now - d.last_heartbeat) * 1000.0 >= d.heartbeat_ms)
+        if ((now - d.last_heartbeat) * 1000.0 >= d.heartbeat_ms) {
             send_heartbeat(&d);
+            expire_reservations(&d);
+        }
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
 out:
     while (d.parked) {
         parked *p = d.parked;
         d.parked = p->next;
-        protobuf_c_message_free_unpacked(&p->gen->base, NULL);
-        free(p);
+        parked_free(p);
     }
+    pd_kvx_resv_free(&d.resv);
+    pd_kvx_pool_free(&d.pool);
+    pd_kvx_agent_free(&d.agent);
     flush_tokens(&d);
     zmq_close(d.sock);
     zmq_ctx_term(d.zctx);

@@ -188,10 +188,9 @@ static void test_reserved_prefilled(void **state) {
     make_prompt(prompt, n, 5);
     snprintf(o.r[0].id, 32, "long-0");
     o.n = 1;
-    uint64_t res;
-    uint32_t *blocks;
+    int32_t *blocks;
     int nblk;
-    assert_int_equal(pd_sched_reserve(s, "long-0", n, &res, &blocks, &nblk, &err), PD_OK);
+    assert_int_equal(pd_sched_alloc_blocks(s, n, &blocks, &nblk, &err), PD_OK);
     assert_int_equal(nblk, (n + 1 + 3) / 4);
     /* "prefill replica" */
     pd_kv_cache *pkv;
@@ -211,9 +210,7 @@ static void test_reserved_prefilled(void **state) {
     sp.temperature = 0;
     pd_sched_request r = {.request_id = "long-0", .prompt_ids = prompt, .n_prompt = n, .sampling = sp,
                           .max_tokens = max_tokens, .ignore_eos = true};
-    /* a wrong reservation id is refused */
-    assert_int_equal(pd_sched_add_prefilled(s, &r, res + 99, first, 0, &err), PD_ERR_NOTFOUND);
-    assert_int_equal(pd_sched_add_prefilled(s, &r, res, first, 0, &err), PD_OK);
+    assert_int_equal(pd_sched_add_prefilled(s, &r, blocks, nblk, first, 0, &err), PD_OK);
     for (int g = 0; g < 1000 && pd_sched_step(s) > 0; g++) {}
     int32_t ref[16];
     reference(prompt, n, &sp, max_tokens, ref);
@@ -249,14 +246,13 @@ static void test_abort_frees_blocks(void **state) {
     assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_INVALID); /* duplicate id */
     pd_sched_step(s);
     pd_sched_step(s);
-    uint64_t res;
-    uint32_t *blocks;
+    int32_t *blocks;
     int nblk;
-    assert_int_equal(pd_sched_reserve(s, "b", 10, &res, &blocks, &nblk, &err), PD_OK);
-    free(blocks);
+    assert_int_equal(pd_sched_alloc_blocks(s, 10, &blocks, &nblk, &err), PD_OK);
     assert_true(pd_kv_cache_num_free(pd_sched_kv(s)) < 64);
     assert_true(pd_sched_abort(s, "a"));
-    assert_true(pd_sched_abort(s, "b"));
+    pd_sched_free_blocks(s, blocks, nblk);
+    free(blocks);
     assert_false(pd_sched_abort(s, "a"));
     assert_int_equal(pd_kv_cache_num_free(pd_sched_kv(s)), 64);
     assert_int_equal(pd_sched_step(s), 0);
@@ -264,7 +260,7 @@ static void test_abort_frees_blocks(void **state) {
     pd_sched_request big = {.request_id = "big", .prompt_ids = prompt, .n_prompt = 30, .sampling = sp,
                             .max_tokens = 900};
     assert_int_equal(pd_sched_add(s, &big, &err), PD_ERR_LIMIT);
-    assert_int_equal(pd_sched_reserve(s, "c", 1000, &res, &blocks, &nblk, &err), PD_ERR_LIMIT);
+    assert_int_equal(pd_sched_alloc_blocks(s, 1000, &blocks, &nblk, &err), PD_ERR_LIMIT);
     pd_sched_free(&s);
 }
 

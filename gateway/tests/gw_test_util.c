@@ -101,7 +101,6 @@ static void fake_free(fake_req *f) {
 
 static void fake_tick(evutil_socket_t fd, short what, void *arg) {
     fake_req *f = arg;
-    int left = 0;
     for (int c = 0; c < f->n_choices; c++) {
         if (f->done[c]) continue;
         int k = f->s.batch;
@@ -141,8 +140,6 @@ static void fake_tick(evutil_socket_t fd, short what, void *arg) {
                 fake_free(f);
                 return;
             }
-        } else {
-            left++;
         }
     }
     struct timeval tv = {0, (suseconds_t)(f->s.interval_s * 1e6)};
@@ -228,6 +225,11 @@ void gwt_config(pd_gw_config *cfg) {
 }
 
 int gwt_server_start(gwt_server *h, const pd_gw_config *cfg) {
+    return gwt_server_start_setup(h, cfg, NULL, NULL);
+}
+
+int gwt_server_start_setup(gwt_server *h, const pd_gw_config *cfg,
+                           void (*setup)(pd_gw_server *srv, void *ud), void *ud) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, (void (*)(void))evthread_use_pthreads);
     memset(h, 0, sizeof *h);
@@ -249,6 +251,7 @@ int gwt_server_start(gwt_server *h, const pd_gw_config *cfg) {
         return -1;
     }
     h->port = pd_gw_server_port(h->srv);
+    if (setup) setup(h->srv, ud);
     pthread_create(&h->thread, NULL, loop_main, h);
     return 0;
 }

@@ -82,6 +82,10 @@ typedef struct {
  * served model "test-model", max_model_len 4096, the test tokenizer) and
  * the fake engine; its loop runs on a new thread. Returns 0 or -1. */
 int gwt_server_start(gwt_server *h, const pd_gw_config *cfg);
+/** Same, running setup(srv, ud) after init and before the loop starts
+ * (e.g. pd_gw_server_add_get, which belongs to the loop thread). */
+int gwt_server_start_setup(gwt_server *h, const pd_gw_config *cfg,
+                           void (*setup)(pd_gw_server *srv, void *ud), void *ud);
 void gwt_server_stop(gwt_server *h);
 /** Defaults used by gwt_server_start(h, NULL), for tests that change some. */
 void gwt_config(pd_gw_config *cfg);

@@ -1,14 +1,275 @@
-/* The CUDA backend (sm_90a). Placeholder until issue "CUDA backend" lands
- * its kernels: it reports itself unavailable, so nothing runs on it yet. */
-#include <cuda_runtime.h>
+/* The CUDA backend (sm_90a): the operation table, the handles it owns
+ * (one stream, cuBLAS, cuBLASLt with its workspace) and the sticky error
+ * every operation reports into (pd_cuda.h says why it is sticky). */
+#include "cuda_common.cuh"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define CU_LT_WORKSPACE (32u << 20)
+
+pd_status cu_err_set(pd_err *err, pd_status st, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+void cu_log(pd_log_level lvl, const char *fmt, ...) {
+    static int level = -1;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    if (level < 0) {
+        const char *e = getenv("PDSERVE_LOG_LEVEL");
+        level = !e                          ? PD_LOG_INFO
+                : !strcasecmp(e, "debug") ? PD_LOG_DEBUG
+                : !strcasecmp(e, "warn")  ? PD_LOG_WARN
+                : !strcasecmp(e, "error") ? PD_LOG_ERROR
+                                          : PD_LOG_INFO;
+    }
+    if ((int)lvl < level)
+        return;
+    static const char *names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char tbuf[32], msg[2048];
+    strftime(tbuf, sizeof tbuf, "%Y-%m-%dT%H:%M:%S", &tm);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&mu);
+    fprintf(stderr, "%s.%03ldZ %-5s cuda: %s\n", tbuf, ts.tv_nsec / 1000000, names[lvl], msg);
+    pthread_mutex_unlock(&mu);
+}
+
+pd_status cu_fail(cu_ctx *c, pd_status st, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (c->status == PD_OK) {
+        c->status = st;
+        snprintf(c->msg, sizeof c->msg, "%s", buf);
+        CU_LOGE("%s (later operations on this backend are skipped)", buf);
+    } else {
+        CU_LOGD("after an earlier error: %s", buf);
+    }
+    return st;
+}
+
+bool cu_check(cu_ctx *c, cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess)
+        return true;
+    (void)cudaGetLastError(); /* clear a non-sticky error so that it is not reported twice */
+    cu_fail(c, e == cudaErrorMemoryAllocation ? PD_ERR_NOMEM : PD_ERR_IO, "%s (%s:%d): %s", what, file, line,
+            cudaGetErrorString(e));
+    return false;
+}
+
+bool cu_blas_check(cu_ctx *c, cublasStatus_t s, const char *what, const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return true;
+    cu_fail(c, s == CUBLAS_STATUS_ALLOC_FAILED ? PD_ERR_NOMEM : PD_ERR_IO, "%s (%s:%d): %s", what, file, line,
+            cublasGetStatusString(s));
+    return false;
+}
+
+void *cu_scratch(cu_ctx *c, int slot, size_t bytes) {
+    if (bytes == 0)
+        bytes = 256;
+    if (c->scr[slot].bytes >= bytes)
+        return c->scr[slot].p;
+    /* queued work may still read the old buffer */
+    if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return NULL;
+    if (c->scr[slot].p)
+        cudaFree(c->scr[slot].p);
+    c->scr[slot].p = NULL;
+    c->scr[slot].bytes = 0;
+    size_t want = (bytes + bytes / 4 + 255) & ~(size_t)255;
+    void *p = NULL;
+    if (!CU_OK(c, cudaMalloc(&p, want)))
+        return NULL;
+    c->scr[slot].p = p;
+    c->scr[slot].bytes = want;
+    return p;
+}
+
+void *cu_scratch_upload(cu_ctx *c, int slot, const void *host, size_t bytes) {
+    void *d = cu_scratch(c, slot, bytes);
+    if (!d)
+        return NULL;
+    /* host arrays here are pageable: the copy has left the caller's buffer
+     * when cudaMemcpyAsync returns, and runs in stream order */
+    if (bytes && !CU_OK(c, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream)))
+        return NULL;
+    return d;
+}
+
+static void cu_destroy(pd_backend *be) {
+    cu_ctx *c = cu_of(be);
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < CU_SCR_COUNT; i++)
+        if (c->scr[i].p)
+            cudaFree(c->scr[i].p);
+    cu_gemm_plans_free(c);
+    cudaFree(c->lt_ws);
+    cublasLtMatmulDescDestroy(c->mm_desc);
+    cublasLtDestroy(c->lt);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(be);
+}
+
+static const pd_backend_i cu_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .weight_from_f32 = cu_weight_from_f32,
+    .weight_free = cu_weight_free,
+    .gemm = cu_gemm,
+    .rmsnorm = cu_rmsnorm,
+    .rope = cu_rope,
+    .silu_mul = cu_silu_mul,
+    .add = cu_add,
+    .embed = cu_embed,
+    .mla_attention = cu_mla_attention,
+    .moe_route = cu_moe_route,
+    .moe_experts = cu_moe_experts,
+    .destroy = cu_destroy,
+};
 
 extern "C" {
-#include "pd_kernels.h"
+
+pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backend **be_p, pd_err *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cu_err_set(err, PD_ERR_UNSUPPORTED, "no CUDA device: %s", cudaGetErrorString(e));
+    }
+    if (device < 0 || device >= n)
+        return cu_err_set(err, PD_ERR_UNSUPPORTED, "no CUDA device %d (%d present)", device, n);
+    if (weights != PD_CUDA_WEIGHTS_BF16 && weights != PD_CUDA_WEIGHTS_F32)
+        return cu_err_set(err, PD_ERR_INVALID, "unknown CUDA weight format %d", (int)weights);
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
+        return cu_err_set(err, PD_ERR_IO, "cudaGetDeviceProperties(%d): %s", device, cudaGetErrorString(e));
+    if (prop.major != 9 || prop.minor != 0)
+        return cu_err_set(err, PD_ERR_UNSUPPORTED, "CUDA device %d (%s) is sm_%d%d; this build holds sm_90a code only",
+                          device, prop.name, prop.major, prop.minor);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return cu_err_set(err, PD_ERR_IO, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+
+    pd_status st = PD_ERR_NOMEM;
+    cublasStatus_t bs;
+    pd_backend *be = (pd_backend *)calloc(1, sizeof *be);
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        cu_err_set(err, PD_ERR_NOMEM, "out of memory for the CUDA backend");
+        goto err_free_structs;
+    }
+    c->device = device;
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    c->wfmt = weights;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));
+        goto err_free_structs;
+    }
+    if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
+        st = cu_err_set(err, PD_ERR_IO, "cublasCreate: %s", cublasGetStatusString(bs));
+        goto err_destroy_stream;
+    }
+    /* CUBLAS_DEFAULT_MATH: fp32 GEMMs stay fp32 (no TF32) */
+    if ((bs = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        st = cu_err_set(err, PD_ERR_IO, "cublasSetStream/SetMathMode: %s", cublasGetStatusString(bs));
+        goto err_destroy_blas;
+    }
+    if ((bs = cublasLtCreate(&c->lt)) != CUBLAS_STATUS_SUCCESS) {
+        st = cu_err_set(err, PD_ERR_IO, "cublasLtCreate: %s", cublasGetStatusString(bs));
+        goto err_destroy_blas;
+    }
+    {
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        if ((bs = cublasLtMatmulDescCreate(&c->mm_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) != CUBLAS_STATUS_SUCCESS) {
+            st = cu_err_set(err, PD_ERR_IO, "cublasLtMatmulDescCreate: %s", cublasGetStatusString(bs));
+            goto err_destroy_lt;
+        }
+        if ((bs = cublasLtMatmulDescSetAttribute(c->mm_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) !=
+                CUBLAS_STATUS_SUCCESS ||
+            (bs = cublasLtMatmulDescSetAttribute(c->mm_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) !=
+                CUBLAS_STATUS_SUCCESS) {
+            st = cu_err_set(err, PD_ERR_IO, "cublasLtMatmulDescSetAttribute: %s", cublasGetStatusString(bs));
+            goto err_destroy_desc;
+        }
+    }
+    c->lt_ws_bytes = CU_LT_WORKSPACE;
+    if ((e = cudaMalloc(&c->lt_ws, c->lt_ws_bytes)) != cudaSuccess) {
+        st = cu_err_set(err, PD_ERR_NOMEM, "cudaMalloc(cuBLASLt workspace): %s", cudaGetErrorString(e));
+        goto err_destroy_desc;
+    }
+    be->ops = &cu_ops;
+    be->ctx = c;
+    be->n_threads = 0;
+    CU_LOGI("device %d: %s, %d SMs, %.1f GiB, weights %s", device, prop.name, c->n_sm,
+            prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), weights == PD_CUDA_WEIGHTS_BF16 ? "bf16" : "fp32");
+    *be_p = be;
+    return PD_OK;
+
+err_destroy_desc:
+    cublasLtMatmulDescDestroy(c->mm_desc);
+err_destroy_lt:
+    cublasLtDestroy(c->lt);
+err_destroy_blas:
+    cublasDestroy(c->blas);
+err_destroy_stream:
+    cudaStreamDestroy(c->stream);
+err_free_structs:
+    free(c);
+    free(be);
+    return st;
+}
 
 pd_status pd_backend_cuda_init(int device, pd_backend **be_p, pd_err *err) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= device)
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "no CUDA device %d", device);
-    return pd_err_set(err, PD_ERR_UNSUPPORTED, "the CUDA backend's kernels are not implemented yet");
+    const char *fmt = getenv("PD_CUDA_WEIGHTS");
+    pd_cuda_weights w = PD_CUDA_WEIGHTS_BF16;
+    if (fmt && (!strcmp(fmt, "f32") || !strcmp(fmt, "fp32")))
+        w = PD_CUDA_WEIGHTS_F32;
+    else if (fmt && *fmt && strcmp(fmt, "bf16") != 0)
+        return cu_err_set(err, PD_ERR_INVALID, "PD_CUDA_WEIGHTS='%s': expected bf16 or f32", fmt);
+    return pd_backend_cuda_init_ex(device, w, be_p, err);
 }
+
+pd_status pd_backend_cuda_status(pd_backend *be, pd_err *err) {
+    if (!be || be->ops != &cu_ops)
+        return cu_err_set(err, PD_ERR_INVALID, "not a CUDA backend");
+    cu_ctx *c = cu_of(be);
+    if (c->status == PD_OK)
+        CU_OK(c, cudaStreamSynchronize(c->stream));
+    if (c->status != PD_OK)
+        return cu_err_set(err, c->status, "%s", c->msg);
+    return PD_OK;
 }
+
+void *pd_backend_cuda_stream(pd_backend *be) {
+    return (void *)cu_of(be)->stream;
+}
+
+} /* extern "C" */

@@ -1,0 +1,144 @@
+/* Private to kernels/cuda/: the backend's state, the sticky-error helpers,
+ * grow-only scratch buffers, weight loads by format, warp reductions, and
+ * the table entries / shared launchers each family file defines. */
+#ifndef PD_CUDA_COMMON_CUH
+#define PD_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "pd_kernels.h"
+}
+#include "pd_cuda.h"
+
+/* Scratch buffers, one per use, so that no operation's scratch is another's
+ * live data. All work is on one stream, so a buffer is free for reuse as
+ * soon as the next operation is queued after the last one that read it. */
+enum {
+    CU_SCR_ARG0,      /* host arrays copied for one call: pos, ids, block table, route ids */
+    CU_SCR_ARG1,      /* inv_freq, route weights */
+    CU_SCR_GEMM_X,    /* bf16 copy of a GEMM's activations */
+    CU_SCR_WCONV,     /* fp32 staging of weight_from_f32 (bf16) */
+    CU_SCR_MLA_LAT,   /* expanded: gathered latents [L, kvr] */
+    CU_SCR_MLA_KPE,   /* expanded: gathered k_pe [L, dr] */
+    CU_SCR_MLA_KV,    /* expanded: k_nope | v [L, nh, dn + dv] */
+    CU_SCR_MLA_QL,    /* absorbed: [n_q, nh, kvr + dr] query in latent space */
+    CU_SCR_MLA_PART,  /* absorbed: split partials (m, l, o_lat) */
+    CU_SCR_MOE_IDX,   /* expert permutation tables */
+    CU_SCR_MOE_X,     /* gathered expert inputs [n, H] */
+    CU_SCR_MOE_GU,    /* [n, 2I] */
+    CU_SCR_MOE_ACT,   /* [n, I] */
+    CU_SCR_MOE_Y,     /* [n, H] */
+    CU_SCR_COUNT
+};
+
+struct cu_gemm_plan; /* gemm.cu */
+
+typedef struct {
+    int device, n_sm;
+    size_t smem_optin; /* largest dynamic shared memory a block may ask for */
+    pd_cuda_weights wfmt;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t mm_desc; /* W^T · x, bf16 in, fp32 out, fp32 compute */
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    struct cu_gemm_plan *plans;
+    int n_plans, next_plan;
+    struct {
+        void *p;
+        size_t bytes;
+    } scr[CU_SCR_COUNT];
+    pd_status status; /* first error, sticky */
+    char msg[512];
+} cu_ctx;
+
+static inline cu_ctx *cu_of(pd_backend *be) {
+    return (cu_ctx *)be->ctx;
+}
+
+/* pdcuda links after pdcore and must not call back into it (a static
+ * library cycle the build does not declare), so it has its own copies of
+ * pd_err_set and pd_log: same behaviour, same line format, same
+ * PDSERVE_LOG_LEVEL. */
+pd_status cu_err_set(pd_err *err, pd_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cu_log(pd_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define CU_LOGD(...) cu_log(PD_LOG_DEBUG, __VA_ARGS__)
+#define CU_LOGI(...) cu_log(PD_LOG_INFO, __VA_ARGS__)
+#define CU_LOGW(...) cu_log(PD_LOG_WARN, __VA_ARGS__)
+#define CU_LOGE(...) cu_log(PD_LOG_ERROR, __VA_ARGS__)
+
+/* Records the first error (later ones are only logged at debug level) and
+ * logs it; returns st. */
+pd_status cu_fail(cu_ctx *c, pd_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* true when e is cudaSuccess; else records "<what>: <cuda error>" and returns false. */
+bool cu_check(cu_ctx *c, cudaError_t e, const char *what, const char *file, int line);
+bool cu_blas_check(cu_ctx *c, cublasStatus_t s, const char *what, const char *file, int line);
+#define CU_OK(c, call) cu_check((c), (call), #call, __FILE__, __LINE__)
+#define CU_LAUNCHED(c, err, name) cu_check((c), (err), name, __FILE__, __LINE__)
+#define CU_BLAS_OK(c, call) cu_blas_check((c), (call), #call, __FILE__, __LINE__)
+
+/* Scratch slot `slot` with at least `bytes`; NULL (error recorded) on failure. */
+void *cu_scratch(cu_ctx *c, int slot, size_t bytes);
+/* Copies host bytes into scratch slot `slot`; returns the device copy or NULL. */
+void *cu_scratch_upload(cu_ctx *c, int slot, const void *host, size_t bytes);
+
+/* Weight element loads: fp32 or bf16 storage, fp32 arithmetic. */
+__device__ __forceinline__ float cu_ldw(const float *p, size_t i) {
+    return p[i];
+}
+__device__ __forceinline__ float cu_ldw(const __nv_bfloat16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float cu_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
+    size_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    return (unsigned)(b < cap ? b : cap);
+}
+
+/* ---- shared launchers and internal entry points ---- */
+/* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
+bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);
+cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
+cudaError_t cu_silu_mul_launch(int rows, int inter, const float *gu, float *out, cudaStream_t s);
+void cu_gemm_plans_free(cu_ctx *c);
+
+/* ---- the table's entries, one family per file ---- */
+void *cu_alloc(pd_backend *be, size_t bytes);
+void cu_free(pd_backend *be, void *p);
+void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes);
+void cu_download(pd_backend *be, void *dst_host, const void *src, size_t bytes);
+void cu_copy(pd_backend *be, void *dst, const void *src, size_t bytes);
+pd_status cu_weight_from_f32(pd_backend *be, const float *host, int rows, int cols, pd_weight *w_p);
+void cu_weight_free(pd_backend *be, pd_weight *w);
+void cu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate);
+void cu_rmsnorm(pd_backend *be, int rows, int dim, const float *x, int x_stride, const float *w, float eps, float *y,
+                int y_stride);
+void cu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+             const int *pos, const float *inv_freq, float mscale);
+void cu_silu_mul(pd_backend *be, int rows, int inter, const float *gu, float *out);
+void cu_add(pd_backend *be, size_t n, float *x, const float *y);
+void cu_embed(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out);
+void cu_mla_attention(pd_backend *be, const pd_mla_args *a);
+void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                  float *weights);
+void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                    const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down, float *out);
+
+#endif

@@ -1,0 +1,135 @@
+/* Device memory and weights. Buffers are cudaMalloc'd and zero-filled;
+ * copies run on the backend's stream (upload and download wait for their
+ * bytes, so the caller may reuse its host buffer at once, as on the CPU).
+ * Weights are [rows × cols] row-major, fp32 or bf16 (round to nearest
+ * even) by the backend's format. */
+#include "cuda_common.cuh"
+
+#include <string.h>
+
+/* Weights larger than this are converted in pieces, bounding the staging buffer. */
+#define CU_WCONV_CHUNK ((size_t)32 << 20) /* elements */
+
+void *cu_alloc(pd_backend *be, size_t bytes) {
+    cu_ctx *c = cu_of(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        /* the caller learns of it by NULL, as from the CPU backend; nothing sticky */
+        (void)cudaGetLastError();
+        CU_LOGW("cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    if (!CU_OK(c, cudaMemsetAsync(p, 0, bytes ? bytes : 256, c->stream))) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+void cu_free(pd_backend *be, void *p) {
+    cu_ctx *c = cu_of(be);
+    if (!p)
+        return;
+    cudaStreamSynchronize(c->stream); /* queued work may still use p */
+    CU_OK(c, cudaFree(p));
+}
+
+void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || !bytes)
+        return;
+    if (CU_OK(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream)))
+        CU_OK(c, cudaStreamSynchronize(c->stream)); /* pinned sources too may be reused on return */
+}
+
+void cu_download(pd_backend *be, void *dst_host, const void *src, size_t bytes) {
+    cu_ctx *c = cu_of(be);
+    if (!bytes)
+        return;
+    if (c->status == PD_OK && CU_OK(c, cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->stream)) &&
+        CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return;
+    memset(dst_host, 0xff, bytes); /* NaN: a failed step must not pass for numbers */
+}
+
+void cu_copy(pd_backend *be, void *dst, const void *src, size_t bytes) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || !bytes)
+        return;
+    CU_OK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static __global__ void k_f32_to_bf16(const float *__restrict__ x, __nv_bfloat16 *__restrict__ y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+static __global__ void k_f32_to_bf16_x4(const float4 *__restrict__ x, __nv_bfloat162 *__restrict__ y, size_t n4) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        y[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+        y[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+}
+
+/* Also used by gemm.cu for activations. */
+cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s) {
+    if (n % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)y & 7) == 0) {
+        size_t n4 = n / 4;
+        k_f32_to_bf16_x4<<<cu_blocks(n4, 256, 8192), 256, 0, s>>>((const float4 *)x, (__nv_bfloat162 *)y, n4);
+    } else {
+        k_f32_to_bf16<<<cu_blocks(n, 256, 8192), 256, 0, s>>>(x, y, n);
+    }
+    return cudaGetLastError();
+}
+
+pd_status cu_weight_from_f32(pd_backend *be, const float *host, int rows, int cols, pd_weight *w_p) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK)
+        return c->status;
+    if (rows < 0 || cols < 0)
+        return cu_fail(c, PD_ERR_INVALID, "weight_from_f32: shape [%d, %d]", rows, cols);
+    size_t n = (size_t)rows * (size_t)cols;
+    size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, n ? n * esz : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        /* out of memory loading a model is the caller's to report, not sticky */
+        CU_LOGW("weight [%d, %d]: cudaMalloc(%zu bytes): %s", rows, cols, n * esz, cudaGetErrorString(e));
+        return PD_ERR_NOMEM;
+    }
+    if (c->wfmt == PD_CUDA_WEIGHTS_F32) {
+        if (n && !CU_OK(c, cudaMemcpyAsync(d, host, n * 4, cudaMemcpyHostToDevice, c->stream)))
+            goto err_free;
+    } else {
+        for (size_t off = 0; off < n; off += CU_WCONV_CHUNK) {
+            size_t k = n - off < CU_WCONV_CHUNK ? n - off : CU_WCONV_CHUNK;
+            float *stage = (float *)cu_scratch_upload(c, CU_SCR_WCONV, host + off, k * sizeof(float));
+            if (!stage)
+                goto err_free;
+            if (!CU_LAUNCHED(c, cu_f32_to_bf16_launch(stage, (__nv_bfloat16 *)d + off, k, c->stream), "f32_to_bf16"))
+                goto err_free;
+        }
+    }
+    if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
+        goto err_free;
+    w_p->rows = rows;
+    w_p->cols = cols;
+    w_p->data = d;
+    return PD_OK;
+
+err_free:
+    cudaFree(d);
+    return c->status;
+}
+
+void cu_weight_free(pd_backend *be, pd_weight *w) {
+    cu_ctx *c = cu_of(be);
+    if (w->data) {
+        cudaStreamSynchronize(c->stream);
+        CU_OK(c, cudaFree(w->data));
+    }
+    w->data = NULL;
+}

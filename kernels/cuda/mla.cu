@@ -1,0 +1,466 @@
+/* MLA attention over the paged latent cache, DeepSeek-V2 paper §2.1.2–2.1.3
+ * (transformers modeling_deepseek_v3.py DeepseekV3Attention). Cache layout
+ * [block][layer][slot][kvr + dr] fp32; the block table arrives in host
+ * memory and is copied for the call.
+ *
+ * Expanded form (prefill): gather c_KV and k_pe of tokens 0..L-1, one GEMM
+ * [k_nope | v] = c_KV · W_kv_bᵀ  ([L, nh, dn + dv]), then k_mla_prefill:
+ * one block per (query, head), keys in tiles of 128 with an online softmax.
+ *
+ * Absorbed form (decode): q_lat = W_UKᵀ q_nope per head (k_mla_qlat), then
+ * k_mla_decode reads the paged cache directly: a block takes 16 heads of one
+ * query and one split of the context, scores every cached row against the
+ * 16 latent queries (score = q_lat·c_KV + q_pe·k_pe), keeps a running max and
+ * sum per head and accumulates o_lat = Σ p c_KV; k_mla_combine merges the
+ * splits by log-sum-exp and applies W_UV. Heads share the cache rows, so a
+ * tile is read once per 16 heads (from L2 for the other head groups). */
+#include "cuda_common.cuh"
+
+#include <math.h>
+
+/* ---- expanded form ---------------------------------------------------- */
+
+#define PF_THREADS 128 /* = keys per tile */
+#define PF_DV_MAX (4 * PF_THREADS)
+
+static __global__ void k_mla_gather(int kvr, int dr, const float *__restrict__ cache, int n_layers, int layer, int bs,
+                                    const int *__restrict__ btab, float *__restrict__ lat, float *__restrict__ kpe) {
+    const int t = blockIdx.x, D = kvr + dr;
+    const float *row = cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D;
+    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+        float v = row[k];
+        if (k < kvr)
+            lat[(size_t)t * kvr + k] = v;
+        else
+            kpe[(size_t)t * dr + (k - kvr)] = v;
+    }
+}
+
+/* q [n_q, nh, dn + dr], kv [L, nh, dn + dv], kpe [L, dr] → out [n_q, nh, dv];
+ * block (query i, head h); query i sees tokens 0 .. start_pos + i. */
+static __global__ void __launch_bounds__(PF_THREADS)
+    k_mla_prefill(int nh, int dn, int dr, int dv, float scale, int start_pos, const float *__restrict__ q,
+                  const float *__restrict__ kv, const float *__restrict__ kpe, float *__restrict__ out) {
+    extern __shared__ float4 smem4[];
+    float *sm = (float *)smem4;
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int qd = dn + dr, kvd = dn + dv;
+    float *qs = sm, *ps = sm + qd, *red = ps + PF_THREADS; /* red: [0..3] max, [4..7] sum */
+    const float *qr = q + ((size_t)i * nh + h) * qd;
+    for (int d = tid; d < qd; d += PF_THREADS)
+        qs[d] = qr[d];
+    __syncthreads();
+    const int n_vis = start_pos + i + 1;
+    float m = -INFINITY, l = 0.0f;
+    float acc[PF_DV_MAX / PF_THREADS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t0 = 0; t0 < n_vis; t0 += PF_THREADS) {
+        const int t = t0 + tid;
+        float s = -INFINITY;
+        if (t < n_vis) {
+            const float *k = kv + ((size_t)t * nh + h) * kvd;
+            const float *kp = kpe + (size_t)t * dr;
+            float a = 0.0f;
+            for (int d = 0; d < dn; d++)
+                a += qs[d] * k[d];
+            for (int d = 0; d < dr; d++)
+                a += qs[dn + d] * kp[d];
+            s = a * scale;
+        }
+        float mt = cu_warp_max(s);
+        if ((tid & 31) == 0)
+            red[tid >> 5] = mt;
+        __syncthreads();
+        mt = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+        const float m_new = fmaxf(m, mt); /* finite: the tile holds token t0 < n_vis */
+        const float p = t < n_vis ? expf(s - m_new) : 0.0f;
+        ps[tid] = p;
+        float lt = cu_warp_sum(p);
+        if ((tid & 31) == 0)
+            red[4 + (tid >> 5)] = lt;
+        __syncthreads();
+        lt = red[4] + red[5] + red[6] + red[7];
+        const float alpha = expf(m - m_new); /* 0 on the first tile */
+        l = l * alpha + lt;
+        m = m_new;
+        const int nt = min(PF_THREADS, n_vis - t0);
+#pragma unroll
+        for (int j = 0; j < PF_DV_MAX / PF_THREADS; j++) {
+            const int d = tid + PF_THREADS * j;
+            if (d < dv) {
+                const float *v = kv + ((size_t)t0 * nh + h) * kvd + dn + d;
+                float o = acc[j] * alpha;
+                for (int tt = 0; tt < nt; tt++)
+                    o += ps[tt] * v[(size_t)tt * nh * kvd];
+                acc[j] = o;
+            }
+        }
+        __syncthreads(); /* ps and red are rewritten by the next tile */
+    }
+    const float inv = 1.0f / l;
+    float *o = out + ((size_t)i * nh + h) * dv;
+#pragma unroll
+    for (int j = 0; j < PF_DV_MAX / PF_THREADS; j++) {
+        const int d = tid + PF_THREADS * j;
+        if (d < dv)
+            o[d] = acc[j] * inv;
+    }
+}
+
+/* ---- absorbed form ---------------------------------------------------- */
+
+#define DEC_HG 16      /* heads per block */
+#define DEC_TT 32      /* cache rows per tile (one per lane in the score phase) */
+#define DEC_THREADS 256 /* 8 warps: warp w scores heads w and w + 8 */
+#define DEC_MAX_SPLITS 256
+
+/* ql[i, h] = [W_UK[h]ᵀ q_nope[i, h] (kvr) | q_pe[i, h] (dr)]; W_UK[h] is rows
+ * h*(dn+dv) .. h*(dn+dv)+dn-1 of kv_b. Block (query i, head h), threads over
+ * the latent dimension (coalesced rows of W_UK). */
+template <typename W>
+static __global__ void __launch_bounds__(256)
+    k_mla_qlat(int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q, const W *__restrict__ kvb,
+               float *__restrict__ ql) {
+    extern __shared__ float4 smem4[];
+    float *qn = (float *)smem4; /* [dn] */
+    const int i = blockIdx.x, h = blockIdx.y;
+    const float *qr = q + ((size_t)i * nh + h) * (dn + dr);
+    for (int d = threadIdx.x; d < dn; d += blockDim.x)
+        qn[d] = qr[d];
+    __syncthreads();
+    const W *wuk = kvb + (size_t)h * (dn + dv) * kvr;
+    float *o = ql + ((size_t)i * nh + h) * (kvr + dr);
+    for (int c = threadIdx.x; c < kvr; c += blockDim.x) {
+        float s = 0.0f;
+        for (int d = 0; d < dn; d++)
+            s += qn[d] * cu_ldw(wuk, (size_t)d * kvr + c);
+        o[c] = s;
+    }
+    for (int d = threadIdx.x; d < dr; d += blockDim.x)
+        o[kvr + d] = qr[dn + d];
+}
+
+/* One step of the online softmax for head hh over this tile's scores (one
+ * per lane): running max and sum, the factor that rescales what was
+ * accumulated so far, and the tile's probabilities ps[t][hh]. */
+__device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int nt, float *mrow, float *lrow,
+                                                 float *arow, float *ps) {
+    const float m_old = mrow[hh];
+    const float m_new = fmaxf(m_old, cu_warp_max(s)); /* finite: lane 0 holds a real row */
+    const float p = lane < nt ? expf(s - m_new) : 0.0f;
+    const float lt = cu_warp_sum(p);
+    const float a = expf(m_old - m_new); /* 0 on the first tile */
+    ps[lane * DEC_HG + hh] = p;
+    __syncwarp();
+    if (lane == 0) {
+        lrow[hh] = lrow[hh] * a + lt;
+        mrow[hh] = m_new;
+        arow[hh] = a;
+    }
+}
+
+/* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
+ * of query i against heads h0 .. h0+15. Writes unnormalised partials:
+ * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]. Needs kvr % 4 == 0,
+ * dr % 4 == 0, kvr <= 512 * KMAX, a 16-byte aligned cache. */
+template <int KMAX>
+static __global__ void __launch_bounds__(DEC_THREADS)
+    k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, int chunk, int n_splits,
+                 const float *__restrict__ ql, const float *__restrict__ cache, int n_layers, int layer, int bs,
+                 const int *__restrict__ btab, float *__restrict__ part_m, float *__restrict__ part_l,
+                 float *__restrict__ part_o) {
+    extern __shared__ float4 smem4[];
+    float *sm = (float *)smem4;
+    const int D = kvr + dr, D4 = D / 4, DP = D + 4, kvr4 = kvr / 4;
+    float *qs = sm;                    /* [HG][DP] */
+    float *tile = qs + DEC_HG * DP;    /* [TT][DP] */
+    float *ps = tile + DEC_TT * DP;    /* [TT][HG] */
+    float *mrow = ps + DEC_TT * DEC_HG, *lrow = mrow + DEC_HG, *arow = lrow + DEC_HG;
+    const int i = blockIdx.x / n_splits, split = blockIdx.x - i * n_splits, h0 = blockIdx.y * DEC_HG;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_vis = start_pos + i + 1;
+    const int t_begin = split * chunk, t_end = min(n_vis, t_begin + chunk);
+
+    for (int k = tid; k < DEC_HG * D4; k += DEC_THREADS) {
+        const int hh = k / D4, c4 = k - hh * D4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (h0 + hh < nh)
+            v = ((const float4 *)(ql + ((size_t)i * nh + h0 + hh) * D))[c4];
+        ((float4 *)(qs + hh * DP))[c4] = v;
+    }
+    if (tid < DEC_HG) {
+        mrow[tid] = -INFINITY;
+        lrow[tid] = 0.0f;
+    }
+    const int hb = (tid >> 7) * 8; /* PV phase: heads hb .. hb+7, chunks (tid & 127) + 128k */
+    float4 acc[KMAX][8];
+#pragma unroll
+    for (int k = 0; k < KMAX; k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[k][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+
+    for (int t0 = t_begin; t0 < t_end; t0 += DEC_TT) {
+        const int nt = min(DEC_TT, t_end - t0);
+        for (int k = tid; k < nt * D4; k += DEC_THREADS) {
+            const int row = k / D4, c4 = k - row * D4, t = t0 + row;
+            const float4 *src =
+                (const float4 *)(cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D);
+            ((float4 *)(tile + row * DP))[c4] = src[c4];
+        }
+        __syncthreads();
+        {
+            const int ha = warp, hc = warp + 8;
+            float sa = -INFINITY, sc = -INFINITY;
+            if (lane < nt) {
+                const float4 *kr = (const float4 *)(tile + lane * DP);
+                const float4 *qa = (const float4 *)(qs + ha * DP), *qc = (const float4 *)(qs + hc * DP);
+                float a = 0.0f, b = 0.0f;
+                for (int c4 = 0; c4 < D4; c4++) {
+                    const float4 k = kr[c4], x = qa[c4], y = qc[c4];
+                    a += x.x * k.x;
+                    a += x.y * k.y;
+                    a += x.z * k.z;
+                    a += x.w * k.w;
+                    b += y.x * k.x;
+                    b += y.y * k.y;
+                    b += y.z * k.z;
+                    b += y.w * k.w;
+                }
+                sa = a * scale;
+                sc = b * scale;
+            }
+            dec_softmax_step(sa, ha, lane, nt, mrow, lrow, arow, ps);
+            dec_softmax_step(sc, hc, lane, nt, mrow, lrow, arow, ps);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < KMAX; k++) {
+            const int ch = (tid & 127) + 128 * k;
+            if (ch < kvr4) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float al = arow[hb + j];
+                    acc[k][j].x *= al;
+                    acc[k][j].y *= al;
+                    acc[k][j].z *= al;
+                    acc[k][j].w *= al;
+                }
+                for (int tt = 0; tt < nt; tt++) {
+                    const float4 v = ((const float4 *)(tile + tt * DP))[ch];
+                    const float4 p0 = *(const float4 *)(ps + tt * DEC_HG + hb);
+                    const float4 p1 = *(const float4 *)(ps + tt * DEC_HG + hb + 4);
+                    const float p[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        acc[k][j].x += p[j] * v.x;
+                        acc[k][j].y += p[j] * v.y;
+                        acc[k][j].z += p[j] * v.z;
+                        acc[k][j].w += p[j] * v.w;
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* tile, ps and arow are rewritten by the next tile */
+    }
+
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int ch = (tid & 127) + 128 * k;
+        if (ch < kvr4) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int h = h0 + hb + j;
+                if (h < nh)
+                    ((float4 *)(part_o + (((size_t)i * nh + h) * n_splits + split) * kvr))[ch] = acc[k][j];
+            }
+        }
+    }
+    if (tid < DEC_HG && h0 + tid < nh) {
+        const size_t pi = ((size_t)i * nh + h0 + tid) * n_splits + split;
+        part_m[pi] = mrow[tid];
+        part_l[pi] = lrow[tid];
+    }
+}
+
+/* Block (query i, head h): o_lat = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s,
+ * then out[i, h] = W_UV[h] · o_lat (W_UV[h]: rows h*(dn+dv)+dn .. +dv-1 of
+ * kv_b), one warp per output row. Splits that saw no token have l = 0. */
+template <typename W>
+static __global__ void __launch_bounds__(128)
+    k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
+                  const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
+                  float *__restrict__ out) {
+    extern __shared__ float4 smem4[];
+    float *olat = (float *)smem4, *wsp = olat + kvr;
+    __shared__ float inv_l;
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    const size_t base = ((size_t)i * nh + h) * n_splits;
+    if (tid == 0) {
+        float M = -INFINITY, L = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            if (part_l[base + s] > 0.0f)
+                M = fmaxf(M, part_m[base + s]);
+        for (int s = 0; s < n_splits; s++) {
+            const float w = part_l[base + s] > 0.0f ? expf(part_m[base + s] - M) : 0.0f;
+            wsp[s] = w;
+            L += w * part_l[base + s];
+        }
+        inv_l = 1.0f / L;
+    }
+    __syncthreads();
+    for (int c = tid; c < kvr; c += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            if (wsp[s] != 0.0f)
+                o += wsp[s] * part_o[(base + s) * kvr + c];
+        olat[c] = o * inv_l;
+    }
+    __syncthreads();
+    const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
+    for (int d = tid >> 5; d < dv; d += blockDim.x >> 5) {
+        float s = 0.0f;
+        for (int c = lane; c < kvr; c += 32)
+            s += cu_ldw(wuv, (size_t)d * kvr + c) * olat[c];
+        s = cu_warp_sum(s);
+        if (lane == 0)
+            out[((size_t)i * nh + h) * dv + d] = s;
+    }
+}
+
+/* ---- launchers -------------------------------------------------------- */
+
+static cudaError_t expanded_launch(const pd_mla_args *a, const int *btab, float *lat, float *kpe, const float *kv,
+                                   int stage, cudaStream_t s) {
+    int L = a->start_pos + a->n_q;
+    if (stage == 0) {
+        k_mla_gather<<<L, 128, 0, s>>>(a->kv_lora_rank, a->qk_rope_dim, a->cache, a->n_layers, a->layer,
+                                       a->block_size, btab, lat, kpe);
+    } else {
+        size_t smem = (size_t)(a->qk_nope_dim + a->qk_rope_dim + PF_THREADS + 8) * sizeof(float);
+        k_mla_prefill<<<dim3(a->n_q, a->n_heads), PF_THREADS, smem, s>>>(
+            a->n_heads, a->qk_nope_dim, a->qk_rope_dim, a->v_dim, a->softmax_scale, a->start_pos, a->q, kv, kpe,
+            a->out);
+    }
+    return cudaGetLastError();
+}
+
+static size_t decode_smem(int D) {
+    return ((size_t)(DEC_HG + DEC_TT) * (D + 4) + DEC_TT * DEC_HG + 3 * DEC_HG) * sizeof(float);
+}
+
+template <typename W>
+static cudaError_t absorbed_launch(const pd_mla_args *a, const int *btab, float *ql, float *part, int n_splits,
+                                   int chunk, cudaStream_t s) {
+    const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
+    const W *kvb = (const W *)a->kv_b->data;
+    k_mla_qlat<W><<<dim3(a->n_q, nh), 256, dn * sizeof(float), s>>>(nh, dn, dr, dv, kvr, a->q, kvb, ql);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    size_t n_part = (size_t)a->n_q * nh * n_splits;
+    float *part_o = part, *part_m = part + n_part * kvr, *part_l = part_m + n_part;
+    size_t smem = decode_smem(kvr + dr);
+    dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
+    if (kvr <= 512) {
+        if (smem > 48 * 1024 &&
+            (e = cudaFuncSetAttribute(k_mla_decode<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+                cudaSuccess)
+            return e;
+        k_mla_decode<1><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, dr, a->softmax_scale, a->start_pos, chunk, n_splits,
+                                                        ql, a->cache, a->n_layers, a->layer, a->block_size, btab,
+                                                        part_m, part_l, part_o);
+    } else {
+        if (smem > 48 * 1024 &&
+            (e = cudaFuncSetAttribute(k_mla_decode<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
+                cudaSuccess)
+            return e;
+        k_mla_decode<2><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, dr, a->softmax_scale, a->start_pos, chunk, n_splits,
+                                                        ql, a->cache, a->n_layers, a->layer, a->block_size, btab,
+                                                        part_m, part_l, part_o);
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess)
+        return e;
+    k_mla_combine<W><<<dim3(a->n_q, nh), 128, (kvr + n_splits) * sizeof(float), s>>>(nh, dn, dv, kvr, n_splits, part_m,
+                                                                                   part_l, part_o, kvb, a->out);
+    return cudaGetLastError();
+}
+
+/* ---- table entry ------------------------------------------------------ */
+
+void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK)
+        return;
+    const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
+    if (nh <= 0 || nh > 65535 || dn <= 0 || dr <= 0 || dv <= 0 || kvr <= 0 || a->n_q <= 0 || a->start_pos < 0 ||
+        a->block_size <= 0 || a->layer < 0 || a->layer >= a->n_layers || !a->q || !a->cache || !a->block_table ||
+        !a->kv_b || !a->kv_b->data || !a->out || a->kv_b->rows != nh * (dn + dv) || a->kv_b->cols != kvr) {
+        cu_fail(c, PD_ERR_INVALID,
+                "mla_attention: heads %d, dims nope %d rope %d v %d latent %d, n_q %d, start %d, block %d, layer "
+                "%d/%d, kv_b [%d, %d]",
+                nh, dn, dr, dv, kvr, a->n_q, a->start_pos, a->block_size, a->layer, a->n_layers,
+                a->kv_b ? a->kv_b->rows : -1, a->kv_b ? a->kv_b->cols : -1);
+        return;
+    }
+    const int L = a->start_pos + a->n_q;
+    const int nblk = (L + a->block_size - 1) / a->block_size;
+    for (int b = 0; b < nblk; b++)
+        if (a->block_table[b] < 0) {
+            cu_fail(c, PD_ERR_INVALID, "mla_attention: block_table[%d] = %d", b, a->block_table[b]);
+            return;
+        }
+    const int *btab = (const int *)cu_scratch_upload(c, CU_SCR_ARG0, a->block_table, (size_t)nblk * sizeof(int));
+    if (!btab)
+        return;
+
+    if (!a->absorbed) {
+        if (dv > PF_DV_MAX) {
+            cu_fail(c, PD_ERR_UNSUPPORTED, "mla_attention (expanded): v_dim %d > %d", dv, PF_DV_MAX);
+            return;
+        }
+        float *lat = (float *)cu_scratch(c, CU_SCR_MLA_LAT, (size_t)L * kvr * sizeof(float));
+        float *kpe = (float *)cu_scratch(c, CU_SCR_MLA_KPE, (size_t)L * dr * sizeof(float));
+        float *kv = (float *)cu_scratch(c, CU_SCR_MLA_KV, (size_t)L * nh * (dn + dv) * sizeof(float));
+        if (!lat || !kpe || !kv)
+            return;
+        if (!CU_LAUNCHED(c, expanded_launch(a, btab, lat, kpe, kv, 0, c->stream), "mla gather"))
+            return;
+        if (!cu_gemm_run(c, L, lat, a->kv_b, kv, false))
+            return;
+        CU_LAUNCHED(c, expanded_launch(a, btab, lat, kpe, kv, 1, c->stream), "mla prefill");
+        return;
+    }
+
+    const int D = kvr + dr;
+    if (kvr % 4 || dr % 4 || kvr > 1024 || ((uintptr_t)a->cache & 15) || decode_smem(D) > c->smem_optin) {
+        cu_fail(c, PD_ERR_UNSUPPORTED,
+                "mla_attention (absorbed): latent %d and rope %d must be multiples of 4, latent <= 1024, the cache "
+                "16-byte aligned, %zu bytes of shared memory available (%zu)",
+                kvr, dr, decode_smem(D), c->smem_optin);
+        return;
+    }
+    /* Splits of the context: enough blocks for two per SM, at least a tile each. */
+    const int hg = (nh + DEC_HG - 1) / DEC_HG;
+    const long per = (long)hg * a->n_q;
+    long want = (2L * c->n_sm + per - 1) / per;
+    int max_splits = (L + DEC_TT - 1) / DEC_TT;
+    if (max_splits > DEC_MAX_SPLITS)
+        max_splits = DEC_MAX_SPLITS;
+    int n_splits = (int)(want < 1 ? 1 : want > max_splits ? max_splits : want);
+    const int chunk = (L + n_splits - 1) / n_splits;
+    n_splits = (L + chunk - 1) / chunk;
+    if ((long)a->n_q * n_splits > 0x7fffffffL) {
+        cu_fail(c, PD_ERR_LIMIT, "mla_attention (absorbed): %d queries too many", a->n_q);
+        return;
+    }
+    float *ql = (float *)cu_scratch(c, CU_SCR_MLA_QL, (size_t)a->n_q * nh * D * sizeof(float));
+    float *part =
+        (float *)cu_scratch(c, CU_SCR_MLA_PART, (size_t)a->n_q * nh * n_splits * (kvr + 2) * sizeof(float));
+    if (!ql || !part)
+        return;
+    cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
+                        ? absorbed_launch<__nv_bfloat16>(a, btab, ql, part, n_splits, chunk, c->stream)
+                        : absorbed_launch<float>(a, btab, ql, part, n_splits, chunk, c->stream);
+    CU_LAUNCHED(c, e, "mla absorbed");
+}

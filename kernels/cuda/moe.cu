@@ -1,0 +1,336 @@
+/* DeepSeekMoE on the GPU: routing (DeepSeek-V2 §2.2, V3 §2.1.2) and the
+ * routed experts.
+ *
+ * moe_route: one warp per token. V3 noaux_tc: s = sigmoid(logit), choice =
+ * s + bias, group score = sum of the group's top-2 choices, keep topk_group
+ * groups, top_k experts by choice, weights = unbiased s (normalised when
+ * norm_topk_prob) × routed_scaling_factor. V2: s = softmax(logit), greedy or
+ * group-limited (group score = max s). Ties go to the lower index, exactly as
+ * the CPU backend's topk_idx. ids/weights are returned in host memory.
+ *
+ * moe_experts: the routed (token, expert) pairs are sorted by expert on the
+ * host (ids and weights are host memory), the tokens' rows gathered into one
+ * buffer in that order, then per expert two GEMMs over its contiguous slice
+ * (gate_up, then down after one silu_mul over all rows), and one combine
+ * kernel adds each token's weighted expert outputs to out in expert order,
+ * the CPU backend's order, without atomics. */
+#include "cuda_common.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define ROUTE_MAX_EXPERTS 4096
+#define ROUTE_MAX_GROUPS 1024
+#define MOE_MAX_EXPERT_ID 65535
+
+/* Indices of the k largest of v[0..n) into out, largest first, ties to the
+ * lower index (the CPU backend's topk_idx). Serial: for short lists. */
+__device__ static void topk_serial(const float *v, int n, int k, int *out) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int m = 0; m < j; m++)
+                if (out[m] == e) {
+                    taken = true;
+                    break;
+                }
+            if (taken)
+                continue;
+            if (best < 0 || v[e] > v[best])
+                best = e;
+        }
+        out[j] = best;
+    }
+}
+
+/* Warp-wide argmax over v[0..n) skipping taken[]: the largest value, the
+ * lowest index among equals (what the CPU's first-strictly-greater scan keeps). */
+__device__ static int warp_argmax(const float *v, const int *taken, int n, int lane) {
+    int bi = -1;
+    float bv = 0.0f;
+    for (int e = lane; e < n; e += 32)
+        if (!taken[e] && (bi < 0 || v[e] > bv)) {
+            bi = e;
+            bv = v[e];
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+            bi = oi;
+            bv = ov;
+        }
+    }
+    return bi;
+}
+
+/* One warp (block of 32) per token row. Shared: s[E] | choice[E] | taken[E] |
+ * gscore[G] | gsel[G] | sel[top_k]. */
+static __global__ void __launch_bounds__(32)
+    k_moe_route(int E, int G, int topk_group, int top_k, int scoring, int method, int norm, float scaling,
+                const float *__restrict__ bias, const float *__restrict__ logits, int32_t *__restrict__ ids_out,
+                float *__restrict__ w_out) {
+    extern __shared__ float4 smem4[];
+    float *s = (float *)smem4, *ch = s + E;
+    int *taken = (int *)(ch + E);
+    float *gs = (float *)(taken + E);
+    int *gsel = (int *)(gs + G), *sel = gsel + G;
+    const int r = blockIdx.x, lane = threadIdx.x;
+    const float *lg = logits + (size_t)r * E;
+
+    if (scoring == 1) {
+        for (int e = lane; e < E; e += 32)
+            s[e] = 1.0f / (1.0f + expf(-lg[e]));
+    } else {
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32)
+            mx = fmaxf(mx, lg[e]);
+        mx = cu_warp_max(mx);
+        for (int e = lane; e < E; e += 32)
+            s[e] = expf(lg[e] - mx);
+        __syncwarp();
+        float sum = 0.0f;
+        if (lane == 0)
+            for (int e = 0; e < E; e++) /* in index order, as the CPU sums */
+                sum += s[e];
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int e = lane; e < E; e += 32)
+            s[e] /= sum;
+    }
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) {
+        ch[e] = s[e] + ((method == 2 && bias) ? bias[e] : 0.0f);
+        taken[e] = 0;
+    }
+    __syncwarp();
+    if (method != 0 && G > 1) {
+        const int per = E / G;
+        for (int g = lane; g < G; g += 32) {
+            const float *cg = ch + g * per;
+            if (method == 2) {
+                int t2[2];
+                topk_serial(cg, per, per >= 2 ? 2 : 1, t2);
+                gs[g] = cg[t2[0]] + (per >= 2 ? cg[t2[1]] : 0.0f);
+            } else {
+                float m = -INFINITY;
+                for (int e = 0; e < per; e++)
+                    m = fmaxf(m, cg[e]);
+                gs[g] = m;
+            }
+        }
+        __syncwarp();
+        if (lane == 0)
+            topk_serial(gs, G, topk_group, gsel);
+        __syncwarp();
+        for (int e = lane; e < E; e += 32) {
+            const int g = e / per;
+            bool keep = false;
+            for (int j = 0; j < topk_group; j++)
+                if (gsel[j] == g)
+                    keep = true;
+            if (!keep)
+                ch[e] = -INFINITY;
+        }
+        __syncwarp();
+    }
+    for (int j = 0; j < top_k; j++) {
+        const int b = warp_argmax(ch, taken, E, lane);
+        if (lane == 0) {
+            sel[j] = b;
+            taken[b] = 1;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; j++)
+            sum += s[sel[j]];
+        for (int j = 0; j < top_k; j++) {
+            float w = s[sel[j]];
+            if (norm)
+                w /= (sum + 1e-20f);
+            ids_out[(size_t)r * top_k + j] = sel[j];
+            w_out[(size_t)r * top_k + j] = w * scaling;
+        }
+    }
+}
+
+static size_t route_smem(int E, int G, int top_k) {
+    return (size_t)(3 * E + 2 * G + top_k) * 4;
+}
+
+static cudaError_t route_launch(int rows, const float *logits, const pd_moe_route_params *p, int G, int32_t *ids,
+                                float *w, cudaStream_t s) {
+    size_t smem = route_smem(p->n_experts, G, p->top_k);
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(k_moe_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+    }
+    k_moe_route<<<rows, 32, smem, s>>>(p->n_experts, G, p->topk_group, p->top_k, p->scoring, p->topk_method,
+                                       p->norm_topk_prob ? 1 : 0, p->routed_scaling_factor,
+                                       p->e_score_correction_bias, logits, ids, w);
+    return cudaGetLastError();
+}
+
+void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                  float *weights) {
+    cu_ctx *c = cu_of(be);
+    if (rows <= 0)
+        return;
+    int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1;
+    bool grouped = p->topk_method != 0 && G > 1;
+    if (c->status == PD_OK &&
+        (E <= 0 || E > ROUTE_MAX_EXPERTS || p->top_k <= 0 || p->top_k > E || G > ROUTE_MAX_GROUPS ||
+         (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) || p->scoring < 0 ||
+         p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2 || !logits || !ids || !weights))
+        cu_fail(c, PD_ERR_INVALID, "moe_route: %d experts, top_k %d, %d groups (keep %d), scoring %d, method %d", E,
+                p->top_k, G, p->topk_group, p->scoring, p->topk_method);
+    size_t n = (size_t)rows * (p->top_k > 0 ? p->top_k : 0);
+    if (c->status == PD_OK) {
+        int32_t *dids = (int32_t *)cu_scratch(c, CU_SCR_ARG0, n * sizeof(int32_t));
+        float *dw = (float *)cu_scratch(c, CU_SCR_ARG1, n * sizeof(float));
+        if (dids && dw && CU_LAUNCHED(c, route_launch(rows, logits, p, G, dids, dw, c->stream), "moe_route") &&
+            CU_OK(c, cudaMemcpyAsync(ids, dids, n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream)) &&
+            CU_OK(c, cudaMemcpyAsync(weights, dw, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream)) &&
+            CU_OK(c, cudaStreamSynchronize(c->stream)))
+            return;
+    }
+    /* failed: expert 0 with NaN weights, so that nothing downstream passes for real */
+    for (size_t k = 0; k < n; k++) {
+        ids[k] = 0;
+        weights[k] = NAN;
+    }
+}
+
+/* xin[j] = x[src_row[j]] */
+static __global__ void k_moe_gather(int hidden, const int *__restrict__ src_row, const float *__restrict__ x,
+                                    float *__restrict__ xin) {
+    const float *s = x + (size_t)src_row[blockIdx.x] * hidden;
+    float *d = xin + (size_t)blockIdx.x * hidden;
+    for (int k = threadIdx.x; k < hidden; k += blockDim.x)
+        d[k] = s[k];
+}
+
+/* out[r] += Σ_j tok_w[r, j] · y[tok_pos[r, j]] over the token's top_k
+ * routed pairs, in expert order. */
+static __global__ void k_moe_combine(int hidden, int top_k, const int *__restrict__ tok_pos,
+                                     const float *__restrict__ tok_w, const float *__restrict__ y,
+                                     float *__restrict__ out) {
+    const int r = blockIdx.x;
+    const int *pos = tok_pos + (size_t)r * top_k;
+    const float *w = tok_w + (size_t)r * top_k;
+    float *o = out + (size_t)r * hidden;
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = o[d];
+        for (int j = 0; j < top_k; j++)
+            acc += w[j] * y[(size_t)pos[j] * hidden + d];
+        o[d] = acc;
+    }
+}
+
+static cudaError_t gather_launch(int n, int hidden, const int *src_row, const float *x, float *xin, cudaStream_t s) {
+    k_moe_gather<<<n, 256, 0, s>>>(hidden, src_row, x, xin);
+    return cudaGetLastError();
+}
+
+static cudaError_t combine_launch(int rows, int hidden, int top_k, const int *tok_pos, const float *tok_w,
+                                  const float *y, float *out, cudaStream_t s) {
+    k_moe_combine<<<rows, 256, 0, s>>>(hidden, top_k, tok_pos, tok_w, y, out);
+    return cudaGetLastError();
+}
+
+/* Host tables for one call: src_row [n] (token of each pair, sorted by
+ * expert), tok_pos [rows × top_k] (each token's pair positions in that
+ * order), tok_w alongside; off[e]..off[e+1] is expert e's slice. */
+typedef struct {
+    int *src_row, *tok_pos;
+    float *tok_w;
+    int *off;
+} moe_plan;
+
+void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                    const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down, float *out) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    if (rows < 0 || hidden <= 0 || inter <= 0 || top_k <= 0 || !x || !ids || !weights || !gate_up || !down || !out) {
+        cu_fail(c, PD_ERR_INVALID, "moe_experts: rows %d, hidden %d, inter %d, top_k %d", rows, hidden, inter, top_k);
+        return;
+    }
+    const int n = rows * top_k;
+    int max_e = 0;
+    for (int k = 0; k < n; k++) {
+        if (ids[k] < 0 || ids[k] > MOE_MAX_EXPERT_ID) {
+            cu_fail(c, PD_ERR_INVALID, "moe_experts: expert id %d at %d", ids[k], k);
+            return;
+        }
+        if (ids[k] > max_e)
+            max_e = ids[k];
+    }
+    /* one host block: src_row[n] | tok_pos[n] | tok_w[n] (uploaded together),
+     * then off[max_e + 2] | next[max_e + 1] | pair[n] | cnt[rows] */
+    size_t hb_bytes = (size_t)n * 12 + ((size_t)2 * max_e + 3 + n + rows) * sizeof(int);
+    char *hb = (char *)malloc(hb_bytes);
+    if (!hb) {
+        cu_fail(c, PD_ERR_NOMEM, "moe_experts: out of host memory for %d pairs", n);
+        return;
+    }
+    moe_plan pl = {(int *)hb, (int *)hb + n, (float *)((int *)hb + 2 * n), (int *)(hb + (size_t)n * 12)};
+    int *next = pl.off + max_e + 2, *pair = next + max_e + 1, *cnt = pair + n;
+    for (int e = 0; e <= max_e + 1; e++)
+        pl.off[e] = 0;
+    for (int k = 0; k < n; k++)
+        pl.off[ids[k] + 1]++;
+    for (int e = 0; e <= max_e; e++) {
+        pl.off[e + 1] += pl.off[e];
+        next[e] = pl.off[e];
+    }
+    /* pairs in expert order, index order within an expert (the CPU's order) */
+    for (int k = 0; k < n; k++) {
+        int j = next[ids[k]]++;
+        pl.src_row[j] = k / top_k;
+        pair[j] = k;
+    }
+    for (int r = 0; r < rows; r++)
+        cnt[r] = 0;
+    for (int j = 0; j < n; j++) {
+        int k = pair[j], r = k / top_k, slot = r * top_k + cnt[r]++;
+        pl.tok_pos[slot] = j;
+        pl.tok_w[slot] = weights[k];
+    }
+    bool ok = true;
+    for (int e = 0; e <= max_e && ok; e++)
+        if (pl.off[e + 1] > pl.off[e] &&
+            (gate_up[e].rows != 2 * inter || gate_up[e].cols != hidden || down[e].rows != hidden ||
+             down[e].cols != inter || !gate_up[e].data || !down[e].data)) {
+            cu_fail(c, PD_ERR_INVALID, "moe_experts: expert %d has gate_up [%d, %d], down [%d, %d]; want [%d, %d], [%d, %d]",
+                    e, gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
+            ok = false;
+        }
+    int *didx = ok ? (int *)cu_scratch_upload(c, CU_SCR_MOE_IDX, hb, (size_t)n * 12) : NULL;
+    float *xin = ok ? (float *)cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * sizeof(float)) : NULL;
+    float *gu = ok ? (float *)cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * sizeof(float)) : NULL;
+    float *act = ok ? (float *)cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * sizeof(float)) : NULL;
+    float *y = ok ? (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float)) : NULL;
+    ok = didx && xin && gu && act && y;
+    const int *d_src = didx, *d_pos = didx + n;
+    const float *d_w = (const float *)(didx + 2 * n);
+    ok = ok && CU_LAUNCHED(c, gather_launch(n, hidden, d_src, x, xin, c->stream), "moe gather");
+    for (int e = 0; e <= max_e && ok; e++) {
+        int o = pl.off[e], m = pl.off[e + 1] - o;
+        if (m)
+            ok = cu_gemm_run(c, m, xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter, false);
+    }
+    ok = ok && CU_LAUNCHED(c, cu_silu_mul_launch(n, inter, gu, act, c->stream), "moe silu_mul");
+    for (int e = 0; e <= max_e && ok; e++) {
+        int o = pl.off[e], m = pl.off[e + 1] - o;
+        if (m)
+            ok = cu_gemm_run(c, m, act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
+    }
+    if (ok)
+        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");
+    /* the upload above has left hb (pageable copy), so it can go now */
+    free(hb);
+}

@@ -1,0 +1,57 @@
+/* kernels/cuda/ — the CUDA backend (sm_90a). Read this header first.
+ *
+ * pd_backend_cuda_init (pd_kernels.h) gives the table of pd_backend_i on
+ * one GPU. Everything runs in order on one CUDA stream owned by the backend;
+ * upload and download return when the bytes have arrived. Weights are kept
+ * as bf16 (the default) or fp32; activations are fp32 everywhere, GEMMs
+ * accumulate in fp32 (bf16: cuBLASLt, activations rounded to bf16 on the way
+ * in; fp32: cublasSgemm without TF32).
+ *
+ * Errors: the table's operations return void, so the backend keeps the
+ * first failure (a bad argument, a failed launch, an out-of-memory scratch
+ * buffer, a fault found at the next synchronisation) as a sticky status,
+ * logs it once, turns every later operation into a no-op and makes download
+ * fill its destination with NaN, so no caller mistakes a failed step for
+ * numbers. pd_backend_cuda_status returns it.
+ *
+ * One file per op family, each in three layers (static __global__ kernel →
+ * static launcher taking a cudaStream_t → table entry that checks its
+ * arguments): memory.cu (memory, weights), gemm.cu, norm.cu, rope.cu,
+ * elementwise.cu (silu_mul, add, embed), mla.cu, moe.cu; backend_cuda.cu
+ * holds the table and the handles.
+ */
+#ifndef PD_CUDA_H
+#define PD_CUDA_H
+
+#include "pd_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How the CUDA backend stores weights. */
+typedef enum {
+    PD_CUDA_WEIGHTS_BF16 = 0, /* bf16, cuBLASLt bf16 × bf16 → fp32 GEMMs (default) */
+    PD_CUDA_WEIGHTS_F32 = 1,  /* fp32, cublasSgemm without TF32: matches the CPU to ~1e-6 */
+} pd_cuda_weights;
+
+/** Creates the CUDA backend on `device` storing weights as `weights`.
+ * pd_backend_cuda_init(device, ...) is this with the format named by the
+ * environment variable PD_CUDA_WEIGHTS ("bf16", the default, or "f32").
+ * Errors: PD_ERR_UNSUPPORTED (no such device, not sm_90), PD_ERR_NOMEM,
+ * PD_ERR_IO (a CUDA or cuBLAS call failed; err says which). */
+pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backend **be_p, pd_err *err);
+
+/** Waits for the work queued so far, then returns the backend's first
+ * error since it was created (PD_OK when none; err gets its message).
+ * be must be a CUDA backend. */
+pd_status pd_backend_cuda_status(pd_backend *be, pd_err *err);
+
+/** The cudaStream_t every operation runs on, for timing with events. */
+void *pd_backend_cuda_stream(pd_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,292 @@
+/* The whole model on the CUDA backend against Hugging Face transformers:
+ * the golden fixtures of tests/reference/fixtures/model_<preset>.json (made
+ * by tests/reference/make_fixtures.py) and the comparison of
+ * model/tests/test_model.c, for tiny and tiny-v2, with fp32 weights
+ * (tolerance 1e-4, greedy ids identical) and bf16 weights (tolerance 5e-2;
+ * greedy mismatches are counted and printed, decode is fed the reference's
+ * ids so that one near-tie does not change every later row). Also chunked
+ * prefill (chunk 1 = every token through the absorbed decode kernel) equals
+ * one-shot prefill on the GPU. Skipped when no GPU is usable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "pd_model.h"
+#ifdef PD_HAVE_CUDA
+#include "cuda/pd_cuda.h"
+#endif
+
+typedef struct {
+    const char *preset;
+    int wfmt; /* pd_cuda_weights */
+    double tol;
+    char dir[4096];
+    char skip[600];
+    json_t *fx;
+    pd_backend *be;
+    pd_model *m;
+} tctx;
+
+static int setup(void **state, const char *preset, int wfmt, double tol) {
+    tctx *t = calloc(1, sizeof *t);
+    t->preset = preset;
+    t->wfmt = wfmt;
+    t->tol = tol;
+    *state = t;
+#ifndef PD_HAVE_CUDA
+    snprintf(t->skip, sizeof t->skip, "this build has no CUDA backend (nvcc not found)");
+#else
+    pd_err err = {{0}};
+    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)wfmt, &t->be, &err) != PD_OK)
+        snprintf(t->skip, sizeof t->skip, "no usable GPU: %s", err.msg);
+#endif
+    if (t->skip[0]) {
+        print_message("[ %s %s ] skipped: %s\n", preset, wfmt ? "f32" : "bf16", t->skip);
+        return 0;
+    }
+    const char *bd = getenv("PD_BUILD_DIR"), *sd = getenv("PD_SOURCE_DIR");
+    if (!bd) bd = ".";
+    if (!sd) sd = PD_SOURCE_DIR;
+    char models[4096];
+    snprintf(models, sizeof models, "%s/test-models", bd);
+    mkdir(models, 0755);
+    snprintf(t->dir, sizeof t->dir, "%s/%s", models, preset);
+    char cfgp[4200];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", t->dir);
+    pd_err err2 = {{0}};
+    struct stat sb;
+    if (stat(cfgp, &sb) != 0) {
+        pd_model_config cfg;
+        if (pd_preset_config(preset, &cfg, &err2) != PD_OK || pd_mkmodel_write(&cfg, 1, t->dir, 0, NULL, &err2) != PD_OK) {
+            print_error("mkmodel %s: %s\n", preset, err2.msg);
+            return -1;
+        }
+    }
+    char fxp[4200];
+    snprintf(fxp, sizeof fxp, "%s/tests/reference/fixtures/model_%s.json", sd, preset);
+    json_error_t je;
+    t->fx = json_load_file(fxp, 0, &je);
+    if (!t->fx) {
+        print_error("cannot read fixture %s: %s\n", fxp, je.text);
+        return -1;
+    }
+    if (pd_model_load(t->dir, t->be, &t->m, &err2) != PD_OK) {
+        print_error("load %s: %s\n", t->dir, err2.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int setup_tiny_f32(void **s) { return setup(s, "tiny", 1, 1e-4); }
+static int setup_tiny_bf16(void **s) { return setup(s, "tiny", 0, 5e-2); }
+static int setup_v2_f32(void **s) { return setup(s, "tiny-v2", 1, 1e-4); }
+static int setup_v2_bf16(void **s) { return setup(s, "tiny-v2", 0, 5e-2); }
+
+static int teardown(void **state) {
+    tctx *t = *state;
+    pd_model_free(&t->m);
+    pd_backend_free(&t->be);
+    if (t->fx)
+        json_decref(t->fx);
+    free(t);
+    return 0;
+}
+
+/* max |ours - ref| / max |ref| over a fixture row summary (test_model.c's cmp_row). */
+static double row_error(const float *lg, int V, json_t *row, json_t *probes) {
+    json_t *ti = json_object_get(row, "top_ids"), *tv = json_object_get(row, "top_vals");
+    json_t *pv = json_object_get(row, "probe_vals");
+    double scale = fabs(json_number_value(json_array_get(tv, 0)));
+    for (size_t i = 0; i < json_array_size(tv); i++)
+        scale = fmax(scale, fabs(json_number_value(json_array_get(tv, i))));
+    for (size_t i = 0; i < json_array_size(pv); i++)
+        scale = fmax(scale, fabs(json_number_value(json_array_get(pv, i))));
+    double worst = 0;
+    for (size_t i = 0; i < json_array_size(ti); i++) {
+        int id = (int)json_integer_value(json_array_get(ti, i));
+        assert_true(id >= 0 && id < V);
+        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(tv, i))) / scale);
+    }
+    for (size_t i = 0; i < json_array_size(pv); i++) {
+        int id = (int)json_integer_value(json_array_get(probes, i));
+        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(pv, i))) / scale);
+    }
+    double mean = 0, l2 = 0;
+    for (int i = 0; i < V; i++) {
+        if (!isfinite(lg[i]))
+            return INFINITY;
+        mean += lg[i];
+        l2 += (double)lg[i] * lg[i];
+    }
+    mean /= V;
+    l2 = sqrt(l2);
+    double ref_l2 = json_number_value(json_object_get(row, "l2"));
+    worst = fmax(worst, fabs(l2 - ref_l2) / ref_l2);
+    worst = fmax(worst, fabs(mean - json_number_value(json_object_get(row, "mean"))) / scale);
+    return worst;
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static void backend_ok(tctx *t) {
+#ifdef PD_HAVE_CUDA
+    pd_err err = {{0}};
+    if (pd_backend_cuda_status(t->be, &err) != PD_OK)
+        fail_msg("CUDA backend: %s", err.msg);
+#endif
+}
+
+/* Runs forward and downloads n_rows logits rows into host lg. */
+static void forward(tctx *t, pd_kv_cache *kv, pd_batch_seq *b, int n_rows, float *lg) {
+    int V = pd_model_config_of(t->m)->vocab_size;
+    pd_err err = {{0}};
+    float *d = t->be->ops->alloc(t->be, (size_t)n_rows * V * sizeof(float));
+    assert_non_null(d);
+    if (pd_model_forward(t->m, kv, b, 1, d, &err) != PD_OK)
+        fail_msg("forward: %s", err.msg);
+    t->be->ops->download(t->be, lg, d, (size_t)n_rows * V * sizeof(float));
+    t->be->ops->free(t->be, d);
+    backend_ok(t);
+}
+
+static void test_logits_and_greedy(void **state) {
+    tctx *t = *state;
+    if (t->skip[0])
+        skip();
+    int V = pd_model_config_of(t->m)->vocab_size;
+    json_t *probes = json_object_get(t->fx, "probe_ids"), *cases = json_object_get(t->fx, "cases");
+    assert_true(json_array_size(cases) >= 4);
+    pd_err err = {{0}};
+    double max_rel = 0;
+    int mismatches = 0, steps_total = 0, over = 0;
+    size_t ci;
+    json_t *cs;
+    json_array_foreach(cases, ci, cs) {
+        json_t *pj = json_object_get(cs, "prompt_ids"), *gj = json_object_get(cs, "greedy_ids");
+        json_t *rows = json_object_get(cs, "rows"), *posr = json_object_get(cs, "positions");
+        int n = (int)json_array_size(pj), steps = (int)json_array_size(gj);
+        int32_t *ids = calloc((size_t)(n + steps), sizeof *ids);
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pj, i));
+        for (int s = 0; s < steps; s++) ids[n + s] = (int32_t)json_integer_value(json_array_get(gj, s));
+        pd_kv_cache *kv;
+        assert_int_equal(pd_kv_cache_init(t->m, 16, (n + steps) / 16 + 2, &kv, &err), PD_OK);
+        pd_seq_kv seq = {0};
+        float *lg = malloc((size_t)n * V * sizeof(float));
+        assert_int_equal(pd_seq_kv_reserve(kv, &seq, n), PD_OK);
+        bool all = json_array_size(posr) > 0;
+        pd_batch_seq b = {.kv = &seq, .tokens = ids, .n_tokens = n, .all_logits = all};
+        forward(t, kv, &b, all ? n : 1, lg);
+        if (all) {
+            for (int i = 0; i < n; i++) {
+                double e = row_error(lg + (size_t)i * V, V, json_array_get(posr, i), probes);
+                max_rel = fmax(max_rel, e);
+                if (!(e <= t->tol)) {
+                    print_error("prompt %d position %d: relative error %.3g > %.3g\n", n, i, e, t->tol);
+                    over++;
+                }
+            }
+            memmove(lg, lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        }
+        for (int s = 0; s < steps; s++) {
+            double e = row_error(lg, V, json_array_get(rows, s), probes);
+            max_rel = fmax(max_rel, e);
+            if (!(e <= t->tol)) {
+                print_error("prompt %d step %d: relative error %.3g > %.3g\n", n, s, e, t->tol);
+                over++;
+            }
+            steps_total++;
+            if (argmax(lg, V) != ids[n + s]) {
+                mismatches++;
+                print_message("prompt %d step %d: greedy id %d, reference %d\n", n, s, argmax(lg, V), ids[n + s]);
+            }
+            if (s + 1 == steps) break;
+            assert_int_equal(pd_seq_kv_reserve(kv, &seq, 1), PD_OK);
+            pd_batch_seq d = {.kv = &seq, .tokens = &ids[n + s], .n_tokens = 1};
+            forward(t, kv, &d, 1, lg);
+        }
+        pd_seq_kv_release(kv, &seq);
+        free(seq.block_table);
+        pd_kv_cache_free(&kv);
+        free(lg);
+        free(ids);
+    }
+    print_message("[ %s %s ] max relative error vs transformers: %.3g (tolerance %.0e); greedy ids differing: %d of %d\n",
+                  t->preset, t->wfmt ? "f32" : "bf16", max_rel, t->tol, mismatches, steps_total);
+    if (over)
+        fail_msg("%d rows over tolerance", over);
+    if (t->wfmt == 1)
+        assert_int_equal(mismatches, 0);
+}
+
+/* Last-token logits after prefilling n tokens in chunks of `chunk` with KV blocks of `block`. */
+static void run_prefill(tctx *t, const int32_t *ids, int n, int chunk, int block, float *out) {
+    pd_err err = {{0}};
+    pd_kv_cache *kv;
+    assert_int_equal(pd_kv_cache_init(t->m, block, n / block + 2, &kv, &err), PD_OK);
+    pd_seq_kv seq = {0};
+    for (int done = 0; done < n;) {
+        int k = n - done < chunk ? n - done : chunk;
+        assert_int_equal(pd_seq_kv_reserve(kv, &seq, k), PD_OK);
+        pd_batch_seq b = {.kv = &seq, .tokens = ids + done, .n_tokens = k};
+        forward(t, kv, &b, 1, out);
+        done += k;
+    }
+    pd_seq_kv_release(kv, &seq);
+    free(seq.block_table);
+    pd_kv_cache_free(&kv);
+}
+
+static void test_chunked_equals_oneshot(void **state) {
+    tctx *t = *state;
+    if (t->skip[0])
+        skip();
+    int V = pd_model_config_of(t->m)->vocab_size, n = 50;
+    int32_t ids[50];
+    pd_rng r;
+    pd_rng_seed(&r, 7);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(pd_rng_next(&r) % 128000);
+    float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    run_prefill(t, ids, n, n, 16, ref);
+    int chunks[] = {1, 3, 16, 40}, blocks[] = {1, 5, 16, 64};
+    double tol = t->wfmt == 1 ? 1e-5 : 5e-2;
+    for (int i = 0; i < 4; i++) {
+        run_prefill(t, ids, n, chunks[i], blocks[i], got);
+        double mx = 0, d = 0;
+        for (int k = 0; k < V; k++) {
+            mx = fmax(mx, fabs(ref[k]));
+            d = fmax(d, fabs((double)got[k] - ref[k]));
+        }
+        print_message("[ %s %s ] chunk %d block %d vs one-shot: %.3g\n", t->preset, t->wfmt ? "f32" : "bf16",
+                      chunks[i], blocks[i], d / mx);
+        if (!(d / mx <= tol))
+            fail_msg("chunk %d block %d: relative difference %.3g > %.0e", chunks[i], blocks[i], d / mx, tol);
+    }
+    free(ref);
+    free(got);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_and_greedy),
+        cmocka_unit_test(test_chunked_equals_oneshot),
+    };
+    int rc = cmocka_run_group_tests_name("tiny f32", tests, setup_tiny_f32, teardown);
+    rc |= cmocka_run_group_tests_name("tiny bf16", tests, setup_tiny_bf16, teardown);
+    rc |= cmocka_run_group_tests_name("tiny-v2 f32", tests, setup_v2_f32, teardown);
+    rc |= cmocka_run_group_tests_name("tiny-v2 bf16", tests, setup_v2_bf16, teardown);
+    return rc;
+}

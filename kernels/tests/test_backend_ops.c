@@ -1,0 +1,939 @@
+/* Every backend operation on random inputs of several shapes, compared by
+ * normalised error max|a - b| / max|b|:
+ *   cpu        the CPU backend against naive double-precision formulas;
+ *   cuda-f32   the CUDA backend with fp32 weights against the CPU backend;
+ *   cuda-bf16  the CUDA backend with bf16 weights against the CPU backend.
+ * Outputs are poisoned with NaN before each run, so an element nobody wrote
+ * fails. Without a GPU, or in a build without CUDA, the CUDA groups are
+ * skipped and say why; the CPU group always runs. At the end of each group
+ * the worst error per operation is printed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pd_kernels.h"
+#ifdef PD_HAVE_CUDA
+#include "cuda/pd_cuda.h"
+#endif
+
+enum { OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS, OP_N };
+static const char *op_names[OP_N] = {"gemm",          "rmsnorm",       "rope",      "silu_mul",   "add",
+                                     "embed",         "mla expanded",  "mla absorbed", "moe_route", "moe_experts"};
+
+typedef struct {
+    const char *name;
+    pd_backend *ref; /* NULL: compare with the double formulas */
+    pd_backend *be;  /* under test */
+    bool cuda;
+    double tol, tol_w; /* tolerance; for operations that read weights */
+    char skip[600];
+    double worst[OP_N];
+    int n_fail; /* comparisons over tolerance so far (all are run, then the test fails) */
+    pd_rng rng;
+} suite;
+
+/* ---- helpers -------------------------------------------------------- */
+
+static float *rnd(suite *s, size_t n, double scale) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(pd_rng_normal(&s->rng) * scale);
+    return p;
+}
+
+static float *nans(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+static void *put(pd_backend *b, const void *h, size_t bytes) {
+    void *d = b->ops->alloc(b, bytes);
+    assert_non_null(d);
+    b->ops->upload(b, d, h, bytes);
+    return d;
+}
+
+static void backend_ok(suite *s, pd_backend *b) {
+#ifdef PD_HAVE_CUDA
+    if (s->cuda && b == s->be) {
+        pd_err err = {{0}};
+        if (pd_backend_cuda_status(b, &err) != PD_OK)
+            fail_msg("%s: backend error: %s", s->name, err.msg);
+    }
+#endif
+}
+
+static void get(suite *s, pd_backend *b, float *h, const void *d, size_t n) {
+    b->ops->download(b, h, d, n * sizeof(float));
+    backend_ok(s, b);
+}
+
+static double nerr(const float *a, const float *b, size_t n) {
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        mx = fmax(mx, fabs(b[i]));
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+static double nerr_d(const float *a, const double *b, size_t n) {
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        mx = fmax(mx, fabs(b[i]));
+        d = fmax(d, fabs(a[i] - b[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+static void check(suite *s, int op, const char *shape, double e, double tol) {
+    if (e > s->worst[op] || isnan(e))
+        s->worst[op] = isnan(e) ? INFINITY : e;
+    if (!(e <= tol)) {
+        print_error("%s %s %s: normalised error %.3g > %.3g\n", s->name, op_names[op], shape, e, tol);
+        s->n_fail++;
+    }
+}
+
+/* BEGIN skips a group without a backend; END fails the test when any of
+ * its comparisons was over tolerance (each was printed). In the cpu group
+ * the CPU backend is the one under test and the double formula the reference. */
+#define BEGIN(s)                                                                                                 \
+    if ((s)->skip[0])                                                                                            \
+        skip();                                                                                                  \
+    const int fails_before = (s)->n_fail
+#define END(s)                                                                                                   \
+    do {                                                                                                         \
+        if ((s)->n_fail != fails_before)                                                                         \
+            fail_msg("%s: %d comparisons over tolerance", (s)->name, (s)->n_fail - fails_before);                \
+    } while (0)
+
+/* ---- gemm ------------------------------------------------------------- */
+
+static void run_gemm(suite *s, pd_backend *b, int M, int N, int K, const float *x, const float *w, const float *y0,
+                     bool acc, float *y) {
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, w, N, K, &W), PD_OK);
+    float *dx = put(b, x, (size_t)M * K * sizeof(float));
+    float *poison = nans((size_t)M * N);
+    float *dy = put(b, acc ? y0 : poison, (size_t)M * N * sizeof(float));
+    b->ops->gemm(b, M, dx, &W, dy, acc);
+    get(s, b, y, dy, (size_t)M * N);
+    free(poison);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+    b->ops->weight_free(b, &W);
+}
+
+static void test_gemm(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const int shapes[][3] = {{1, 64, 64}, {3, 96, 130}, {17, 256, 512}, {64, 200, 333}, {130, 128, 64},
+                                    {1, 1000, 256}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
+        bool acc = t % 2 == 1;
+        float *x = rnd(s, (size_t)M * K, 1.0), *w = rnd(s, (size_t)N * K, 1.0 / sqrt(K));
+        float *y0 = rnd(s, (size_t)M * N, 1.0), *y = malloc((size_t)M * N * sizeof(float));
+        char shape[64];
+        snprintf(shape, sizeof shape, "M%d N%d K%d%s", M, N, K, acc ? " +=" : "");
+        run_gemm(s, s->be, M, N, K, x, w, y0, acc, y);
+        if (s->ref) {
+            float *r = malloc((size_t)M * N * sizeof(float));
+            run_gemm(s, s->ref, M, N, K, x, w, y0, acc, r);
+            check(s, OP_GEMM, shape, nerr(y, r, (size_t)M * N), s->tol_w);
+            free(r);
+        } else {
+            double *r = malloc((size_t)M * N * sizeof(double));
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    double a = acc ? y0[(size_t)m * N + n] : 0.0;
+                    for (int k = 0; k < K; k++)
+                        a += (double)x[(size_t)m * K + k] * w[(size_t)n * K + k];
+                    r[(size_t)m * N + n] = a;
+                }
+            check(s, OP_GEMM, shape, nerr_d(y, r, (size_t)M * N), s->tol_w);
+            free(r);
+        }
+        free(x);
+        free(w);
+        free(y0);
+        free(y);
+    }
+    END(s);
+}
+
+/* ---- rmsnorm ---------------------------------------------------------- */
+
+static void run_rmsnorm(suite *s, pd_backend *b, int rows, int dim, int xs, int ys, bool in_place, const float *x,
+                        const float *w, float *y) {
+    float *dx = put(b, x, (size_t)rows * xs * sizeof(float));
+    float *dw = put(b, w, (size_t)dim * sizeof(float));
+    float *poison = nans((size_t)rows * ys);
+    float *dy = in_place ? dx : put(b, poison, (size_t)rows * ys * sizeof(float));
+    b->ops->rmsnorm(b, rows, dim, dx, xs, dw, 1e-6f, dy, ys);
+    get(s, b, y, dy, (size_t)rows * ys);
+    free(poison);
+    if (!in_place)
+        b->ops->free(b, dy);
+    b->ops->free(b, dx);
+    b->ops->free(b, dw);
+}
+
+static void test_rmsnorm(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const int shapes[][4] = {{1, 64, 64, 64}, {5, 100, 103, 100}, {33, 7168, 7168, 7168}, {4, 512, 576, 576}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int rows = shapes[t][0], dim = shapes[t][1], xs = shapes[t][2], ys = shapes[t][3];
+        bool in_place = xs == ys && t >= 2;
+        float *x = rnd(s, (size_t)rows * xs, 2.0), *w = rnd(s, dim, 1.0), *y = malloc((size_t)rows * ys * 4);
+        char shape[64];
+        snprintf(shape, sizeof shape, "rows %d dim %d%s", rows, dim, in_place ? " in place" : "");
+        run_rmsnorm(s, s->be, rows, dim, xs, ys, in_place, x, w, y);
+        /* compare the normalised slices only: the rest of an in-place row is x */
+        size_t n = (size_t)rows * dim;
+        float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        for (int r = 0; r < rows; r++)
+            memcpy(got + (size_t)r * dim, y + (size_t)r * ys, dim * sizeof(float));
+        if (s->ref) {
+            float *yr = malloc((size_t)rows * ys * 4);
+            run_rmsnorm(s, s->ref, rows, dim, xs, ys, in_place, x, w, yr);
+            for (int r = 0; r < rows; r++)
+                memcpy(want + (size_t)r * dim, yr + (size_t)r * ys, dim * sizeof(float));
+            check(s, OP_RMSNORM, shape, nerr(got, want, n), s->tol);
+            free(yr);
+        } else {
+            double *rd = malloc(n * sizeof(double));
+            for (int r = 0; r < rows; r++) {
+                double ss = 0;
+                for (int i = 0; i < dim; i++)
+                    ss += (double)x[(size_t)r * xs + i] * x[(size_t)r * xs + i];
+                double inv = 1.0 / sqrt(ss / dim + 1e-6);
+                for (int i = 0; i < dim; i++)
+                    rd[(size_t)r * dim + i] = x[(size_t)r * xs + i] * inv * w[i];
+            }
+            check(s, OP_RMSNORM, shape, nerr_d(got, rd, n), s->tol);
+            free(rd);
+        }
+        free(got);
+        free(want);
+        free(x);
+        free(w);
+        free(y);
+    }
+    END(s);
+}
+
+/* ---- rope ------------------------------------------------------------- */
+
+static void run_rope(suite *s, pd_backend *b, int rows, int nh, int row_stride, int head_stride, int off, int dr,
+                     const float *x, const int *pos, const float *freq, float mscale, float *y) {
+    size_t n = (size_t)rows * row_stride;
+    float *dx = put(b, x, n * sizeof(float));
+    b->ops->rope(b, rows, nh, dx + off, row_stride, head_stride, dr, pos, freq, mscale);
+    get(s, b, y, dx, n);
+    b->ops->free(b, dx);
+}
+
+static void test_rope(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    /* rows, heads, nope offset, rope_dim */
+    static const int shapes[][4] = {{1, 1, 0, 8}, {7, 4, 16, 8}, {5, 16, 128, 64}, {3, 128, 128, 64}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int rows = shapes[t][0], nh = shapes[t][1], off = shapes[t][2], dr = shapes[t][3];
+        int hs = off + dr, rs = nh * hs;
+        float mscale = t % 2 ? 1.3f : 1.0f;
+        float *x = rnd(s, (size_t)rows * rs, 1.0), *y = malloc((size_t)rows * rs * 4);
+        int *pos = malloc(rows * sizeof(int));
+        float *freq = malloc((dr / 2) * sizeof(float));
+        for (int r = 0; r < rows; r++)
+            pos[r] = r == 0 ? 163839 : (int)(pd_rng_next(&s->rng) % 5000);
+        for (int i = 0; i < dr / 2; i++)
+            freq[i] = (float)pow(10000.0, -2.0 * i / dr);
+        char shape[64];
+        snprintf(shape, sizeof shape, "rows %d heads %d rope %d", rows, nh, dr);
+        run_rope(s, s->be, rows, nh, rs, hs, off, dr, x, pos, freq, mscale, y);
+        size_t n = (size_t)rows * rs;
+        if (s->ref) {
+            float *yr = malloc(n * sizeof(float));
+            run_rope(s, s->ref, rows, nh, rs, hs, off, dr, x, pos, freq, mscale, yr);
+            check(s, OP_ROPE, shape, nerr(y, yr, n), s->tol);
+            free(yr);
+        } else {
+            double *rd = malloc(n * sizeof(double));
+            for (size_t i = 0; i < n; i++)
+                rd[i] = x[i];
+            for (int r = 0; r < rows; r++)
+                for (int h = 0; h < nh; h++)
+                    for (int i = 0; i < dr / 2; i++) {
+                        double ang = (float)pos[r] * freq[i]; /* the fp32 product, as the reference */
+                        size_t k = (size_t)r * rs + (size_t)h * hs + off + 2 * i;
+                        double a = x[k], bb = x[k + 1], c = cos(ang) * mscale, sn = sin(ang) * mscale;
+                        rd[k] = a * c - bb * sn;
+                        rd[k + 1] = bb * c + a * sn;
+                    }
+            check(s, OP_ROPE, shape, nerr_d(y, rd, n), s->tol);
+            free(rd);
+        }
+        free(x);
+        free(y);
+        free(pos);
+        free(freq);
+    }
+    END(s);
+}
+
+/* ---- silu_mul, add ---------------------------------------------------- */
+
+static void test_silu_mul(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const int shapes[][2] = {{1, 32}, {9, 1000}, {64, 2048}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int rows = shapes[t][0], inter = shapes[t][1];
+        size_t n = (size_t)rows * inter;
+        float *gu = rnd(s, 2 * n, 3.0), *poison = nans(n), *y = malloc(n * 4), *yr = malloc(n * 4);
+        char shape[64];
+        snprintf(shape, sizeof shape, "rows %d inter %d", rows, inter);
+        pd_backend *bs[2] = {s->be, s->ref};
+        float *outs[2] = {y, yr};
+        for (int k = 0; k < (s->ref ? 2 : 1); k++) {
+            pd_backend *b = bs[k];
+            float *dg = put(b, gu, 2 * n * 4), *dy = put(b, poison, n * 4);
+            b->ops->silu_mul(b, rows, inter, dg, dy);
+            get(s, b, outs[k], dy, n);
+            b->ops->free(b, dg);
+            b->ops->free(b, dy);
+        }
+        if (s->ref) {
+            check(s, OP_SILU, shape, nerr(y, yr, n), s->tol);
+        } else {
+            double *rd = malloc(n * sizeof(double));
+            for (int r = 0; r < rows; r++)
+                for (int i = 0; i < inter; i++) {
+                    double g = gu[(size_t)r * 2 * inter + i], u = gu[(size_t)r * 2 * inter + inter + i];
+                    rd[(size_t)r * inter + i] = g / (1.0 + exp(-g)) * u;
+                }
+            check(s, OP_SILU, shape, nerr_d(y, rd, n), s->tol);
+            free(rd);
+        }
+        free(gu);
+        free(poison);
+        free(y);
+        free(yr);
+    }
+    END(s);
+}
+
+static void test_add(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const size_t sizes[] = {1, 1000, 100003};
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        size_t n = sizes[t];
+        float *x = rnd(s, n, 1.0), *y = rnd(s, n, 1.0), *o = malloc(n * 4), *orf = malloc(n * 4);
+        char shape[64];
+        snprintf(shape, sizeof shape, "n %zu", n);
+        pd_backend *bs[2] = {s->be, s->ref};
+        float *outs[2] = {o, orf};
+        for (int k = 0; k < (s->ref ? 2 : 1); k++) {
+            pd_backend *b = bs[k];
+            float *dx = put(b, x, n * 4), *dy = put(b, y, n * 4);
+            b->ops->add(b, n, dx, dy);
+            get(s, b, outs[k], dx, n);
+            b->ops->free(b, dx);
+            b->ops->free(b, dy);
+        }
+        if (s->ref) {
+            check(s, OP_ADD, shape, nerr(o, orf, n), s->tol);
+        } else {
+            double *rd = malloc(n * sizeof(double));
+            for (size_t i = 0; i < n; i++)
+                rd[i] = (double)x[i] + y[i];
+            check(s, OP_ADD, shape, nerr_d(o, rd, n), s->tol);
+            free(rd);
+        }
+        free(x);
+        free(y);
+        free(o);
+        free(orf);
+    }
+    END(s);
+}
+
+/* ---- embed ------------------------------------------------------------ */
+
+static void test_embed(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const int shapes[][3] = {{1, 1000, 64}, {13, 1000, 130}, {64, 129280, 16}}; /* rows, vocab, dim */
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int rows = shapes[t][0], vocab = shapes[t][1], dim = shapes[t][2];
+        size_t n = (size_t)rows * dim;
+        float *table = rnd(s, (size_t)vocab * dim, 1.0), *poison = nans(n), *o = malloc(n * 4),
+              *orf = malloc(n * 4);
+        int32_t *ids = malloc(rows * sizeof(int32_t));
+        for (int r = 0; r < rows; r++)
+            ids[r] = r == 0 ? vocab - 1 : (int32_t)(pd_rng_next(&s->rng) % vocab);
+        char shape[64];
+        snprintf(shape, sizeof shape, "rows %d vocab %d dim %d", rows, vocab, dim);
+        pd_backend *bs[2] = {s->be, s->ref};
+        float *outs[2] = {o, orf};
+        for (int k = 0; k < (s->ref ? 2 : 1); k++) {
+            pd_backend *b = bs[k];
+            pd_weight W;
+            assert_int_equal(b->ops->weight_from_f32(b, table, vocab, dim, &W), PD_OK);
+            float *dy = put(b, poison, n * 4);
+            b->ops->embed(b, rows, dim, ids, &W, dy);
+            get(s, b, outs[k], dy, n);
+            b->ops->free(b, dy);
+            b->ops->weight_free(b, &W);
+        }
+        if (s->ref) {
+            check(s, OP_EMBED, shape, nerr(o, orf, n), s->tol_w);
+        } else {
+            double *rd = malloc(n * sizeof(double));
+            for (int r = 0; r < rows; r++)
+                for (int i = 0; i < dim; i++)
+                    rd[(size_t)r * dim + i] = table[(size_t)ids[r] * dim + i];
+            check(s, OP_EMBED, shape, nerr_d(o, rd, n), s->tol_w);
+            free(rd);
+        }
+        free(table);
+        free(poison);
+        free(o);
+        free(orf);
+        free(ids);
+    }
+    END(s);
+}
+
+/* ---- MLA attention ---------------------------------------------------- */
+
+typedef struct {
+    int nh, dn, dr, dv, kvr;
+} mla_cfg;
+
+typedef struct {
+    int n_q, start_pos, block_size;
+    bool gpu_only; /* too slow for the double reference */
+} mla_case;
+
+typedef struct {
+    mla_cfg c;
+    mla_case k;
+    int n_layers, layer, n_blocks;
+    float *q, *cache, *kvb;
+    int *btab;
+    float scale;
+} mla_in;
+
+static void run_mla(suite *s, pd_backend *b, const mla_in *in, bool absorbed, float *out) {
+    const mla_cfg *c = &in->c;
+    int qd = c->dn + c->dr, D = c->kvr + c->dr;
+    size_t nq = (size_t)in->k.n_q * c->nh * qd, no = (size_t)in->k.n_q * c->nh * c->dv;
+    size_t nc = (size_t)in->n_blocks * in->n_layers * in->k.block_size * D;
+    float *dq = put(b, in->q, nq * 4), *dc = put(b, in->cache, nc * 4);
+    float *poison = nans(no);
+    float *dout = put(b, poison, no * 4);
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, in->kvb, c->nh * (c->dn + c->dv), c->kvr, &W), PD_OK);
+    pd_mla_args a = {
+        .n_heads = c->nh, .qk_nope_dim = c->dn, .qk_rope_dim = c->dr, .v_dim = c->dv, .kv_lora_rank = c->kvr,
+        .softmax_scale = in->scale, .n_q = in->k.n_q, .start_pos = in->k.start_pos, .q = dq, .cache = dc,
+        .n_layers = in->n_layers, .layer = in->layer, .block_size = in->k.block_size, .block_table = in->btab,
+        .kv_b = &W, .absorbed = absorbed, .out = dout,
+    };
+    b->ops->mla_attention(b, &a);
+    get(s, b, out, dout, no);
+    free(poison);
+    b->ops->weight_free(b, &W);
+    b->ops->free(b, dq);
+    b->ops->free(b, dc);
+    b->ops->free(b, dout);
+}
+
+/* The expanded form in double: k_nope, v = W_kv_b c_KV; softmax(q·k) v. */
+static void mla_ref(const mla_in *in, double *out) {
+    const mla_cfg *c = &in->c;
+    int nh = c->nh, dn = c->dn, dr = c->dr, dv = c->dv, kvr = c->kvr, qd = dn + dr, D = kvr + dr;
+    int L = in->k.start_pos + in->k.n_q, bs = in->k.block_size;
+    double *kv = malloc((size_t)L * nh * (dn + dv) * sizeof(double));
+    const float **rows = malloc((size_t)L * sizeof(float *));
+    for (int t = 0; t < L; t++) {
+        rows[t] = in->cache + (((size_t)in->btab[t / bs] * in->n_layers + in->layer) * bs + t % bs) * D;
+        for (int j = 0; j < nh * (dn + dv); j++) {
+            double a = 0;
+            for (int k = 0; k < kvr; k++)
+                a += (double)in->kvb[(size_t)j * kvr + k] * rows[t][k];
+            kv[(size_t)t * nh * (dn + dv) + j] = a;
+        }
+    }
+    double *sc = malloc((size_t)L * sizeof(double));
+    for (int i = 0; i < in->k.n_q; i++)
+        for (int h = 0; h < nh; h++) {
+            int n_vis = in->k.start_pos + i + 1;
+            const float *q = in->q + ((size_t)i * nh + h) * qd;
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t < n_vis; t++) {
+                const double *k = kv + ((size_t)t * nh + h) * (dn + dv);
+                double a = 0;
+                for (int d = 0; d < dn; d++)
+                    a += q[d] * k[d];
+                for (int d = 0; d < dr; d++)
+                    a += (double)q[dn + d] * rows[t][kvr + d];
+                sc[t] = a * in->scale;
+                mx = fmax(mx, sc[t]);
+            }
+            for (int t = 0; t < n_vis; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int d = 0; d < dv; d++) {
+                double o = 0;
+                for (int t = 0; t < n_vis; t++)
+                    o += sc[t] / sum * kv[((size_t)t * nh + h) * (dn + dv) + dn + d];
+                out[((size_t)i * nh + h) * dv + d] = o;
+            }
+        }
+    free(sc);
+    free(rows);
+    free(kv);
+}
+
+static void test_mla(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const mla_cfg cfgs[] = {
+        {4, 16, 8, 16, 32},      /* tiny */
+        {20, 32, 16, 24, 64},    /* heads not a multiple of 16 */
+        {16, 128, 64, 128, 512}, /* DeepSeek-V2-Lite */
+    };
+    static const mla_case cases[] = {
+        {1, 0, 16, false}, {1, 37, 5, false}, {7, 13, 1, false}, {33, 200, 16, false}, {1, 300, 64, false},
+        {1, 4000, 64, true}, {3, 1500, 7, true},
+    };
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (size_t ki = 0; ki < sizeof cases / sizeof cases[0]; ki++) {
+            mla_in in = {.c = cfgs[ci], .k = cases[ki], .n_layers = 2, .layer = 1};
+            if (in.k.gpu_only && !s->ref)
+                continue;
+            const mla_cfg *c = &in.c;
+            int qd = c->dn + c->dr, D = c->kvr + c->dr, L = in.k.start_pos + in.k.n_q;
+            int nblk = (L + in.k.block_size - 1) / in.k.block_size;
+            in.n_blocks = nblk + 3;
+            in.scale = (float)(1.0 / sqrt(qd));
+            in.q = rnd(s, (size_t)in.k.n_q * c->nh * qd, 1.0);
+            in.cache = rnd(s, (size_t)in.n_blocks * in.n_layers * in.k.block_size * D, 1.0);
+            in.kvb = rnd(s, (size_t)c->nh * (c->dn + c->dv) * c->kvr, 1.0 / sqrt(c->kvr));
+            /* a shuffled block table over more blocks than needed */
+            int *perm = malloc(in.n_blocks * sizeof(int));
+            for (int i = 0; i < in.n_blocks; i++)
+                perm[i] = i;
+            for (int i = in.n_blocks - 1; i > 0; i--) {
+                int j = (int)(pd_rng_next(&s->rng) % (uint64_t)(i + 1)), tmp = perm[i];
+                perm[i] = perm[j];
+                perm[j] = tmp;
+            }
+            in.btab = perm;
+            size_t no = (size_t)in.k.n_q * c->nh * c->dv;
+            float *got = malloc(no * 4), *want = malloc(no * 4);
+            double *rd = s->ref ? NULL : malloc(no * sizeof(double));
+            if (rd)
+                mla_ref(&in, rd);
+            for (int absorbed = 0; absorbed < 2; absorbed++) {
+                char shape[128];
+                snprintf(shape, sizeof shape, "heads %d latent %d: n_q %d start %d block %d", c->nh, c->kvr, in.k.n_q,
+                         in.k.start_pos, in.k.block_size);
+                int op = absorbed ? OP_MLA_ABS : OP_MLA_EXP;
+                run_mla(s, s->be, &in, absorbed, got);
+                if (s->ref) {
+                    run_mla(s, s->ref, &in, absorbed, want);
+                    check(s, op, shape, nerr(got, want, no), s->tol_w);
+                } else {
+                    check(s, op, shape, nerr_d(got, rd, no), s->tol_w);
+                }
+            }
+            free(rd);
+            free(got);
+            free(want);
+            free(perm);
+            free(in.q);
+            free(in.cache);
+            free(in.kvb);
+        }
+    END(s);
+}
+
+/* ---- MoE routing ------------------------------------------------------ */
+
+/* The routing rules in double (see cpu_moe_route for the sources). */
+static void route_ref(int E, const float *lg, const pd_moe_route_params *p, const float *bias, int *ids, double *w) {
+    int G = p->n_group > 0 ? p->n_group : 1, per = E / G;
+    double *sv = malloc(E * sizeof(double)), *ch = malloc(E * sizeof(double));
+    if (p->scoring == 1) {
+        for (int e = 0; e < E; e++)
+            sv[e] = 1.0 / (1.0 + exp(-(double)lg[e]));
+    } else {
+        double mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++)
+            mx = fmax(mx, lg[e]);
+        for (int e = 0; e < E; e++)
+            sum += (sv[e] = exp(lg[e] - mx));
+        for (int e = 0; e < E; e++)
+            sv[e] /= sum;
+    }
+    for (int e = 0; e < E; e++)
+        ch[e] = sv[e] + (p->topk_method == 2 && bias ? bias[e] : 0.0);
+    if (p->topk_method != 0 && G > 1) {
+        double *gs = malloc(G * sizeof(double));
+        for (int g = 0; g < G; g++) {
+            double a = -INFINITY, b = -INFINITY; /* top two of the group */
+            for (int e = 0; e < per; e++) {
+                double v = ch[g * per + e];
+                if (v > a) {
+                    b = a;
+                    a = v;
+                } else if (v > b) {
+                    b = v;
+                }
+            }
+            gs[g] = p->topk_method == 2 ? a + (per >= 2 ? b : 0.0) : a;
+        }
+        bool *keep = calloc(G, sizeof(bool));
+        for (int j = 0; j < p->topk_group; j++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best]))
+                    best = g;
+            keep[best] = true;
+        }
+        for (int e = 0; e < E; e++)
+            if (!keep[e / per])
+                ch[e] = -INFINITY;
+        free(keep);
+        free(gs);
+    }
+    bool *taken = calloc(E, sizeof(bool));
+    double sum = 0;
+    for (int j = 0; j < p->top_k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || ch[e] > ch[best]))
+                best = e;
+        taken[best] = true;
+        ids[j] = best;
+        sum += sv[best];
+    }
+    for (int j = 0; j < p->top_k; j++)
+        w[j] = (p->norm_topk_prob ? sv[ids[j]] / (sum + 1e-20) : sv[ids[j]]) * p->routed_scaling_factor;
+    free(taken);
+    free(sv);
+    free(ch);
+}
+
+static void run_route(suite *s, pd_backend *b, int rows, const float *lg, pd_moe_route_params p, const float *bias,
+                      int32_t *ids, float *w) {
+    int E = p.n_experts;
+    float *dl = put(b, lg, (size_t)rows * E * 4);
+    float *db = bias ? put(b, bias, E * 4) : NULL;
+    p.e_score_correction_bias = db;
+    for (int i = 0; i < rows * p.top_k; i++) {
+        ids[i] = -7;
+        w[i] = NAN;
+    }
+    b->ops->moe_route(b, rows, dl, &p, ids, w);
+    backend_ok(s, b);
+    b->ops->free(b, dl);
+    if (db)
+        b->ops->free(b, db);
+}
+
+static void test_moe_route(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    /* n_experts, top_k, n_group, topk_group, scoring, topk_method, norm, scale, bias */
+    static const struct {
+        pd_moe_route_params p;
+        bool bias;
+    } cfgs[] = {
+        {{8, 2, 4, 2, 1, 2, true, 2.5f, NULL}, true},      /* tiny: V3 noaux_tc */
+        {{256, 8, 8, 4, 1, 2, true, 2.5f, NULL}, true},    /* DeepSeek-V3 */
+        {{8, 3, 2, 1, 0, 1, false, 1.0f, NULL}, false},    /* tiny-v2: group-limited greedy */
+        {{64, 6, 1, 1, 0, 0, false, 1.0f, NULL}, false},   /* V2-Lite: greedy softmax */
+        {{160, 6, 8, 3, 0, 1, false, 16.0f, NULL}, false}, /* DeepSeek-V2 */
+        {{32, 4, 0, 0, 1, 0, true, 1.0f, NULL}, false},    /* sigmoid greedy, normalised */
+    };
+    static const int row_counts[] = {1, 5, 64};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+            pd_moe_route_params p = cfgs[ci].p;
+            int rows = row_counts[ri], E = p.n_experts, k = p.top_k;
+            float *lg = rnd(s, (size_t)rows * E, 1.0), *bias = cfgs[ci].bias ? rnd(s, E, 0.1) : NULL;
+            int32_t *ids = malloc((size_t)rows * k * 4), *ids_r = malloc((size_t)rows * k * 4);
+            float *w = malloc((size_t)rows * k * 4), *w_r = malloc((size_t)rows * k * 4);
+            char shape[96];
+            snprintf(shape, sizeof shape, "%d experts top %d groups %d/%d, %d rows", E, k, p.n_group, p.topk_group,
+                     rows);
+            run_route(s, s->be, rows, lg, p, bias, ids, w);
+            if (s->ref) {
+                run_route(s, s->ref, rows, lg, p, bias, ids_r, w_r);
+            } else {
+                double *wd = malloc(k * sizeof(double));
+                for (int r = 0; r < rows; r++) {
+                    route_ref(E, lg + (size_t)r * E, &p, bias, ids_r + (size_t)r * k, wd);
+                    for (int j = 0; j < k; j++)
+                        w_r[(size_t)r * k + j] = (float)wd[j];
+                }
+                free(wd);
+            }
+            for (int i = 0; i < rows * k; i++)
+                if (ids[i] != ids_r[i]) {
+                    print_error("%s moe_route %s: row %d choice %d is expert %d, reference %d\n", s->name, shape,
+                                i / k, i % k, ids[i], ids_r[i]);
+                    s->n_fail++;
+                    break;
+                }
+            check(s, OP_ROUTE, shape, nerr(w, w_r, (size_t)rows * k), s->tol);
+            free(lg);
+            free(bias);
+            free(ids);
+            free(ids_r);
+            free(w);
+            free(w_r);
+        }
+    END(s);
+}
+
+/* ---- MoE experts ------------------------------------------------------ */
+
+typedef struct {
+    int rows, hidden, inter, top_k, n_exp;
+    float *x, *w, *out0, **gu, **dn;
+    int32_t *ids;
+} moe_in;
+
+static void run_experts(suite *s, pd_backend *b, const moe_in *in, float *out) {
+    int E = in->n_exp;
+    pd_weight *gu = calloc(E, sizeof(pd_weight)), *dn = calloc(E, sizeof(pd_weight));
+    for (int e = 0; e < E; e++) {
+        assert_int_equal(b->ops->weight_from_f32(b, in->gu[e], 2 * in->inter, in->hidden, &gu[e]), PD_OK);
+        assert_int_equal(b->ops->weight_from_f32(b, in->dn[e], in->hidden, in->inter, &dn[e]), PD_OK);
+    }
+    size_t nx = (size_t)in->rows * in->hidden;
+    float *dx = put(b, in->x, nx * 4), *dout = put(b, in->out0, nx * 4);
+    b->ops->moe_experts(b, in->rows, in->hidden, in->inter, dx, in->ids, in->w, in->top_k, gu, dn, dout);
+    get(s, b, out, dout, nx);
+    b->ops->free(b, dx);
+    b->ops->free(b, dout);
+    for (int e = 0; e < E; e++) {
+        b->ops->weight_free(b, &gu[e]);
+        b->ops->weight_free(b, &dn[e]);
+    }
+    free(gu);
+    free(dn);
+}
+
+static void experts_ref(const moe_in *in, double *out) {
+    int H = in->hidden, I = in->inter;
+    double *act = malloc(I * sizeof(double));
+    for (int r = 0; r < in->rows; r++) {
+        const float *x = in->x + (size_t)r * H;
+        for (int d = 0; d < H; d++)
+            out[(size_t)r * H + d] = in->out0[(size_t)r * H + d];
+        for (int j = 0; j < in->top_k; j++) {
+            int e = in->ids[r * in->top_k + j];
+            double wt = in->w[r * in->top_k + j];
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int d = 0; d < H; d++) {
+                    g += (double)in->gu[e][(size_t)i * H + d] * x[d];
+                    u += (double)in->gu[e][(size_t)(I + i) * H + d] * x[d];
+                }
+                act[i] = g / (1.0 + exp(-g)) * u;
+            }
+            for (int d = 0; d < H; d++) {
+                double y = 0;
+                for (int i = 0; i < I; i++)
+                    y += in->dn[e][(size_t)d * I + i] * act[i];
+                out[(size_t)r * H + d] += wt * y;
+            }
+        }
+    }
+    free(act);
+}
+
+static void test_moe_experts(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    /* rows, hidden, inter, top_k, experts */
+    static const int shapes[][5] = {{1, 64, 32, 2, 8}, {5, 96, 48, 3, 8}, {40, 64, 32, 2, 8}, {33, 128, 64, 6, 16}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        moe_in in = {.rows = shapes[t][0], .hidden = shapes[t][1], .inter = shapes[t][2], .top_k = shapes[t][3],
+                     .n_exp = shapes[t][4]};
+        int H = in.hidden, I = in.inter, E = in.n_exp, k = in.top_k;
+        in.x = rnd(s, (size_t)in.rows * H, 1.0);
+        in.out0 = rnd(s, (size_t)in.rows * H, 0.1);
+        in.w = malloc((size_t)in.rows * k * 4);
+        in.ids = malloc((size_t)in.rows * k * 4);
+        in.gu = malloc(E * sizeof(float *));
+        in.dn = malloc(E * sizeof(float *));
+        for (int e = 0; e < E; e++) {
+            in.gu[e] = rnd(s, (size_t)2 * I * H, 1.0 / sqrt(H));
+            in.dn[e] = rnd(s, (size_t)H * I, 1.0 / sqrt(I));
+        }
+        for (int r = 0; r < in.rows; r++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do { /* distinct experts per token, as routing gives */
+                    e = (int)(pd_rng_next(&s->rng) % E);
+                    dup = false;
+                    for (int m = 0; m < j; m++)
+                        dup |= in.ids[r * k + m] == e;
+                } while (dup);
+                in.ids[r * k + j] = e;
+                in.w[r * k + j] = (float)pd_rng_uniform(&s->rng);
+            }
+        size_t nx = (size_t)in.rows * H;
+        float *got = malloc(nx * 4);
+        char shape[96];
+        snprintf(shape, sizeof shape, "rows %d hidden %d inter %d top %d of %d", in.rows, H, I, k, E);
+        run_experts(s, s->be, &in, got);
+        if (s->ref) {
+            float *want = malloc(nx * 4);
+            run_experts(s, s->ref, &in, want);
+            check(s, OP_EXPERTS, shape, nerr(got, want, nx), s->tol_w);
+            free(want);
+        } else {
+            double *rd = malloc(nx * sizeof(double));
+            experts_ref(&in, rd);
+            check(s, OP_EXPERTS, shape, nerr_d(got, rd, nx), s->tol_w);
+            free(rd);
+        }
+        for (int e = 0; e < E; e++) {
+            free(in.gu[e]);
+            free(in.dn[e]);
+        }
+        free(in.gu);
+        free(in.dn);
+        free(in.x);
+        free(in.out0);
+        free(in.w);
+        free(in.ids);
+        free(got);
+    }
+    END(s);
+}
+
+/* ---- errors (CUDA) ---------------------------------------------------- */
+
+/* A bad argument is reported, sticks, and later downloads read NaN. */
+static void test_errors(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    if (!s->cuda)
+        skip(); /* the CPU backend trusts its caller */
+#ifdef PD_HAVE_CUDA
+    pd_backend *b;
+    pd_err err = {{0}};
+    assert_int_equal(pd_backend_cuda_init_ex(0, PD_CUDA_WEIGHTS_F32, &b, &err), PD_OK);
+    float table[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8}, got[2] = {0, 0};
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, table, 4, 2, &W), PD_OK);
+    float *d = b->ops->alloc(b, sizeof got);
+    int32_t bad = 4;
+    b->ops->embed(b, 1, 2, &bad, &W, d);
+    assert_int_equal(pd_backend_cuda_status(b, &err), PD_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "outside the table"));
+    b->ops->download(b, got, d, sizeof got);
+    assert_true(isnan(got[0]) && isnan(got[1]));
+    b->ops->free(b, d);
+    b->ops->weight_free(b, &W);
+    pd_backend_free(&b);
+    assert_null(b);
+#endif
+    END(s);
+}
+
+/* ---- groups ----------------------------------------------------------- */
+
+static suite g_cpu = {.name = "cpu", .tol = 1e-5, .tol_w = 1e-5};
+static suite g_f32 = {.name = "cuda-f32", .cuda = true, .tol = 1e-5, .tol_w = 1e-5};
+static suite g_bf16 = {.name = "cuda-bf16", .cuda = true, .tol = 1e-5, .tol_w = 1e-2};
+
+static int setup_cpu(void **state) {
+    pd_rng_seed(&g_cpu.rng, 1);
+    if (pd_backend_cpu_init(0, &g_cpu.be) != PD_OK)
+        return -1;
+    *state = &g_cpu;
+    return 0;
+}
+
+static int setup_cuda(suite *s, int fmt, void **state) {
+    pd_rng_seed(&s->rng, 2 + fmt);
+    *state = s;
+#ifdef PD_HAVE_CUDA
+    pd_err err = {{0}};
+    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)fmt, &s->be, &err) != PD_OK)
+        snprintf(s->skip, sizeof s->skip, "no usable GPU: %s", err.msg);
+#else
+    snprintf(s->skip, sizeof s->skip, "this build has no CUDA backend (nvcc not found)");
+#endif
+    if (s->skip[0]) {
+        print_message("[ %s ] CUDA half skipped: %s\n", s->name, s->skip);
+        return 0;
+    }
+    if (pd_backend_cpu_init(0, &s->ref) != PD_OK)
+        return -1;
+    return 0;
+}
+
+#ifdef PD_HAVE_CUDA
+static int setup_f32(void **state) { return setup_cuda(&g_f32, PD_CUDA_WEIGHTS_F32, state); }
+static int setup_bf16(void **state) { return setup_cuda(&g_bf16, PD_CUDA_WEIGHTS_BF16, state); }
+#else
+static int setup_f32(void **state) { return setup_cuda(&g_f32, 1, state); }
+static int setup_bf16(void **state) { return setup_cuda(&g_bf16, 0, state); }
+#endif
+
+static int teardown(void **state) {
+    suite *s = *state;
+    if (!s->skip[0]) {
+        print_message("[ %s ] worst normalised error per operation (tolerance %.0e, %.0e with weights):\n", s->name,
+                      s->tol, s->tol_w);
+        for (int i = 0; i < OP_N; i++)
+            print_message("[ %s ]   %-13s %.3g\n", s->name, op_names[i], s->worst[i]);
+    }
+    pd_backend_free(&s->be);
+    pd_backend_free(&s->ref);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_silu_mul),  cmocka_unit_test(test_add),       cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
+        cmocka_unit_test(test_errors),
+    };
+    int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
+    rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
+    rc |= cmocka_run_group_tests_name("cuda-bf16", tests, setup_bf16, teardown);
+    return rc;
+}

@@ -1,0 +1,476 @@
+/* pdserve prefill: one prefill replica. One thread: the control connection
+ * (ZeroMQ DEALER), the UCX agent's event fd, and prefill steps. */
+#include "pd_prefill.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "pd_flags.h"
+#include "pd_kvtransfer.h"
+#include "pd_model.h"
+#include "pd_msg.h"
+
+#define LOGM "prefill"
+
+typedef struct decode_peer {
+    char id[128];
+    pd_kvx_peer *peer;
+    bool has_rkey;
+    struct decode_peer *next;
+} decode_peer;
+
+typedef struct job {
+    Pdserve__Prefill *msg; /* owned */
+    pd_seq_kv kv;          /* local cache */
+    int done;              /* prompt tokens computed */
+    int blocks_sent;       /* local blocks written to the decode replica */
+    int puts_inflight;
+    bool aborted, failed, flushing, finished_compute;
+    int32_t first_token;
+    float first_logprob;
+    uint64_t bytes;
+    double t_start, t_lease_end;
+    decode_peer *dp;
+    struct job *next;
+} job;
+
+typedef struct {
+    void *zctx, *sock;
+    const char *replica_id;
+    pd_model *m;
+    pd_kv_cache *kv;
+    int chunk;
+    job *jobs; /* FIFO */
+    pd_kvx_agent *agent;
+    pd_kvx_pool *pool;
+    decode_peer *peers;
+    bool registered;
+    double last_heartbeat, last_register;
+    int heartbeat_ms;
+    uint64_t prefill_tokens_total, kv_bytes_sent;
+    float *logits;
+} prefill_svc;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = 1; }
+
+static void send_register(prefill_svc *p) {
+    const pd_model_config *c = pd_model_config_of(p->m);
+    Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
+    geo.block_size = (uint32_t)pd_kv_cache_block_size(p->kv);
+    geo.num_layers = (uint32_t)c->num_hidden_layers;
+    geo.kv_lora_rank = (uint32_t)c->kv_lora_rank;
+    geo.qk_rope_head_dim = (uint32_t)c->qk_rope_head_dim;
+    geo.dtype_bytes = 4;
+    geo.num_blocks = (uint32_t)pd_kv_cache_num_blocks(p->kv);
+    const void *addr;
+    size_t addr_len;
+    pd_kvx_agent_worker_address(p->agent, &addr, &addr_len);
+    Pdserve__Register r = PDSERVE__REGISTER__INIT;
+    r.role = "prefill";
+    r.replica_id = (char *)p->replica_id;
+    r.geometry = &geo;
+    r.model_fingerprint = pd_config_fingerprint(c);
+    r.ucx_worker_address.data = (uint8_t *)addr;
+    r.ucx_worker_address.len = addr_len;
+    r.pid = (uint32_t)getpid();
+    pd_msg_send(p->sock, NULL, 0, PD_MSG_REGISTER, &r.base);
+    p->last_register = pd_now_s();
+}
+
+static void send_heartbeat(prefill_svc *p) {
+    Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
+    h.replica_id = (char *)p->replica_id;
+    int n = 0;
+    uint64_t tokens = 0;
+    for (job *j = p->jobs; j; j = j->next) {
+        n++;
+        tokens += j->msg->n_prompt_ids - (uint64_t)j->done;
+    }
+    h.num_running = p->jobs ? 1 : 0;
+    h.num_waiting = (uint32_t)(n > 0 ? n - 1 : 0);
+    h.free_blocks = (uint32_t)pd_kv_cache_num_free(p->kv);
+    h.total_blocks = (uint32_t)pd_kv_cache_num_blocks(p->kv);
+    h.tokens_in_flight = tokens;
+    h.prefill_tokens_total = p->prefill_tokens_total;
+    h.kv_bytes_sent = p->kv_bytes_sent;
+    pd_msg_send(p->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+    p->last_heartbeat = pd_now_s();
+}
+
+static void send_error(prefill_svc *p, const char *id, const char *msg) {
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = (char *)id;
+    t.finished = true;
+    t.error = (char *)msg;
+    pd_msg_send(p->sock, NULL, 0, PD_MSG_TOKENS, &t.base);
+}
+
+static void job_free(prefill_svc *p, job *j) {
+    pd_seq_kv_release(p->kv, &j->kv);
+    free(j->kv.block_table);
+    protobuf_c_message_free_unpacked(&j->msg->base, NULL);
+    free(j);
+}
+
+static void job_unlink(prefill_svc *p, job *j) {
+    for (job **pp = &p->jobs; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            return;
+        }
+}
+
+/* After the flush: tell the gateway (and through it the decode replica). */
+static void job_report(prefill_svc *p, job *j) {
+    Pdserve__KvComplete k = PDSERVE__KV_COMPLETE__INIT;
+    k.request_id = j->msg->request_id;
+    k.reservation_id = j->msg->reservation_id;
+    k.num_tokens = (uint32_t)j->msg->n_prompt_ids;
+    k.first_token = j->first_token;
+    k.first_logprob = j->first_logprob;
+    k.kv_bytes = j->bytes;
+    k.transfer_seconds = pd_now_s() - j->t_start;
+    k.decode_replica_id = j->msg->decode_replica_id;
+    k.prefill_replica_id = (char *)p->replica_id;
+    k.aborted = j->aborted;
+    pd_msg_send(p->sock, NULL, 0, PD_MSG_KV_COMPLETE, &k.base);
+}
+
+static void on_flushed(void *user, uint64_t tag, pd_status st) {
+    job *j = user;
+    prefill_svc *p = (prefill_svc *)(uintptr_t)tag;
+    if (st != PD_OK) {
+        if (!j->aborted) send_error(p, j->msg->request_id, "KV transfer to the decode replica failed");
+    } else {
+        job_report(p, j);
+    }
+    job_unlink(p, j);
+    job_free(p, j);
+}
+
+static void on_put_done(void *user, uint64_t tag, pd_status st) {
+    job *j = user;
+    j->puts_inflight--;
+    if (st != PD_OK) j->failed = true;
+}
+
+static decode_peer *peer_for(prefill_svc *p, job *j, pd_err *err) {
+    const Pdserve__Prefill *m = j->msg;
+    for (decode_peer *d = p->peers; d; d = d->next)
+        if (!strcmp(d->id, m->decode_replica_id)) {
+            if (!pd_kvx_peer_failed(d->peer)) return d;
+            /* the decode replica restarted or failed: reconnect */
+            pd_kvx_peer_close(&d->peer);
+            d->has_rkey = false;
+            if (pd_kvx_peer_connect(p->agent, m->decode_ucx_address.data, m->decode_ucx_address.len, d, &d->peer,
+                                    err) != PD_OK)
+                return NULL;
+            if (pd_kvx_peer_add_rkey(d->peer, m->decode_kv_rkey.data, m->decode_kv_rkey.len, err) != PD_OK)
+                return NULL;
+            d->has_rkey = true;
+            return d;
+        }
+    decode_peer *d = pd_xcalloc(1, sizeof *d);
+    snprintf(d->id, sizeof d->id, "%s", m->decode_replica_id);
+    if (pd_kvx_peer_connect(p->agent, m->decode_ucx_address.data, m->decode_ucx_address.len, d, &d->peer, err) !=
+            PD_OK ||
+        pd_kvx_peer_add_rkey(d->peer, m->decode_kv_rkey.data, m->decode_kv_rkey.len, err) != PD_OK) {
+        if (d->peer) pd_kvx_peer_close(&d->peer);
+        free(d);
+        return NULL;
+    }
+    d->has_rkey = true;
+    d->next = p->peers;
+    p->peers = d;
+    return d;
+}
+
+/* Writes local blocks [j->blocks_sent, upto) to the decode replica's
+ * granted blocks. Each block is written once, when it is complete (or at
+ * the end for the last, partial one), so no two puts touch the same bytes. */
+static void send_blocks(prefill_svc *p, job *j, int upto) {
+    if (upto <= j->blocks_sent || j->aborted || j->failed) return;
+    if (pd_now_s() > j->t_lease_end) {
+        j->failed = true;
+        send_error(p, j->msg->request_id, "the KV reservation's lease ran out before the prefill finished");
+        return;
+    }
+    size_t bb = pd_kv_cache_block_bytes(p->kv);
+    int n = upto - j->blocks_sent;
+    pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
+    for (int i = 0; i < n; i++) {
+        int b = j->blocks_sent + i;
+        iov[i].local = pd_kv_cache_block_ptr(p->kv, j->kv.block_table[b]);
+        iov[i].remote_offset = (uint64_t)j->msg->block_ids[b] * bb;
+        iov[i].bytes = bb;
+    }
+    pd_err err = {{0}};
+    if (pd_kvx_put_batch(j->dp->peer, iov, (size_t)n, (uint64_t)(uintptr_t)p, on_put_done, j, &err) != PD_OK) {
+        j->failed = true;
+        send_error(p, j->msg->request_id, err.msg);
+    } else {
+        j->puts_inflight++;
+        j->blocks_sent = upto;
+        j->bytes += (uint64_t)n * bb;
+        p->kv_bytes_sent += (uint64_t)n * bb;
+    }
+    free(iov);
+}
+
+static void start_flush(prefill_svc *p, job *j) {
+    pd_err err = {{0}};
+    j->flushing = true;
+    if (!j->dp || pd_kvx_flush(j->dp->peer, (uint64_t)(uintptr_t)p, on_flushed, j, &err) != PD_OK) {
+        if (!j->aborted) send_error(p, j->msg->request_id, err.msg[0] ? err.msg : "KV flush failed");
+        else if (!j->dp) job_report(p, j); /* nothing was written: the blocks are free to reuse */
+        job_unlink(p, j);
+        job_free(p, j);
+    }
+}
+
+/* One chunk of the oldest job that still computes. */
+static bool step(prefill_svc *p) {
+    job *j = p->jobs;
+    while (j && (j->finished_compute || j->aborted || j->failed)) j = j->next;
+    if (!j) return false;
+    pd_err err = {{0}};
+    const Pdserve__Prefill *m = j->msg;
+    int n_prompt = (int)m->n_prompt_ids;
+    int bs = pd_kv_cache_block_size(p->kv);
+    if (j->done == 0) {
+        int need = (n_prompt + bs - 1) / bs;
+        if ((int)m->n_block_ids < need) {
+            j->failed = true;
+            send_error(p, m->request_id, "the decode replica reserved too few blocks for the prompt");
+            return true;
+        }
+        j->dp = peer_for(p, j, &err);
+        if (!j->dp) {
+            j->failed = true;
+            send_error(p, m->request_id, err.msg[0] ? err.msg : "cannot reach the decode replica");
+            return true;
+        }
+    }
+    int n = n_prompt - j->done < p->chunk ? n_prompt - j->done : p->chunk;
+    if (pd_seq_kv_reserve(p->kv, &j->kv, n) != PD_OK)
+        return false; /* local cache full: wait for earlier jobs to finish */
+    pd_batch_seq b = {.kv = &j->kv, .tokens = m->prompt_ids + j->done, .n_tokens = n};
+    if (pd_model_forward(p->m, p->kv, &b, 1, p->logits, &err) != PD_OK) {
+        j->failed = true;
+        send_error(p, m->request_id, err.msg);
+        return true;
+    }
+    j->done += n;
+    p->prefill_tokens_total += (uint64_t)n;
+    bool last = j->done == n_prompt;
+    send_blocks(p, j, last ? j->kv.num_blocks : j->done / bs);
+    if (last) {
+        pd_sampling_params sp = pd_sampling_defaults();
+        const Pdserve__SamplingParams *s = m->sampling;
+        if (s) {
+            sp.temperature = s->temperature;
+            sp.top_k = s->top_k;
+            sp.top_p = s->top_p;
+            sp.min_p = s->min_p;
+            sp.presence_penalty = s->presence_penalty;
+            sp.frequency_penalty = s->frequency_penalty;
+            sp.repetition_penalty = s->repetition_penalty;
+            sp.seed = s->seed;
+            sp.has_seed = s->has_seed;
+        }
+        pd_sampler *smp = NULL;
+        if (pd_sampler_init(&sp, pd_model_config_of(p->m)->vocab_size, m->prompt_ids, n_prompt, &smp, &err) != PD_OK) {
+            j->failed = true;
+            send_error(p, m->request_id, err.msg);
+            return true;
+        }
+        j->first_token = pd_sampler_sample(smp, p->logits, &j->first_logprob);
+        pd_sampler_free(&smp);
+        j->finished_compute = true;
+    }
+    return true;
+}
+
+/* Jobs whose puts are all locally complete: flush (finished or aborted) or
+ * drop (failed). */
+static void advance(prefill_svc *p) {
+    for (job *j = p->jobs; j;) {
+        job *next = j->next;
+        if (!j->flushing && j->puts_inflight == 0) {
+            if (j->failed) {
+                if (j->dp) {
+                    j->aborted = true; /* flush, then tell the decode side its blocks are free */
+                    start_flush(p, j);
+                } else {
+                    job_unlink(p, j);
+                    job_free(p, j);
+                }
+            } else if (j->finished_compute || j->aborted) {
+                start_flush(p, j);
+            }
+        }
+        j = next;
+    }
+}
+
+static void handle(prefill_svc *p, pd_msg *msg) {
+    switch (msg->type) {
+    case PD_MSG_REGISTER_REPLY: {
+        Pdserve__RegisterReply *r = (Pdserve__RegisterReply *)msg->msg;
+        p->registered = r->accepted;
+        if (r->accepted) {
+            if (r->heartbeat_interval_ms) p->heartbeat_ms = (int)r->heartbeat_interval_ms;
+            PD_LOGI(LOGM, "%s: registered with the gateway", p->replica_id);
+        } else {
+            PD_LOGW(LOGM, "%s: gateway refused registration: %s", p->replica_id, r->reason);
+            if (strstr(r->reason, "fingerprint") || strstr(r->reason, "geometry")) g_stop = 1;
+        }
+        break;
+    }
+    case PD_MSG_PREFILL: {
+        Pdserve__Prefill *m = (Pdserve__Prefill *)msg->msg;
+        if (m->n_prompt_ids == 0 || !m->decode_replica_id || !m->decode_replica_id[0]) {
+            send_error(p, m->request_id, "prefill request without a prompt or a decode replica");
+            break;
+        }
+        job *j = pd_xcalloc(1, sizeof *j);
+        j->msg = m;
+        msg->msg = NULL;
+        j->t_start = pd_now_s();
+        j->t_lease_end = j->t_start + 100.0; /* the decode side's ttl is 120 s: stop well before */
+        job **pp = &p->jobs;
+        while (*pp) pp = &(*pp)->next;
+        *pp = j;
+        break;
+    }
+    case PD_MSG_ABORT: {
+        Pdserve__Abort *a = (Pdserve__Abort *)msg->msg;
+        for (job *j = p->jobs; j; j = j->next)
+            if (!strcmp(j->msg->request_id, a->request_id)) j->aborted = true;
+        break;
+    }
+    default:
+        PD_LOGW(LOGM, "unexpected %s message from the gateway", pd_msg_type_name(msg->type));
+    }
+}
+
+int pd_prefill_main(int argc, char **argv) {
+    const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
+    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500;
+    int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
+    pd_flag flags[] = {
+        {"model", PD_FLAG_STR, &model, "checkpoint directory"},
+        {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
+        {"replica-id", PD_FLAG_STR, &replica_id, "unique name of this replica (default prefill-<pid>)"},
+        {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512)"},
+        {"block-size", PD_FLAG_INT, &block_size, "KV cache block, tokens (default 16; must match decode)"},
+        {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "local KV cache blocks (default 4096)"},
+        {"device", PD_FLAG_STR, &device, "cpu or cuda"},
+        {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
+        {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+        {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
+        {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
+    };
+    int rc = pd_flags_parse("prefill", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
+    if (rc) return rc == 1 ? 0 : 2;
+    if (!model || chunk <= 0) {
+        fprintf(stderr, "pdserve prefill: --model is required and --chunked-prefill-size must be positive\n");
+        return 2;
+    }
+    char rid[64];
+    if (!replica_id) {
+        snprintf(rid, sizeof rid, "prefill-%d", (int)getpid());
+        replica_id = rid;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    prefill_svc p = {.replica_id = replica_id, .chunk = chunk, .heartbeat_ms = heartbeat_ms};
+    pd_err err = {{0}};
+    pd_backend *be = NULL;
+    rc = 1;
+    if (pd_backend_init(device, threads, &be, &err) != PD_OK || pd_model_load(model, be, &p.m, &err) != PD_OK ||
+        pd_kv_cache_init(p.m, block_size, num_blocks, &p.kv, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        goto out;
+    }
+    pd_kvx_config kc = {.name = replica_id};
+    if (pd_kvx_agent_init(&kc, &p.agent, &err) != PD_OK ||
+        pd_kvx_register_pool(p.agent, pd_kv_cache_block_ptr(p.kv, 0),
+                             pd_kv_cache_block_bytes(p.kv) * (size_t)num_blocks, &p.pool, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: KV transfer: %s\n", err.msg);
+        goto out;
+    }
+    p.logits = pd_xmalloc((size_t)pd_model_config_of(p.m)->vocab_size * sizeof(float));
+    p.zctx = zmq_ctx_new();
+    p.sock = zmq_socket(p.zctx, ZMQ_DEALER);
+    int linger = 0, hwm = 100000;
+    zmq_setsockopt(p.sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(p.sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(p.sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(p.sock, ZMQ_ROUTING_ID, replica_id, strlen(replica_id));
+    if (zmq_connect(p.sock, gateway) != 0) {
+        fprintf(stderr, "pdserve prefill: cannot connect to %s: %s\n", gateway, zmq_strerror(errno));
+        goto out;
+    }
+    PD_LOGI(LOGM, "%s: model %s, chunk %d tokens, %d KV blocks of %d, gateway %s", replica_id, model, chunk,
+            num_blocks, block_size, gateway);
+    send_register(&p);
+    rc = 0;
+    while (!g_stop) {
+        bool busy = false;
+        for (job *j = p.jobs; j; j = j->next)
+            if (!j->finished_compute && !j->aborted && !j->failed) busy = true;
+        if (pd_kvx_agent_progress(p.agent)) busy = true;
+        double now = pd_now_s();
+        long wait_ms = busy ? 0 : (long)(p.heartbeat_ms - (now - p.last_heartbeat) * 1000.0);
+        if (wait_ms < 0) wait_ms = 0;
+        if (p.jobs && wait_ms > 5) wait_ms = 5; /* transfers in flight: keep progressing */
+        zmq_pollitem_t it[2] = {{p.sock, 0, ZMQ_POLLIN, 0}, {NULL, pd_kvx_agent_event_fd(p.agent), ZMQ_POLLIN, 0}};
+        zmq_poll(it, 2, wait_ms);
+        for (;;) {
+            pd_msg msg;
+            pd_status s = pd_msg_recv(p.sock, false, &msg, &err);
+            if (s == PD_ERR_LIMIT) break;
+            if (s != PD_OK) {
+                PD_LOGW(LOGM, "dropped a message from the gateway: %s", err.msg);
+                if (s == PD_ERR_IO) break;
+                continue;
+            }
+            handle(&p, &msg);
+            pd_msg_clear(&msg);
+        }
+        step(&p);
+        pd_kvx_agent_progress(p.agent);
+        advance(&p);
+        now = pd_now_s();
+        if (!p.registered && now - p.last_register > 1.0) send_register(&p);
+        if ((now - p.last_heartbeat) * 1000.0 >= p.heartbeat_ms) send_heartbeat(&p);
+    }
+    PD_LOGI(LOGM, "%s: stopping", replica_id);
+out:
+    while (p.jobs) {
+        job *j = p.jobs;
+        p.jobs = j->next;
+        job_free(&p, j);
+    }
+    while (p.peers) {
+        decode_peer *d = p.peers;
+        p.peers = d->next;
+        pd_kvx_peer_close(&d->peer);
+        free(d);
+    }
+    pd_kvx_pool_free(&p.pool);
+    pd_kvx_agent_free(&p.agent);
+    if (p.sock) zmq_close(p.sock);
+    if (p.zctx) zmq_ctx_term(p.zctx);
+    free(p.logits);
+    pd_kv_cache_free(&p.kv);
+    pd_model_free(&p.m);
+    pd_backend_free(&be);
+    return rc;
+}

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""The serving path end to end on 127.0.0.1 with the tiny model: `pdserve up`
+(gateway, prefill and decode replicas as real processes), driven over HTTP.
+
+Checks (issue 3 acceptance):
+- the same greedy completion, token for token (as text), from
+  `pdserve generate`, the short route and the long route (prompt lengths
+  chunk-1, chunk, chunk+1 and several chunks);
+- counters: the long route moved KV bytes and the decode replica did not
+  prefill it again; the short route moved none;
+- streamed == non-streamed text, usage equal, every SSE event strict JSON;
+- a client that disconnects mid-stream: the decode replica's blocks are back
+  to baseline within 1 s.
+Run by ctest (tests/integration/*.py) with PD_BIN set.
+"""
+import http.client, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
+
+BIN = os.environ.get("PD_BIN", "build/pdserve")
+CHUNK = 8
+THRESHOLD = 12
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def post(port, path, body, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def metrics(port):
+    st, data = get(port, "/metrics")
+    out = {}
+    for line in data.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+def metric(m, name, **labels):
+    tot = 0.0
+    for k, v in m.items():
+        if not k.startswith(name):
+            continue
+        if all(f'{a}="{b}"' in k for a, b in labels.items()):
+            tot += v
+    return tot
+
+
+def stream(port, body):
+    """Returns (text, events, usage) of a streamed completion."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, f"stream status {r.status}")
+    raw = r.read()
+    c.close()
+    text, usage, events, done = "", None, 0, False
+    for block in raw.split(b"\n\n"):
+        if not block.strip() or block.startswith(b":"):
+            continue
+        check(block.startswith(b"data: "), f"SSE line {block[:40]!r}")
+        payload = block[6:]
+        if payload == b"[DONE]":
+            done = True
+            continue
+        ev = json.loads(payload.decode("utf-8", errors="strict"))
+        events += 1
+        if ev.get("usage"):
+            usage = ev["usage"]
+        for ch in ev.get("choices", []):
+            text += ch.get("text") or ""
+    check(done, "stream ended with [DONE]")
+    return text, events, usage
+
+
+def generate_text(model, ids, n):
+    out = subprocess.run([BIN, "generate", "--model", model, "--prompt-ids", ",".join(map(str, ids)), "-n", str(n),
+                          "--ignore-eos"], capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0, f"generate failed: {out.stderr}")
+    return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
+
+
+def main():
+    tmp = tempfile.mkdtemp()
+    model = os.path.join(tmp, "tiny")
+    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True,
+                   capture_output=True)
+    port = free_port()
+    while True:
+        cport = port + 1
+        try:
+            s = socket.socket(); s.bind(("127.0.0.1", cport)); s.close(); break
+        except OSError:
+            port = free_port()
+    log = open(os.path.join(tmp, "up.log"), "w")
+    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
+                           "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
+                           "--long-prompt-threshold", str(THRESHOLD), "--chunked-prefill-size", str(CHUNK),
+                           "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100",
+                           "--threads", "1"],
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        ready = False
+        while time.time() < deadline:
+            try:
+                st, _ = get(port, "/health")
+                m = metrics(port)
+                if st == 200 and metric(m, "pdserve:replicas_alive", role="prefill") >= 1:
+                    ready = True
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        if not check(ready, "stack became ready"):
+            return
+        rng = random.Random(5)
+        # ---- greedy equality over both routes and chunk boundaries ----
+        for n in (3, CHUNK - 1, THRESHOLD, CHUNK * 2 - 1, CHUNK * 2, CHUNK * 2 + 1, CHUNK * 5 + 3):
+            ids = [rng.randrange(3, 120000) for _ in range(n)]
+            ref = generate_text(model, ids, 8)
+            m0 = metrics(port)
+            st, data = post(port, "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 8,
+                                                      "temperature": 0, "ignore_eos": True})
+            if not check(st == 200, f"len {n}: status {st} {data[:200]!r}"):
+                continue
+            resp = json.loads(data)
+            text = resp["choices"][0]["text"]
+            check(text == ref, f"len {n}: API text {text!r} != generate {ref!r}")
+            check(resp["usage"]["completion_tokens"] == 8, f"len {n}: usage {resp['usage']}")
+            check(resp["usage"]["prompt_tokens"] == n, f"len {n}: prompt usage {resp['usage']}")
+            time.sleep(0.35)  # heartbeats carry the counters
+            m1 = metrics(port)
+            moved = metric(m1, "pdserve:kv_transfer_bytes_total") - metric(m0, "pdserve:kv_transfer_bytes_total")
+            dec_prefill = (metric(m1, "pdserve:replica_prefill_tokens_total", role="decode") -
+                           metric(m0, "pdserve:replica_prefill_tokens_total", role="decode"))
+            if n > THRESHOLD:
+                check(moved > 0, f"len {n}: long route moved no KV")
+                check(dec_prefill == 0, f"len {n}: decode prefilled {dec_prefill} tokens of a long prompt")
+            else:
+                check(moved == 0, f"len {n}: short route moved KV ({moved} bytes)")
+                check(dec_prefill == n, f"len {n}: decode prefilled {dec_prefill} tokens, expected {n}")
+            # streamed == non-streamed, usage equal
+            stext, events, usage = stream(port, {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0,
+                                                 "ignore_eos": True})
+            check(stext == text, f"len {n}: streamed {stext!r} != {text!r}")
+            check(usage == resp["usage"], f"len {n}: stream usage {usage} != {resp['usage']}")
+        # ---- chat, both routes ----
+        for content in ("Hi", "Tell me a long story about " + "many things " * 10):
+            st, data = post(port, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                                                           "max_tokens": 5, "temperature": 0})
+            check(st == 200 and json.loads(data)["choices"][0]["message"]["role"] == "assistant",
+                  f"chat status {st} {data[:200]!r}")
+        # ---- a client that disconnects mid-stream frees its blocks ----
+        for n in (5, 40):
+            time.sleep(0.3)
+            base = metric(metrics(port), "pdserve:kv_cache_free_blocks", role="decode")
+            sk = socket.create_connection(("127.0.0.1", port))
+            body = json.dumps({"model": "tiny", "prompt": [7] * n, "max_tokens": 400, "ignore_eos": True,
+                               "stream": True}).encode()
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            got = b""
+            while got.count(b"data: ") < 3:
+                chunk = sk.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+            time.sleep(0.3)
+            during = metric(metrics(port), "pdserve:kv_cache_free_blocks", role="decode")
+            check(during < base, f"len {n}: blocks in use while streaming ({during} vs {base})")
+            sk.close()
+            t0 = time.time()
+            back = False
+            while time.time() - t0 < 1.0:
+                if metric(metrics(port), "pdserve:kv_cache_free_blocks", role="decode") == base:
+                    back = True
+                    break
+                time.sleep(0.05)
+            check(back, f"len {n}: blocks back to baseline within 1 s after the client left")
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+        log.close()
+        if failures:
+            print(open(os.path.join(tmp, "up.log")).read()[-6000:])
+    print("failures:", len(failures))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
