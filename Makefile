@@ -4,11 +4,12 @@ BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc)
 MODEL      ?= models/small
 PRESET     ?= small
+PORT       ?= 8000
 CACHE      := $(CURDIR)/.cache
 DEPS_STAMP := $(CACHE)/deps.stamp
 TOKENIZER  := $(CACHE)/tokenizer-deepseek_v3/tokenizer.json
 
-.PHONY: all build deps run test test-asan model clean fixtures
+.PHONY: all build deps run generate test test-asan model clean
 
 all: build
 
@@ -30,7 +31,13 @@ $(MODEL)/config.json: | build
 
 model: build $(MODEL)/config.json
 
+# the whole stack on this host: a gateway on http://127.0.0.1:8000, one
+# prefill and one decode replica (Ctrl-C stops everything)
 run: model
+	$(BUILD)/pdserve up --model $(MODEL) --host 127.0.0.1 --port $(PORT)
+
+# the model in-process, no services
+generate: model
 	$(BUILD)/pdserve generate --model $(MODEL) --chat --prompt "Hello! Who are you?" -n 32
 
 test: build
