@@ -211,9 +211,22 @@ static pd_status write_shard(const pd_model_config *cfg, uint64_t seed, planned 
     return st != PD_OK ? st : st2;
 }
 
+/* mkdir -p */
+static int mkdir_parents(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 pd_status pd_mkmodel_write(const pd_model_config *cfg, uint64_t seed, const char *dir, size_t shard_bytes,
                            const char *tokenizer_dir, pd_err *err) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    if (mkdir_parents(dir) != 0)
         return pd_err_set(err, PD_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
