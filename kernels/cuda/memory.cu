@@ -31,7 +31,7 @@ void cu_free(pd_backend *be, void *p) {
     cu_ctx *c = cu_of(be);
     if (!p)
         return;
-    cudaStreamSynchronize(c->stream); /* queued work may still use p */
+    CU_OK(c, cudaStreamSynchronize(c->stream)); /* queued work may still use p */
     CU_OK(c, cudaFree(p));
 }
 

@@ -177,6 +177,10 @@ static cudaError_t route_launch(int rows, const float *logits, const pd_moe_rout
 void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
                   float *weights) {
     cu_ctx *c = cu_of(be);
+    if (!p) {
+        cu_fail(c, PD_ERR_INVALID, "moe_route: no parameters");
+        return;
+    }
     if (rows <= 0)
         return;
     int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1;

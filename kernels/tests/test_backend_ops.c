@@ -32,6 +32,7 @@ typedef struct {
     pd_backend *ref; /* NULL: compare with the double formulas */
     pd_backend *be;  /* under test */
     bool cuda;
+    int fmt; /* pd_cuda_weights of a CUDA group */
     double tol, tol_w; /* tolerance; for operations that read weights */
     char skip[600];
     double worst[OP_N];
@@ -110,12 +111,28 @@ static void check(suite *s, int op, const char *shape, double e, double tol) {
     }
 }
 
+/* A CUDA backend keeps its first error; a new one per test keeps one
+ * operation's failure from hiding the others' results. */
+static void fresh_backend(suite *s) {
+#ifdef PD_HAVE_CUDA
+    if (!s->cuda)
+        return;
+    pd_backend_free(&s->be);
+    pd_err err = {{0}};
+    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)s->fmt, &s->be, &err) != PD_OK)
+        fail_msg("%s: %s", s->name, err.msg);
+#else
+    (void)s;
+#endif
+}
+
 /* BEGIN skips a group without a backend; END fails the test when any of
  * its comparisons was over tolerance (each was printed). In the cpu group
  * the CPU backend is the one under test and the double formula the reference. */
 #define BEGIN(s)                                                                                                 \
     if ((s)->skip[0])                                                                                            \
         skip();                                                                                                  \
+    fresh_backend(s);                                                                                            \
     const int fails_before = (s)->n_fail
 #define END(s)                                                                                                   \
     do {                                                                                                         \
@@ -143,8 +160,8 @@ static void run_gemm(suite *s, pd_backend *b, int M, int N, int K, const float *
 static void test_gemm(void **state) {
     suite *s = *state;
     BEGIN(s);
-    static const int shapes[][3] = {{1, 64, 64}, {3, 96, 130}, {17, 256, 512}, {64, 200, 333}, {130, 128, 64},
-                                    {1, 1000, 256}};
+    static const int shapes[][3] = {{1, 64, 64}, {3, 96, 130}, {17, 256, 512}, {130, 128, 64}, {1, 1000, 256},
+                                    {64, 200, 333}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
         int M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
         bool acc = t % 2 == 1;
@@ -874,8 +891,8 @@ static void test_errors(void **state) {
 /* ---- groups ----------------------------------------------------------- */
 
 static suite g_cpu = {.name = "cpu", .tol = 1e-5, .tol_w = 1e-5};
-static suite g_f32 = {.name = "cuda-f32", .cuda = true, .tol = 1e-5, .tol_w = 1e-5};
-static suite g_bf16 = {.name = "cuda-bf16", .cuda = true, .tol = 1e-5, .tol_w = 1e-2};
+static suite g_f32 = {.name = "cuda-f32", .cuda = true, .fmt = 1, .tol = 1e-5, .tol_w = 1e-5};
+static suite g_bf16 = {.name = "cuda-bf16", .cuda = true, .fmt = 0, .tol = 1e-5, .tol_w = 1e-2};
 
 static int setup_cpu(void **state) {
     pd_rng_seed(&g_cpu.rng, 1);
@@ -885,12 +902,12 @@ static int setup_cpu(void **state) {
     return 0;
 }
 
-static int setup_cuda(suite *s, int fmt, void **state) {
-    pd_rng_seed(&s->rng, 2 + fmt);
+static int setup_cuda(suite *s, void **state) {
+    pd_rng_seed(&s->rng, 2 + s->fmt);
     *state = s;
 #ifdef PD_HAVE_CUDA
     pd_err err = {{0}};
-    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)fmt, &s->be, &err) != PD_OK)
+    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)s->fmt, &s->be, &err) != PD_OK)
         snprintf(s->skip, sizeof s->skip, "no usable GPU: %s", err.msg);
 #else
     snprintf(s->skip, sizeof s->skip, "this build has no CUDA backend (nvcc not found)");
@@ -904,13 +921,8 @@ static int setup_cuda(suite *s, int fmt, void **state) {
     return 0;
 }
 
-#ifdef PD_HAVE_CUDA
-static int setup_f32(void **state) { return setup_cuda(&g_f32, PD_CUDA_WEIGHTS_F32, state); }
-static int setup_bf16(void **state) { return setup_cuda(&g_bf16, PD_CUDA_WEIGHTS_BF16, state); }
-#else
-static int setup_f32(void **state) { return setup_cuda(&g_f32, 1, state); }
-static int setup_bf16(void **state) { return setup_cuda(&g_bf16, 0, state); }
-#endif
+static int setup_f32(void **state) { return setup_cuda(&g_f32, state); }
+static int setup_bf16(void **state) { return setup_cuda(&g_bf16, state); }
 
 static int teardown(void **state) {
     suite *s = *state;

@@ -56,7 +56,7 @@ static int setup(void **state, const char *preset, int wfmt, double tol) {
     const char *bd = getenv("PD_BUILD_DIR"), *sd = getenv("PD_SOURCE_DIR");
     if (!bd) bd = ".";
     if (!sd) sd = PD_SOURCE_DIR;
-    char models[4096];
+    char models[3800];
     snprintf(models, sizeof models, "%s/test-models", bd);
     mkdir(models, 0755);
     snprintf(t->dir, sizeof t->dir, "%s/%s", models, preset);
