@@ -35,7 +35,9 @@ static void conn_update_read(gw_conn *c) {
         bufferevent_enable(c->bev, EV_READ);
 }
 
-struct evbuffer *gw_conn_output(gw_conn *c) { return bufferevent_get_output(c->bev); }
+struct evbuffer *gw_conn_output(gw_conn *c) {
+    return bufferevent_get_output(c->bev);
+}
 
 void gw_conn_flushed(gw_conn *c) {
     size_t out = evbuffer_get_length(bufferevent_get_output(c->bev));
@@ -51,13 +53,15 @@ void gw_conn_pause_read(gw_conn *c, bool paused) {
 }
 
 void gw_conn_close(gw_conn *c) {
-    if (c->closing) return;
+    if (c->closing)
+        return;
     c->closing = true;
     gw_conn_set_timer(c, 0);
     conn_update_read(c);
     /* The write callback frees it once the output is empty; if it already
      * is, no write will happen, so go through the deferred event. */
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) event_active(c->deferred, 0, 0);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        event_active(c->deferred, 0, 0);
 }
 
 void gw_conn_set_timer(gw_conn *c, double seconds) {
@@ -80,8 +84,10 @@ void gw_conn_free(gw_conn *c) {
         c->prev->next = c->next;
     else
         s->conns = c->next;
-    if (c->next) c->next->prev = c->prev;
-    if (c->proto && c->proto->on_close) c->proto->on_close(c);
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->proto && c->proto->on_close)
+        c->proto->on_close(c);
     c->proto_data = NULL;
     event_free(c->timer);
     event_free(c->deferred);
@@ -95,13 +101,15 @@ static bool conn_sniff(gw_conn *c) {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     size_t n = evbuffer_get_length(in);
     size_t m = n < GW_H2_PREFACE_LEN ? n : GW_H2_PREFACE_LEN;
-    if (m == 0) return false;
+    if (m == 0)
+        return false;
     unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)m);
     if (memcmp(p, GW_H2_PREFACE, m) != 0) {
         c->proto = &gw_proto_http1;
         return true;
     }
-    if (m < GW_H2_PREFACE_LEN) return false;
+    if (m < GW_H2_PREFACE_LEN)
+        return false;
     /* The h2 handler (nghttp2) slots in here. */
     PD_LOGW(GW_MOD, "conn %llu (%s): HTTP/2 prior knowledge is not supported yet; closing",
             (unsigned long long)c->id, c->peer);
@@ -117,7 +125,8 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
         return;
     }
     if (!c->proto) {
-        if (!conn_sniff(c)) return;
+        if (!conn_sniff(c))
+            return;
         if (c->proto->init(c) != PD_OK) {
             PD_LOGE(GW_MOD, "conn %llu: cannot start %s", (unsigned long long)c->id,
                     c->proto->name);
@@ -133,14 +142,16 @@ static void conn_write_cb(struct bufferevent *bev, void *arg) {
     gw_conn *c = arg;
     size_t out = evbuffer_get_length(bufferevent_get_output(bev));
     if (c->closing) {
-        if (out == 0) gw_conn_free(c);
+        if (out == 0)
+            gw_conn_free(c);
         return;
     }
     if (c->bp_paused && out <= c->srv->cfg.output_high_water_bytes / 2) {
         c->bp_paused = false;
         conn_update_read(c);
         /* Input read before the pause may be waiting for the protocol. */
-        if (c->proto && evbuffer_get_length(bufferevent_get_input(bev)) > 0) gw_conn_defer(c);
+        if (c->proto && evbuffer_get_length(bufferevent_get_input(bev)) > 0)
+            gw_conn_defer(c);
     }
 }
 
@@ -151,7 +162,8 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
     else if (what & BEV_EVENT_ERROR)
         PD_LOGD(GW_MOD, "conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) gw_conn_free(c);
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
+        gw_conn_free(c);
 }
 
 static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
@@ -166,7 +178,8 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
 static void conn_deferred_cb(evutil_socket_t fd, short what, void *arg) {
     gw_conn *c = arg;
     if (c->closing) {
-        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) gw_conn_free(c);
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+            gw_conn_free(c);
         return;
     }
     if (c->defer_proto && c->proto) {
@@ -181,14 +194,15 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE latency */
     gw_conn *c = calloc(1, sizeof *c);
-    struct bufferevent *bev =
-        c ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    struct bufferevent *bev = c ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
     struct event *timer = c ? evtimer_new(s->base, conn_timer_cb, c) : NULL;
     struct event *deferred = c ? event_new(s->base, -1, 0, conn_deferred_cb, c) : NULL;
     if (!c || !bev || !timer || !deferred) {
         PD_LOGE(GW_MOD, "out of memory accepting a connection");
-        if (deferred) event_free(deferred);
-        if (timer) event_free(timer);
+        if (deferred)
+            event_free(deferred);
+        if (timer)
+            event_free(timer);
         if (bev)
             bufferevent_free(bev);
         else
@@ -206,7 +220,8 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
                 NI_NUMERICHOST | NI_NUMERICSERV);
     snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
     c->next = s->conns;
-    if (s->conns) s->conns->prev = c;
+    if (s->conns)
+        s->conns->prev = c;
     s->conns = c;
 
     bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
@@ -239,11 +254,12 @@ pd_status gw_listener_init(gw_server *s, pd_err *err) {
                           evutil_gai_strerror(rc));
     int last_errno = 0;
     for (struct evutil_addrinfo *ai = res; ai; ai = ai->ai_next) {
-        s->listener = evconnlistener_new_bind(
-            s->base, accept_cb, s,
-            LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, s->cfg.backlog,
-            ai->ai_addr, (int)ai->ai_addrlen);
-        if (s->listener) break;
+        s->listener = evconnlistener_new_bind(s->base, accept_cb, s,
+                                              LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+                                                  LEV_OPT_CLOSE_ON_EXEC,
+                                              s->cfg.backlog, ai->ai_addr, (int)ai->ai_addrlen);
+        if (s->listener)
+            break;
         last_errno = errno;
     }
     evutil_freeaddrinfo(res);
@@ -264,6 +280,7 @@ pd_status gw_listener_init(gw_server *s, pd_err *err) {
 }
 
 void gw_listener_free(gw_server *s) {
-    if (s->listener) evconnlistener_free(s->listener);
+    if (s->listener)
+        evconnlistener_free(s->listener);
     s->listener = NULL;
 }

@@ -38,11 +38,11 @@ typedef struct {
 typedef struct {
     gw_conn *c;
     http_parser parser;
-    gw_stream *cur;     /* being received, or dispatched and not yet ended */
-    bool cur_complete;  /* cur was received whole and dispatched */
-    bool processing;    /* inside h1_process (no re-entry) */
-    bool keep_alive;    /* of cur */
-    bool chunked;       /* cur's streamed response is chunked */
+    gw_stream *cur;    /* being received, or dispatched and not yet ended */
+    bool cur_complete; /* cur was received whole and dispatched */
+    bool processing;   /* inside h1_process (no re-entry) */
+    bool keep_alive;   /* of cur */
+    bool chunked;      /* cur's streamed response is chunked */
     h1_buf url, hname, hval;
     bool in_value;
     int err_status; /* set by a parser callback that refuses the request */
@@ -52,9 +52,11 @@ typedef struct {
 static int buf_add(h1_buf *b, const char *at, size_t len) {
     if (b->len + len + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + len + 1) cap *= 2;
+        while (cap < b->len + len + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
-        if (!p) return -1;
+        if (!p)
+            return -1;
         b->p = p;
         b->cap = cap;
     }
@@ -64,7 +66,9 @@ static int buf_add(h1_buf *b, const char *at, size_t len) {
     return 0;
 }
 
-static h1_conn *h1_of(const http_parser *p) { return p->data; }
+static h1_conn *h1_of(const http_parser *p) {
+    return p->data;
+}
 
 static int h1_refuse(h1_conn *h, int status, const char *msg) {
     h->err_status = status;
@@ -82,7 +86,8 @@ static int h1_count_header_bytes(h1_conn *h, size_t len) {
 }
 
 static int h1_commit_header(h1_conn *h) {
-    if (!h->in_value) return 0;
+    if (!h->in_value)
+        return 0;
     h->in_value = false;
     if (h->cur->n_hdrs >= h->c->srv->cfg.max_header_count)
         return h1_refuse(h, 431, "too many request headers");
@@ -99,7 +104,8 @@ static int h1_commit_header(h1_conn *h) {
 static int on_message_begin(http_parser *p) {
     h1_conn *h = h1_of(p);
     h->cur = gw_stream_new(h->c);
-    if (!h->cur) return h1_refuse(h, 500, "out of memory");
+    if (!h->cur)
+        return h1_refuse(h, 500, "out of memory");
     h->url.len = h->hname.len = h->hval.len = 0;
     h->in_value = false;
     gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_s);
@@ -108,24 +114,29 @@ static int on_message_begin(http_parser *p) {
 
 static int on_url(http_parser *p, const char *at, size_t len) {
     h1_conn *h = h1_of(p);
-    if (h1_count_header_bytes(h, len)) return -1;
+    if (h1_count_header_bytes(h, len))
+        return -1;
     return buf_add(&h->url, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
 }
 
 static int on_header_field(http_parser *p, const char *at, size_t len) {
     h1_conn *h = h1_of(p);
-    if (h1_count_header_bytes(h, len)) return -1;
-    if (h1_commit_header(h)) return -1;
+    if (h1_count_header_bytes(h, len))
+        return -1;
+    if (h1_commit_header(h))
+        return -1;
     return buf_add(&h->hname, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t len) {
     h1_conn *h = h1_of(p);
-    if (h1_count_header_bytes(h, len)) return -1;
+    if (h1_count_header_bytes(h, len))
+        return -1;
     if (!h->in_value) {
         h->in_value = true;
         h->hval.len = 0;
-        while (len && (*at == ' ' || *at == '\t')) at++, len--;
+        while (len && (*at == ' ' || *at == '\t'))
+            at++, len--;
     }
     return buf_add(&h->hval, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
 }
@@ -160,7 +171,8 @@ static int h1_set_target(gw_stream *s, const char *t, size_t len) {
             qlen = len - plen - 1;
         }
         const char *hash = memchr(path, '#', plen);
-        if (hash) plen = (size_t)(hash - path);
+        if (hash)
+            plen = (size_t)(hash - path);
     }
     s->path = strndup(path, plen);
     s->query = query ? strndup(query, qlen) : NULL;
@@ -171,17 +183,21 @@ static int on_headers_complete(http_parser *p) {
     h1_conn *h = h1_of(p);
     gw_stream *s = h->cur;
     const pd_gw_config *cfg = &h->c->srv->cfg;
-    if (h1_commit_header(h)) return -1;
+    if (h1_commit_header(h))
+        return -1;
     s->method = strdup(http_method_str((enum http_method)p->method));
-    if (!s->method) return h1_refuse(h, 500, "out of memory");
+    if (!s->method)
+        return h1_refuse(h, 500, "out of memory");
     if (h1_set_target(s, h->url.p ? h->url.p : "", h->url.len))
         return h1_refuse(h, 400, "malformed request target");
     s->http_major = p->http_major;
     s->http_minor = p->http_minor;
     s->head = p->method == HTTP_HEAD;
     h->keep_alive = http_should_keep_alive(p);
-    if (p->http_major != 1) return h1_refuse(h, 505, "only HTTP/1.0 and HTTP/1.1 are served here");
-    if (p->method == HTTP_CONNECT) return h1_refuse(h, 405, "CONNECT is not supported");
+    if (p->http_major != 1)
+        return h1_refuse(h, 505, "only HTTP/1.0 and HTTP/1.1 are served here");
+    if (p->method == HTTP_CONNECT)
+        return h1_refuse(h, 405, "CONNECT is not supported");
     if (p->content_length != ULLONG_MAX && p->content_length > cfg->max_request_body_bytes)
         return h1_refuse(h, 413, "request body exceeds --max-request-body-bytes");
     const char *expect = gw_stream_header(s, "Expect");
@@ -235,7 +251,8 @@ static void h1_write_head(h1_conn *h, gw_stream *s, int status, const char *ctyp
     h1_date(date, sizeof date);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nDate: %s\r\nServer: pdserve\r\n", status,
                         gw_status_reason(status), date);
-    if (ctype) evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
+    if (ctype)
+        evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
     for (int i = 0; i < n_hdrs; i++)
         evbuffer_add_printf(out, "%s: %s\r\n", hdrs[i].name, hdrs[i].value);
     h->chunked = false;
@@ -268,22 +285,26 @@ static void h1_stream_done(h1_conn *h) {
         return;
     }
     gw_conn_set_timer(c, c->srv->cfg.timeout_keep_alive_s);
-    if (!h->processing) gw_conn_defer(c); /* pipelined input may be waiting */
+    if (!h->processing)
+        gw_conn_defer(c); /* pipelined input may be waiting */
 }
 
 static int h1_respond(gw_stream *s, int status, const char *ctype, const gw_hdr *hdrs, int n_hdrs,
                       const void *body, size_t len) {
     h1_conn *h = s->conn->proto_data;
-    if (h->cur != s) return -1;
+    if (h->cur != s)
+        return -1;
     h1_write_head(h, s, status, ctype, hdrs, n_hdrs, (long long)len);
-    if (!s->head && len) evbuffer_add(gw_conn_output(s->conn), body, len);
+    if (!s->head && len)
+        evbuffer_add(gw_conn_output(s->conn), body, len);
     h1_stream_done(h);
     return 0;
 }
 
 static int h1_start(gw_stream *s, int status, const char *ctype, const gw_hdr *hdrs, int n_hdrs) {
     h1_conn *h = s->conn->proto_data;
-    if (h->cur != s) return -1;
+    if (h->cur != s)
+        return -1;
     h1_write_head(h, s, status, ctype, hdrs, n_hdrs, -1);
     s->state = GW_STREAM_STARTED;
     gw_conn_flushed(s->conn);
@@ -292,20 +313,26 @@ static int h1_start(gw_stream *s, int status, const char *ctype, const gw_hdr *h
 
 static int h1_write(gw_stream *s, const void *data, size_t len) {
     h1_conn *h = s->conn->proto_data;
-    if (h->cur != s) return -1;
-    if (s->head) return 0;
+    if (h->cur != s)
+        return -1;
+    if (s->head)
+        return 0;
     struct evbuffer *out = gw_conn_output(s->conn);
-    if (h->chunked) evbuffer_add_printf(out, "%zx\r\n", len);
+    if (h->chunked)
+        evbuffer_add_printf(out, "%zx\r\n", len);
     evbuffer_add(out, data, len);
-    if (h->chunked) evbuffer_add(out, "\r\n", 2);
+    if (h->chunked)
+        evbuffer_add(out, "\r\n", 2);
     gw_conn_flushed(s->conn);
     return 0;
 }
 
 static int h1_end(gw_stream *s) {
     h1_conn *h = s->conn->proto_data;
-    if (h->cur != s) return -1;
-    if (h->chunked && !s->head) evbuffer_add(gw_conn_output(s->conn), "0\r\n\r\n", 5);
+    if (h->cur != s)
+        return -1;
+    if (h->chunked && !s->head)
+        evbuffer_add(gw_conn_output(s->conn), "0\r\n\r\n", 5);
     h1_stream_done(h);
     return 0;
 }
@@ -330,7 +357,8 @@ static void h1_dispatch(h1_conn *h) {
     gw_stream *s = h->cur;
     s->state = GW_STREAM_DISPATCHED;
     gw_conn_set_timer(h->c, 0); /* no read deadline while the application works */
-    if (h->parser.upgrade) h->parser.upgrade = 0; /* h2c Upgrade: ignored for now */
+    if (h->parser.upgrade)
+        h->parser.upgrade = 0; /* h2c Upgrade: ignored for now */
     gw_server_dispatch(s);
 }
 
@@ -338,12 +366,14 @@ static void h1_dispatch(h1_conn *h) {
  * not yet answered), the input runs dry, or the connection closes. */
 static void h1_process(gw_conn *c) {
     h1_conn *h = c->proto_data;
-    if (h->processing) return;
+    if (h->processing)
+        return;
     h->processing = true;
     struct evbuffer *in = bufferevent_get_input(c->bev);
     while (!c->closing && !h->cur_complete && evbuffer_get_length(in) > 0) {
         struct evbuffer_iovec v;
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1) break;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
         size_t n = http_parser_execute(&h->parser, &h1_settings, v.iov_base, v.iov_len);
         enum http_errno e = HTTP_PARSER_ERRNO(&h->parser);
         evbuffer_drain(in, n);
@@ -357,7 +387,8 @@ static void h1_process(gw_conn *c) {
             const char *msg = h->err_msg;
             char buf[160];
             if (!h->err_status) {
-                if (e == HPE_HEADER_OVERFLOW) status = 431;
+                if (e == HPE_HEADER_OVERFLOW)
+                    status = 431;
                 snprintf(buf, sizeof buf, "malformed HTTP request: %s", http_errno_description(e));
                 msg = buf;
             }
@@ -370,7 +401,8 @@ static void h1_process(gw_conn *c) {
 
 static pd_status h1_init(gw_conn *c) {
     h1_conn *h = calloc(1, sizeof *h);
-    if (!h) return PD_ERR_NOMEM;
+    if (!h)
+        return PD_ERR_NOMEM;
     h->c = c;
     http_parser_init(&h->parser, HTTP_REQUEST);
     h->parser.data = h;
@@ -384,15 +416,18 @@ static void h1_on_timeout(gw_conn *c) {
         h1_fail(h, 408, "the request did not arrive in time");
         return;
     }
-    if (!h->cur) gw_conn_close(c); /* idle keep-alive connection */
+    if (!h->cur)
+        gw_conn_close(c); /* idle keep-alive connection */
 }
 
 static void h1_on_close(gw_conn *c) {
     h1_conn *h = c->proto_data;
-    if (!h) return;
+    if (!h)
+        return;
     gw_stream *s = h->cur;
     h->cur = NULL;
-    if (s) gw_stream_free(s); /* runs the application's close callback if dispatched */
+    if (s)
+        gw_stream_free(s); /* runs the application's close callback if dispatched */
     free(h->url.p);
     free(h->hname.p);
     free(h->hval.p);

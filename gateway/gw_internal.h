@@ -165,7 +165,7 @@ typedef struct {
 extern const gw_proto_i gw_proto_http1;
 
 /* The 24-octet HTTP/2 client connection preface (RFC 9113 §3.4). */
-#define GW_H2_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#define GW_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define GW_H2_PREFACE_LEN 24
 
 struct gw_conn {
@@ -177,10 +177,10 @@ struct gw_conn {
     struct event *deferred; /* gw_conn_defer and deferred close */
     uint64_t id;
     char peer[64];
-    bool closing;      /* no more reading; freed once the output drained */
-    bool bp_paused;    /* reading stopped by back-pressure */
-    bool read_paused;  /* reading stopped by the protocol (gw_conn_pause_read) */
-    bool defer_proto;  /* the deferred event should run proto->on_deferred */
+    bool closing;     /* no more reading; freed once the output drained */
+    bool bp_paused;   /* reading stopped by back-pressure */
+    bool read_paused; /* reading stopped by the protocol (gw_conn_pause_read) */
+    bool defer_proto; /* the deferred event should run proto->on_deferred */
     gw_conn *prev, *next;
 };
 
@@ -217,15 +217,15 @@ typedef enum { GW_KIND_COMPLETION = 0, GW_KIND_CHAT } gw_kind;
 typedef struct {
     gw_kind kind;
     bool stream;
-    bool include_usage;    /* stream_options.include_usage */
-    bool echo;             /* completions: prompt text before the completion */
+    bool include_usage; /* stream_options.include_usage */
+    bool echo;          /* completions: prompt text before the completion */
     bool ignore_eos;
     bool skip_special;     /* skip_special_tokens (default true) */
     bool include_stop_str; /* include_stop_str_in_output */
     int n;
     int max_tokens;
     int min_tokens;
-    int logprobs;     /* -1 off; else top alternatives wanted (0..max_logprobs) */
+    int logprobs; /* -1 off; else top alternatives wanted (0..max_logprobs) */
     pd_sampling_params sampling;
     char **stop; /* n_stop non-empty UTF-8 strings */
     int n_stop;
@@ -251,8 +251,8 @@ typedef struct {
  * max_tokens against cfg->max_model_len. Pure and thread-safe (tok and cfg
  * read-only). On success fills *out (free with gw_oai_req_clear) and
  * returns 0; on a client error fills *e and returns -1. */
-int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
-                   const char *body, size_t len, gw_oai_req *out, gw_oai_err *e);
+int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind, const char *body,
+                   size_t len, gw_oai_req *out, gw_oai_err *e);
 void gw_oai_req_clear(gw_oai_req *r);
 
 /* ------------------------------------------------------------------ */
@@ -339,7 +339,7 @@ struct pd_gw_server {
     gw_pool *pool;
     bool ready;
     bool shutting_down;
-    pd_rng rng; /* request ids */
+    pd_rng rng;      /* request ids */
     int64_t created; /* unix seconds at start: /v1/models "created" */
 };
 

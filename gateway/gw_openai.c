@@ -38,8 +38,10 @@ static json_t *field(const json_t *o, const char *key) {
 
 static int get_bool(const json_t *o, const char *key, bool *out, gw_oai_err *e) {
     json_t *v = field(o, key);
-    if (!v) return 0;
-    if (!json_is_boolean(v)) return fail(e, 400, key, "'%s' must be a boolean", key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return fail(e, 400, key, "'%s' must be a boolean", key);
     *out = json_is_true(v);
     return 0;
 }
@@ -63,17 +65,22 @@ static bool as_int64(const json_t *v, int64_t *out) {
 
 static int get_int(const json_t *o, const char *key, int64_t *out, bool *present, gw_oai_err *e) {
     json_t *v = field(o, key);
-    if (present) *present = v != NULL;
-    if (!v) return 0;
-    if (!as_int64(v, out)) return fail(e, 400, key, "'%s' must be an integer", key);
+    if (present)
+        *present = v != NULL;
+    if (!v)
+        return 0;
+    if (!as_int64(v, out))
+        return fail(e, 400, key, "'%s' must be an integer", key);
     return 0;
 }
 
 static int get_int_range(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
                          bool *present, gw_oai_err *e) {
     bool have = false;
-    if (get_int(o, key, out, &have, e)) return -1;
-    if (present) *present = have;
+    if (get_int(o, key, out, &have, e))
+        return -1;
+    if (present)
+        *present = have;
     if (have && (*out < lo || *out > hi))
         return fail(e, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, (long long)lo,
                     (long long)hi, (long long)*out);
@@ -84,12 +91,14 @@ static int get_int_range(const json_t *o, const char *key, int64_t lo, int64_t h
 static int get_num_range(const json_t *o, const char *key, double lo, bool lo_open, double hi,
                          float *out, gw_oai_err *e) {
     json_t *v = field(o, key);
-    if (!v) return 0;
-    if (!json_is_number(v)) return fail(e, 400, key, "'%s' must be a number", key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return fail(e, 400, key, "'%s' must be a number", key);
     double d = json_number_value(v);
     if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || d > hi)
-        return fail(e, 400, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[',
-                    lo, hi, d);
+        return fail(e, 400, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo,
+                    hi, d);
     *out = (float)d;
     return 0;
 }
@@ -108,14 +117,16 @@ static char *own(chat_msgs *cm, char *s) {
     if (cm->n_owned == cm->cap_owned) {
         cm->cap_owned = cm->cap_owned ? 2 * cm->cap_owned : 16;
         cm->owned = realloc(cm->owned, (size_t)cm->cap_owned * sizeof *cm->owned);
-        if (!cm->owned) abort();
+        if (!cm->owned)
+            abort();
     }
     cm->owned[cm->n_owned++] = s;
     return s;
 }
 
 static void chat_msgs_free(chat_msgs *cm) {
-    for (int i = 0; i < cm->n_owned; i++) free(cm->owned[i]);
+    for (int i = 0; i < cm->n_owned; i++)
+        free(cm->owned[i]);
     free(cm->owned);
     free(cm->msgs);
     free(cm->calls);
@@ -129,7 +140,8 @@ static int chat_content(chat_msgs *cm, const json_t *m, int i, const char **out,
     snprintf(param, sizeof param, "messages[%d].content", i);
     json_t *c = field(m, "content");
     *out = NULL;
-    if (!c) return 0;
+    if (!c)
+        return 0;
     if (json_is_string(c)) {
         *out = json_string_value(c);
         return 0;
@@ -156,7 +168,8 @@ static int chat_content(chat_msgs *cm, const json_t *m, int i, const char **out,
     size_t off = 0;
     json_array_foreach(c, k, part) {
         json_t *text = json_object_get(part, "text");
-        if (k) joined[off++] = '\n';
+        if (k)
+            joined[off++] = '\n';
         memcpy(joined + off, json_string_value(text), json_string_length(text));
         off += json_string_length(text);
     }
@@ -168,10 +181,12 @@ static int chat_content(chat_msgs *cm, const json_t *m, int i, const char **out,
 static int chat_tool_calls(chat_msgs *cm, const json_t *m, int i, pd_chat_message *msg,
                            int *call_base, gw_oai_err *e) {
     json_t *tc = field(m, "tool_calls");
-    if (!tc) return 0;
+    if (!tc)
+        return 0;
     char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-    if (!json_is_array(tc)) return fail(e, 400, param, "'%s' must be an array", param);
+    if (!json_is_array(tc))
+        return fail(e, 400, param, "'%s' must be an array", param);
     size_t k;
     json_t *call;
     msg->tool_calls = cm->calls + *call_base;
@@ -183,8 +198,10 @@ static int chat_tool_calls(chat_msgs *cm, const json_t *m, int i, pd_chat_messag
         json_t *args = json_object_get(fn, "arguments");
         json_t *type = json_object_get(call, "type");
         if (!json_is_object(call) || !json_is_object(fn) || !json_is_string(name))
-            return fail(e, 400, pp, "'%s' must be {\"type\":\"function\",\"function\":{\"name\","
-                        "\"arguments\"}}", pp);
+            return fail(e, 400, pp,
+                        "'%s' must be {\"type\":\"function\",\"function\":{\"name\","
+                        "\"arguments\"}}",
+                        pp);
         if (type && !json_is_null(type) &&
             (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0))
             return fail(e, 400, pp, "'%s.type' must be \"function\"", pp);
@@ -204,14 +221,16 @@ static int chat_tool_calls(chat_msgs *cm, const json_t *m, int i, pd_chat_messag
 
 static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
     json_t *ms = json_object_get(root, "messages");
-    if (!ms || json_is_null(ms)) return fail(e, 400, "messages", "'messages' is required");
+    if (!ms || json_is_null(ms))
+        return fail(e, 400, "messages", "'messages' is required");
     if (!json_is_array(ms) || json_array_size(ms) == 0)
         return fail(e, 400, "messages", "'messages' must be a non-empty array");
     size_t n = json_array_size(ms), n_calls = 0, i;
     json_t *m;
     json_array_foreach(ms, i, m) {
         json_t *tc = json_object_get(m, "tool_calls");
-        if (json_is_array(tc)) n_calls += json_array_size(tc);
+        if (json_is_array(tc))
+            n_calls += json_array_size(tc);
     }
     cm->msgs = pd_xcalloc(n, sizeof *cm->msgs);
     cm->calls = pd_xcalloc(n_calls ? n_calls : 1, sizeof *cm->calls);
@@ -219,7 +238,8 @@ static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
     json_array_foreach(ms, i, m) {
         char param[64];
         snprintf(param, sizeof param, "messages[%zu]", i);
-        if (!json_is_object(m)) return fail(e, 400, param, "'%s' must be an object", param);
+        if (!json_is_object(m))
+            return fail(e, 400, param, "'%s' must be an object", param);
         json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "messages[%zu].role", i);
         if (!json_is_string(role))
@@ -234,13 +254,17 @@ static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
             return fail(e, 400, param,
                         "'%s' must be one of system, developer, user, assistant, tool; got '%.40s'",
                         param, r);
-        if (chat_content(cm, m, (int)i, &msg->content, e)) return -1;
+        if (chat_content(cm, m, (int)i, &msg->content, e))
+            return -1;
         if (strcmp(msg->role, "assistant") == 0) {
-            if (chat_tool_calls(cm, m, (int)i, msg, &call_base, e)) return -1;
+            if (chat_tool_calls(cm, m, (int)i, msg, &call_base, e))
+                return -1;
             /* The template renders tool calls only when content is none;
              * an assistant turn with neither renders as empty text. */
-            if (!msg->content && msg->n_tool_calls == 0) msg->content = "";
-            if (msg->content && msg->n_tool_calls > 0 && msg->content[0] == 0) msg->content = NULL;
+            if (!msg->content && msg->n_tool_calls == 0)
+                msg->content = "";
+            if (msg->content && msg->n_tool_calls > 0 && msg->content[0] == 0)
+                msg->content = NULL;
         } else if (!msg->content) {
             snprintf(param, sizeof param, "messages[%zu].content", i);
             return fail(e, 400, param, "'%s' is required for role '%s'", param, r);
@@ -255,18 +279,21 @@ static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
 static int parse_prompt_ids(const json_t *arr, int vocab, int32_t **ids_p, int *n_p,
                             gw_oai_err *e) {
     size_t n = json_array_size(arr), i;
-    if (n == 0) return fail(e, 400, "prompt", "'prompt' must not be empty");
-    if (n > (size_t)INT32_MAX / 2) return fail(e, 400, "prompt", "'prompt' is too long");
+    if (n == 0)
+        return fail(e, 400, "prompt", "'prompt' must not be empty");
+    if (n > (size_t)INT32_MAX / 2)
+        return fail(e, 400, "prompt", "'prompt' is too long");
     int32_t *ids = malloc(n * sizeof *ids);
-    if (!ids) return fail(e, 500, NULL, "out of memory");
+    if (!ids)
+        return fail(e, 500, NULL, "out of memory");
     json_t *v;
     json_array_foreach(arr, i, v) {
         int64_t id;
         if (!as_int64(v, &id) || id < 0 || id >= vocab) {
             free(ids);
             return fail(e, 400, "prompt",
-                        "'prompt' token ids must be integers in [0, %d); element %zu is not",
-                        vocab, i);
+                        "'prompt' token ids must be integers in [0, %d); element %zu is not", vocab,
+                        i);
         }
         ids[i] = (int32_t)id;
     }
@@ -293,8 +320,10 @@ static int tokenize(const pd_tokenizer *tok, const char *text, size_t len, bool 
         free(ids);
         return fail(e, 500, NULL, "out of memory");
     }
-    if (extra) all[0] = bos;
-    if (n) memcpy(all + extra, ids, n * sizeof *ids);
+    if (extra)
+        all[0] = bos;
+    if (n)
+        memcpy(all + extra, ids, n * sizeof *ids);
     free(ids);
     out->prompt_ids = all;
     out->n_prompt = (int)n + extra;
@@ -306,7 +335,8 @@ static int tokenize(const pd_tokenizer *tok, const char *text, size_t len, bool 
 static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const json_t *root,
                         gw_oai_req *out, gw_oai_err *e) {
     json_t *p = json_object_get(root, "prompt");
-    if (!p || json_is_null(p)) return fail(e, 400, "prompt", "'prompt' is required");
+    if (!p || json_is_null(p))
+        return fail(e, 400, "prompt", "'prompt' is required");
     if (json_is_array(p) && json_array_size(p) >= 1) {
         json_t *first = json_array_get(p, 0);
         if (json_is_string(first) || json_is_array(first)) {
@@ -319,7 +349,8 @@ static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const 
     if (json_is_string(p)) {
         const char *s = json_string_value(p);
         size_t len = json_string_length(p);
-        if (tokenize(tok, s, len, true, out, e)) return -1;
+        if (tokenize(tok, s, len, true, out, e))
+            return -1;
         if (out->echo) {
             out->echo_text = pd_xmalloc(len + 1);
             memcpy(out->echo_text, s, len + 1);
@@ -328,7 +359,8 @@ static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const 
         return 0;
     }
     if (json_is_array(p)) {
-        if (parse_prompt_ids(p, cfg->vocab_size, &out->prompt_ids, &out->n_prompt, e)) return -1;
+        if (parse_prompt_ids(p, cfg->vocab_size, &out->prompt_ids, &out->n_prompt, e))
+            return -1;
         if (out->echo) {
             pd_err err;
             if (pd_tok_decode(tok, out->prompt_ids, (size_t)out->n_prompt, out->skip_special,
@@ -342,20 +374,22 @@ static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const 
 
 /* ---- stop, stop_token_ids -------------------------------------------- */
 
-static int parse_stop(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out,
-                      gw_oai_err *e) {
+static int parse_stop(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out, gw_oai_err *e) {
     json_t *st = field(root, "stop");
     if (st) {
         size_t n = json_is_string(st) ? 1 : json_is_array(st) ? json_array_size(st) : 0;
         if (!json_is_string(st) && !json_is_array(st))
             return fail(e, 400, "stop", "'stop' must be a string or an array of strings");
         if (n > (size_t)cfg->max_stop_strings)
-            return fail(e, 400, "stop", "at most %d stop strings are allowed (--max-stop-strings), "
-                        "got %zu", cfg->max_stop_strings, n);
+            return fail(e, 400, "stop",
+                        "at most %d stop strings are allowed (--max-stop-strings), "
+                        "got %zu",
+                        cfg->max_stop_strings, n);
         out->stop = pd_xcalloc(n ? n : 1, sizeof *out->stop);
         for (size_t i = 0; i < n; i++) {
             json_t *s = json_is_string(st) ? st : json_array_get(st, i);
-            if (!json_is_string(s)) return fail(e, 400, "stop", "'stop' entries must be strings");
+            if (!json_is_string(s))
+                return fail(e, 400, "stop", "'stop' entries must be strings");
             if (json_string_length(s) == 0 || strlen(json_string_value(s)) == 0)
                 return fail(e, 400, "stop", "'stop' strings must not be empty");
             out->stop[out->n_stop++] = pd_xstrdup(json_string_value(s));
@@ -383,10 +417,9 @@ static int parse_stop(const pd_gw_config *cfg, const json_t *root, gw_oai_req *o
 
 /* After "too big integer": which known integer field holds it. */
 static const char *find_big_int(const char *body, size_t len) {
-    static const char *const keys[] = {"seed",   "max_tokens", "max_completion_tokens",
-                                       "n",      "top_k",      "min_tokens",
-                                       "logprobs", "top_logprobs", "stop_token_ids",
-                                       "prompt"};
+    static const char *const keys[] = {
+        "seed",     "max_tokens",   "max_completion_tokens", "n",     "top_k", "min_tokens",
+        "logprobs", "top_logprobs", "stop_token_ids",        "prompt"};
     json_t *root = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
     if (!json_is_object(root)) {
         json_decref(root);
@@ -395,10 +428,12 @@ static const char *find_big_int(const char *body, size_t len) {
     const char *found = NULL;
     for (size_t k = 0; k < sizeof keys / sizeof *keys && !found; k++) {
         json_t *v = json_object_get(root, keys[k]);
-        if (json_is_real(v) && fabs(json_real_value(v)) >= 9223372036854775807.0) found = keys[k];
+        if (json_is_real(v) && fabs(json_real_value(v)) >= 9223372036854775807.0)
+            found = keys[k];
         size_t i;
         json_t *x;
-        if (json_is_array(v)) json_array_foreach(v, i, x) {
+        if (json_is_array(v))
+            json_array_foreach(v, i, x) {
                 if (json_is_real(x) && fabs(json_real_value(x)) >= 9223372036854775807.0)
                     found = keys[k];
             }
@@ -410,20 +445,26 @@ static const char *find_big_int(const char *body, size_t len) {
 static int parse_sampling(const json_t *root, gw_oai_req *out, gw_oai_err *e) {
     pd_sampling_params *sp = &out->sampling;
     *sp = pd_sampling_defaults();
-    if (get_num_range(root, "temperature", 0, false, 2, &sp->temperature, e)) return -1;
-    if (get_num_range(root, "top_p", 0, true, 1, &sp->top_p, e)) return -1;
+    if (get_num_range(root, "temperature", 0, false, 2, &sp->temperature, e))
+        return -1;
+    if (get_num_range(root, "top_p", 0, true, 1, &sp->top_p, e))
+        return -1;
     int64_t top_k = -1;
-    if (get_int_range(root, "top_k", -1, INT32_MAX, &top_k, NULL, e)) return -1;
+    if (get_int_range(root, "top_k", -1, INT32_MAX, &top_k, NULL, e))
+        return -1;
     sp->top_k = (int)top_k;
-    if (get_num_range(root, "min_p", 0, false, 1, &sp->min_p, e)) return -1;
-    if (get_num_range(root, "presence_penalty", -2, false, 2, &sp->presence_penalty, e)) return -1;
+    if (get_num_range(root, "min_p", 0, false, 1, &sp->min_p, e))
+        return -1;
+    if (get_num_range(root, "presence_penalty", -2, false, 2, &sp->presence_penalty, e))
+        return -1;
     if (get_num_range(root, "frequency_penalty", -2, false, 2, &sp->frequency_penalty, e))
         return -1;
     if (get_num_range(root, "repetition_penalty", 0, true, 1e9, &sp->repetition_penalty, e))
         return -1;
     int64_t seed = 0;
     bool has_seed = false;
-    if (get_int(root, "seed", &seed, &has_seed, e)) return -1;
+    if (get_int(root, "seed", &seed, &has_seed, e))
+        return -1;
     sp->has_seed = has_seed;
     sp->seed = (uint64_t)seed;
     return 0;
@@ -436,14 +477,19 @@ static int parse_logprobs(const pd_gw_config *cfg, gw_kind kind, const json_t *r
     bool have = false;
     if (kind == GW_KIND_CHAT) {
         bool lp = false;
-        if (get_bool(root, "logprobs", &lp, e)) return -1;
-        if (get_int_range(root, "top_logprobs", 0, cfg->max_logprobs, &v, &have, e)) return -1;
+        if (get_bool(root, "logprobs", &lp, e))
+            return -1;
+        if (get_int_range(root, "top_logprobs", 0, cfg->max_logprobs, &v, &have, e))
+            return -1;
         if (have && !lp)
             return fail(e, 400, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
-        if (lp) out->logprobs = (int)v;
+        if (lp)
+            out->logprobs = (int)v;
     } else {
-        if (get_int_range(root, "logprobs", 0, cfg->max_logprobs, &v, &have, e)) return -1;
-        if (have) out->logprobs = (int)v;
+        if (get_int_range(root, "logprobs", 0, cfg->max_logprobs, &v, &have, e))
+            return -1;
+        if (have)
+            out->logprobs = (int)v;
     }
     return 0;
 }
@@ -478,10 +524,12 @@ static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max
 
 static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
                    const json_t *root, gw_oai_req *out, gw_oai_err *e) {
-    if (!json_is_object(root)) return fail(e, 400, NULL, "the request body must be a JSON object");
+    if (!json_is_object(root))
+        return fail(e, 400, NULL, "the request body must be a JSON object");
 
     json_t *model = field(root, "model");
-    if (model && !json_is_string(model)) return fail(e, 400, "model", "'model' must be a string");
+    if (model && !json_is_string(model))
+        return fail(e, 400, "model", "'model' must be a string");
     if (model && strcmp(json_string_value(model), cfg->served_model_name) != 0)
         return fail(e, 404, "model", "The model `%.200s` does not exist.",
                     json_string_value(model));
@@ -489,17 +537,20 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     /* shape of the prompt first (cheap), tokenization last */
     if (kind == GW_KIND_CHAT) {
         json_t *ms = json_object_get(root, "messages");
-        if (!ms || json_is_null(ms)) return fail(e, 400, "messages", "'messages' is required");
+        if (!ms || json_is_null(ms))
+            return fail(e, 400, "messages", "'messages' is required");
         if (!json_is_array(ms) || json_array_size(ms) == 0)
             return fail(e, 400, "messages", "'messages' must be a non-empty array");
     } else {
         json_t *p = json_object_get(root, "prompt");
-        if (!p || json_is_null(p)) return fail(e, 400, "prompt", "'prompt' is required");
+        if (!p || json_is_null(p))
+            return fail(e, 400, "prompt", "'prompt' is required");
         if (!json_is_string(p) && !json_is_array(p))
             return fail(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
     }
 
-    if (get_bool(root, "stream", &out->stream, e)) return -1;
+    if (get_bool(root, "stream", &out->stream, e))
+        return -1;
     json_t *so = field(root, "stream_options");
     if (so) {
         if (!json_is_object(so))
@@ -514,7 +565,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     }
 
     int64_t n = 1;
-    if (get_int_range(root, "n", 1, GW_MAX_N, &n, NULL, e)) return -1;
+    if (get_int_range(root, "n", 1, GW_MAX_N, &n, NULL, e))
+        return -1;
     out->n = (int)n;
 
     int64_t max_tokens = 0;
@@ -522,32 +574,44 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     const char *max_key = "max_tokens";
     if (kind == GW_KIND_CHAT && field(root, "max_completion_tokens"))
         max_key = "max_completion_tokens";
-    if (get_int(root, max_key, &max_tokens, &explicit_max, e)) return -1;
+    if (get_int(root, max_key, &max_tokens, &explicit_max, e))
+        return -1;
     if (explicit_max && max_tokens < 1)
         return fail(e, 400, max_key, "'%s' must be at least 1, got %lld", max_key,
                     (long long)max_tokens);
     if (kind == GW_KIND_CHAT && strcmp(max_key, "max_tokens") != 0) {
         int64_t ignored;
-        if (get_int(root, "max_tokens", &ignored, NULL, e)) return -1;
+        if (get_int(root, "max_tokens", &ignored, NULL, e))
+            return -1;
     }
 
     int64_t min_tokens = 0;
-    if (get_int_range(root, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e)) return -1;
+    if (get_int_range(root, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e))
+        return -1;
     out->min_tokens = (int)min_tokens;
 
-    if (parse_sampling(root, out, e)) return -1;
-    if (parse_stop(cfg, root, out, e)) return -1;
+    if (parse_sampling(root, out, e))
+        return -1;
+    if (parse_stop(cfg, root, out, e))
+        return -1;
     out->skip_special = true;
-    if (get_bool(root, "ignore_eos", &out->ignore_eos, e)) return -1;
-    if (get_bool(root, "skip_special_tokens", &out->skip_special, e)) return -1;
-    if (get_bool(root, "include_stop_str_in_output", &out->include_stop_str, e)) return -1;
-    if (kind == GW_KIND_COMPLETION && get_bool(root, "echo", &out->echo, e)) return -1;
-    if (parse_logprobs(cfg, kind, root, out, e)) return -1;
+    if (get_bool(root, "ignore_eos", &out->ignore_eos, e))
+        return -1;
+    if (get_bool(root, "skip_special_tokens", &out->skip_special, e))
+        return -1;
+    if (get_bool(root, "include_stop_str_in_output", &out->include_stop_str, e))
+        return -1;
+    if (kind == GW_KIND_COMPLETION && get_bool(root, "echo", &out->echo, e))
+        return -1;
+    if (parse_logprobs(cfg, kind, root, out, e))
+        return -1;
 
     if (kind == GW_KIND_CHAT) {
         bool add_gen = true, cont = false;
-        if (get_bool(root, "add_generation_prompt", &add_gen, e)) return -1;
-        if (get_bool(root, "continue_final_message", &cont, e)) return -1;
+        if (get_bool(root, "add_generation_prompt", &add_gen, e))
+            return -1;
+        if (get_bool(root, "continue_final_message", &cont, e))
+            return -1;
         if (cont)
             return fail(e, 400, "continue_final_message",
                         "'continue_final_message' is not supported");
@@ -560,24 +624,28 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         pd_err err;
         pd_status rc = pd_chat_render(cm.msgs, cm.n, add_gen, PD_TOK_DSV3_BOS, &text, &err);
         chat_msgs_free(&cm);
-        if (rc != PD_OK) return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
+        if (rc != PD_OK)
+            return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
         /* The rendered text starts with the BOS text: no second BOS. */
         int r = tokenize(tok, text, strlen(text), false, out, e);
         free(text);
-        if (r) return -1;
+        if (r)
+            return -1;
     } else {
-        if (parse_prompt(cfg, tok, root, out, e)) return -1;
+        if (parse_prompt(cfg, tok, root, out, e))
+            return -1;
     }
 
-    if (check_length(cfg, kind, explicit_max, max_tokens, out, e)) return -1;
+    if (check_length(cfg, kind, explicit_max, max_tokens, out, e))
+        return -1;
     if (out->min_tokens > out->max_tokens)
         return fail(e, 400, "min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)",
                     out->min_tokens, out->max_tokens);
     return 0;
 }
 
-int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
-                   const char *body, size_t len, gw_oai_req *out, gw_oai_err *e) {
+int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind, const char *body,
+                   size_t len, gw_oai_req *out, gw_oai_err *e) {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
     out->kind = kind;
@@ -587,8 +655,10 @@ int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         if (strstr(je.text, "too big")) {
             const char *param = find_big_int(body, len);
             if (param)
-                return fail(e, 400, param, "'%s' is out of range (must fit in a signed 64-bit "
-                            "integer)", param);
+                return fail(e, 400, param,
+                            "'%s' is out of range (must fit in a signed 64-bit "
+                            "integer)",
+                            param);
             return fail(e, 400, NULL, "an integer in the request is out of range");
         }
         return fail(e, 400, NULL, "malformed JSON in the request body: %s (line %d, column %d)",
@@ -596,12 +666,14 @@ int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     }
     int rc = prepare(cfg, tok, kind, root, out, e);
     json_decref(root);
-    if (rc) gw_oai_req_clear(out);
+    if (rc)
+        gw_oai_req_clear(out);
     return rc;
 }
 
 void gw_oai_req_clear(gw_oai_req *r) {
-    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);
     free(r->prompt_ids);

@@ -31,8 +31,10 @@ struct gw_pool {
 };
 
 void gw_job_free(gw_job *job) {
-    if (!job) return;
-    if (job->body) evbuffer_free(job->body);
+    if (!job)
+        return;
+    if (job->body)
+        evbuffer_free(job->body);
     gw_oai_req_clear(&job->req);
     free(job);
 }
@@ -41,14 +43,16 @@ static void *worker_main(void *arg) {
     gw_pool *p = arg;
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        while (!p->stop && !p->q_head) pthread_cond_wait(&p->cv, &p->mu);
+        while (!p->stop && !p->q_head)
+            pthread_cond_wait(&p->cv, &p->mu);
         if (p->stop) {
             pthread_mutex_unlock(&p->mu);
             return NULL;
         }
         gw_job *job = p->q_head;
         p->q_head = job->next;
-        if (!p->q_head) p->q_tail = NULL;
+        if (!p->q_head)
+            p->q_tail = NULL;
         job->next = NULL;
         pthread_mutex_unlock(&p->mu);
 
@@ -62,8 +66,8 @@ static void *worker_main(void *arg) {
                 job->err.status = 500;
                 snprintf(job->err.message, sizeof job->err.message, "out of memory");
             } else {
-                job->rc = gw_oai_prepare(&p->srv->cfg, p->srv->tok, job->kind, body, len,
-                                         &job->req, &job->err);
+                job->rc = gw_oai_prepare(&p->srv->cfg, p->srv->tok, job->kind, body, len, &job->req,
+                                         &job->err);
             }
         }
         evbuffer_free(job->body); /* not needed any more */
@@ -78,7 +82,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         char b = 1;
         ssize_t w;
-        do w = write(p->pipe_wr, &b, 1);
+        do
+            w = write(p->pipe_wr, &b, 1);
         while (w < 0 && errno == EINTR);
         /* EAGAIN: the pipe is full of wake-ups already; the loop drains the list */
     }
@@ -116,7 +121,8 @@ pd_status gw_pool_init(gw_server *s, int n, gw_pool **p_p, pd_err *err) {
     p->pipe_wr = fds[1];
     p->ev = event_new(s->base, p->pipe_rd, EV_READ | EV_PERSIST, pool_wake_cb, p);
     if (!p->ev || event_add(p->ev, NULL) != 0) {
-        if (p->ev) event_free(p->ev);
+        if (p->ev)
+            event_free(p->ev);
         close(fds[0]);
         close(fds[1]);
         free(p);
@@ -139,13 +145,15 @@ pd_status gw_pool_init(gw_server *s, int n, gw_pool **p_p, pd_err *err) {
 }
 
 void gw_pool_free(gw_pool **p_p) {
-    if (!p_p || !*p_p) return;
+    if (!p_p || !*p_p)
+        return;
     gw_pool *p = *p_p;
     pthread_mutex_lock(&p->mu);
     p->stop = true;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    for (int i = 0; i < p->n_threads; i++)
+        pthread_join(p->threads[i], NULL);
     for (gw_job *j = p->q_head, *next; j; j = next) {
         next = j->next;
         gw_job_free(j);

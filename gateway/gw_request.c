@@ -39,7 +39,7 @@ typedef struct {
     struct evbuffer *text; /* visible text not yet sent (stream) or all of it */
     int n_tokens;          /* counted for usage */
     bool finished;
-    bool engine_finished;  /* the engine reported on_finish for it */
+    bool engine_finished; /* the engine reported on_finish for it */
     const char *finish_reason;
     int stop_index; /* matched stop string, or -1 */
     gw_tok_lp *lp;  /* logprobs of tokens not yet sent (stream) or all */
@@ -83,31 +83,46 @@ static void req_ping_cb(evutil_socket_t fd, short what, void *arg);
 /* application/json, any case, with optional parameters; a charset other
  * than UTF-8 is refused. */
 static bool is_json_content_type(const char *ct) {
-    if (!ct) return false;
-    while (*ct == ' ' || *ct == '\t') ct++;
+    if (!ct)
+        return false;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
     static const char want[] = "application/json";
-    if (strncasecmp(ct, want, sizeof want - 1) != 0) return false;
+    if (strncasecmp(ct, want, sizeof want - 1) != 0)
+        return false;
     const char *p = ct + sizeof want - 1;
-    while (*p == ' ' || *p == '\t') p++;
-    if (*p == 0) return true;
-    if (*p != ';') return false;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == 0)
+        return true;
+    if (*p != ';')
+        return false;
     while (*p == ';') {
         p++;
-        while (*p == ' ' || *p == '\t') p++;
+        while (*p == ' ' || *p == '\t')
+            p++;
         const char *name = p;
-        while (*p && *p != '=' && *p != ';') p++;
+        while (*p && *p != '=' && *p != ';')
+            p++;
         size_t nlen = (size_t)(p - name);
-        while (nlen && (name[nlen - 1] == ' ' || name[nlen - 1] == '\t')) nlen--;
-        if (*p != '=') continue;
+        while (nlen && (name[nlen - 1] == ' ' || name[nlen - 1] == '\t'))
+            nlen--;
+        if (*p != '=')
+            continue;
         p++;
-        while (*p == ' ' || *p == '\t') p++;
+        while (*p == ' ' || *p == '\t')
+            p++;
         const char *val = p;
         bool quoted = *p == '"';
-        if (quoted) val = ++p;
-        while (*p && (quoted ? *p != '"' : (*p != ';' && *p != ' ' && *p != '\t'))) p++;
+        if (quoted)
+            val = ++p;
+        while (*p && (quoted ? *p != '"' : (*p != ';' && *p != ' ' && *p != '\t')))
+            p++;
         size_t vlen = (size_t)(p - val);
-        if (quoted && *p == '"') p++;
-        while (*p && *p != ';') p++;
+        if (quoted && *p == '"')
+            p++;
+        while (*p && *p != ';')
+            p++;
         if (nlen == 7 && strncasecmp(name, "charset", 7) == 0 &&
             !((vlen == 5 && strncasecmp(val, "utf-8", 5) == 0) ||
               (vlen == 4 && strncasecmp(val, "utf8", 4) == 0)))
@@ -142,10 +157,11 @@ static void sse_done(pd_gw_request *req) {
 
 static json_t *usage_json(const pd_gw_request *req) {
     json_int_t c = 0;
-    for (int i = 0; i < req->gp.n; i++) c += req->ch[i].n_tokens;
+    for (int i = 0; i < req->gp.n; i++)
+        c += req->ch[i].n_tokens;
     json_int_t p = req->r.n_prompt;
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", c,
-                     "total_tokens", p + c);
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", c, "total_tokens",
+                     p + c);
 }
 
 static json_t *chunk_base(const pd_gw_request *req) {
@@ -169,7 +185,8 @@ static json_t *token_json(const pd_gw_request *req, int32_t id, json_t **bytes_p
 
 /* Logprobs of ch->lp[0..n_lp) in the shape of the endpoint, or null. */
 static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
-    if (req->r.logprobs < 0) return json_null();
+    if (req->r.logprobs < 0)
+        return json_null();
     int k = req->r.logprobs;
     if (req->kind == GW_KIND_CHAT) {
         json_t *content = json_array();
@@ -179,11 +196,11 @@ static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
             json_t *lp = ch->lp[i].has ? json_real(ch->lp[i].logprob) : json_null();
             json_t *top = json_array();
             if (k > 0) /* only the sampled token is known to the gateway */
-                json_array_append_new(top, json_pack("{s:O, s:O, s:O}", "token", tok, "logprob",
-                                                     lp, "bytes", bytes));
-            json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token", tok,
-                                                     "logprob", lp, "bytes", bytes,
-                                                     "top_logprobs", top));
+                json_array_append_new(
+                    top, json_pack("{s:O, s:O, s:O}", "token", tok, "logprob", lp, "bytes", bytes));
+            json_array_append_new(content,
+                                  json_pack("{s:o, s:o, s:o, s:o}", "token", tok, "logprob", lp,
+                                            "bytes", bytes, "top_logprobs", top));
         }
         return json_pack("{s:o}", "content", content);
     }
@@ -236,24 +253,28 @@ static void send_choice_chunk(pd_gw_request *req, int i, bool final) {
     ch->n_lp = 0;
     json_object_set_new(c, "finish_reason", final ? json_string(ch->finish_reason) : json_null());
     if (final)
-        json_object_set_new(c, "stop_reason", ch->stop_index >= 0
-                                                  ? json_string(req->r.stop[ch->stop_index])
-                                                  : json_null());
+        json_object_set_new(c, "stop_reason",
+                            ch->stop_index >= 0 ? json_string(req->r.stop[ch->stop_index])
+                                                : json_null());
     json_t *j = chunk_base(req);
     json_t *choices = json_array();
     json_array_append_new(choices, c);
     json_object_set_new(j, "choices", choices);
-    if (req->r.include_usage) json_object_set_new(j, "usage", json_null());
+    if (req->r.include_usage)
+        json_object_set_new(j, "usage", json_null());
     sse_send(req, j);
 }
 
-static void schedule_complete(pd_gw_request *req) { event_active(req->ev_complete, 0, 0); }
+static void schedule_complete(pd_gw_request *req) {
+    event_active(req->ev_complete, 0, 0);
+}
 
 /* ---- text of a choice --------------------------------------------------- */
 
 /* Appends final text of a choice. */
 static void emit(gw_choice *ch, const char *s, size_t len) {
-    if (len) evbuffer_add(ch->text, s, len);
+    if (len)
+        evbuffer_add(ch->text, s, len);
 }
 
 /* Feeds detokenized text through the stop strings. Returns true when a stop
@@ -276,7 +297,8 @@ static bool feed_text(pd_gw_request *req, gw_choice *ch, const char *s, size_t l
     }
     emit(ch, ch->sb.buf, n);
     gw_stopbuf_consume(&ch->sb, m >= 0 ? ch->sb.len : n);
-    if (m >= 0) ch->stop_index = m;
+    if (m >= 0)
+        ch->stop_index = m;
     return m >= 0;
 }
 
@@ -285,8 +307,10 @@ static void finish_choice(pd_gw_request *req, int i, const char *reason) {
     ch->finished = true;
     ch->finish_reason = reason;
     req->n_unfinished--;
-    if (req->r.stream && req->st) send_choice_chunk(req, i, true);
-    if (req->n_unfinished == 0) schedule_complete(req);
+    if (req->r.stream && req->st)
+        send_choice_chunk(req, i, true);
+    if (req->n_unfinished == 0)
+        schedule_complete(req);
 }
 
 /* ---- the engine's calls ------------------------------------------------- */
@@ -309,17 +333,20 @@ static bool bad_call(const pd_gw_request *req, int choice, const char *what) {
 
 void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
                      int n) {
-    if (bad_call(req, choice, "on_tokens")) return;
+    if (bad_call(req, choice, "on_tokens"))
+        return;
     if (n < 1 || !ids) {
         PD_LOGE(GW_MOD, "%s: on_tokens with %d ids", req->id, n);
         return;
     }
     gw_choice *ch = &req->ch[choice];
-    if (ch->finished) return; /* stopped by a stop string; the rest is discarded */
+    if (ch->finished)
+        return; /* stopped by a stop string; the rest is discarded */
     req->in_cb = true;
     if (!req->got_token) {
         req->got_token = true;
-        if (req->ev_ping) evtimer_del(req->ev_ping);
+        if (req->ev_ping)
+            evtimer_del(req->ev_ping);
     }
     bool stopped = false;
     for (int i = 0; i < n && !stopped; i++) {
@@ -328,7 +355,8 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
             if (ch->n_lp == ch->cap_lp) {
                 ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 16;
                 ch->lp = realloc(ch->lp, (size_t)ch->cap_lp * sizeof *ch->lp);
-                if (!ch->lp) abort();
+                if (!ch->lp)
+                    abort();
             }
             ch->lp[ch->n_lp++] = (gw_tok_lp){ids[i], logprobs ? logprobs[i] : 0, logprobs != NULL};
         }
@@ -339,15 +367,15 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
     }
     if (stopped) {
         finish_choice(req, choice, "stop");
-    } else if (req->r.stream && req->st &&
-               (evbuffer_get_length(ch->text) > 0 || ch->n_lp > 0)) {
+    } else if (req->r.stream && req->st && (evbuffer_get_length(ch->text) > 0 || ch->n_lp > 0)) {
         send_choice_chunk(req, choice, false);
     }
     req->in_cb = false;
 }
 
 void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) {
-    if (bad_call(req, choice, "on_finish")) return;
+    if (bad_call(req, choice, "on_finish"))
+        return;
     gw_choice *ch = &req->ch[choice];
     if (ch->engine_finished) {
         PD_LOGE(GW_MOD, "%s: choice %d finished twice", req->id, choice);
@@ -355,7 +383,8 @@ void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) 
     }
     req->in_cb = true;
     ch->engine_finished = true;
-    if (--req->n_engine_unfinished == 0) req->engine_done = true;
+    if (--req->n_engine_unfinished == 0)
+        req->engine_done = true;
     if (!ch->finished) {
         const char *piece;
         size_t len;
@@ -374,7 +403,8 @@ void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) 
 }
 
 void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const char *message) {
-    if (!req) return;
+    if (!req)
+        return;
     if (req->engine_done) {
         PD_LOGE(GW_MOD, "%s: on_error after the request ended for the engine", req->id);
         return;
@@ -390,7 +420,8 @@ void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const ch
 
 void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
                         const char *message) {
-    if (!req) return;
+    if (!req)
+        return;
     req->submit_status = http_status;
     req->retry_after = retry_after_s;
     snprintf(req->submit_msg, sizeof req->submit_msg, "%s", message ? message : "");
@@ -401,7 +432,8 @@ const pd_gw_gen_params *pd_gw_request_params(const pd_gw_request *req) {
 }
 
 void pd_gw_request_set_engine_data(pd_gw_request *req, void *data) {
-    if (req) req->engine_data = data;
+    if (req)
+        req->engine_data = data;
 }
 
 void *pd_gw_request_engine_data(const pd_gw_request *req) {
@@ -411,14 +443,19 @@ void *pd_gw_request_engine_data(const pd_gw_request *req) {
 /* ---- life cycle ---------------------------------------------------------- */
 
 static void req_free(pd_gw_request *req) {
-    if (req->st) gw_stream_set_close_cb(req->st, NULL, NULL);
-    if (req->job) gw_pool_cancel(req->job);
-    if (req->ev_complete) event_free(req->ev_complete);
-    if (req->ev_ping) event_free(req->ev_ping);
+    if (req->st)
+        gw_stream_set_close_cb(req->st, NULL, NULL);
+    if (req->job)
+        gw_pool_cancel(req->job);
+    if (req->ev_complete)
+        event_free(req->ev_complete);
+    if (req->ev_ping)
+        event_free(req->ev_ping);
     for (int i = 0; req->ch && i < req->gp.n; i++) {
         pd_detok_free(&req->ch[i].dt);
         gw_stopbuf_free(&req->ch[i].sb);
-        if (req->ch[i].text) evbuffer_free(req->ch[i].text);
+        if (req->ch[i].text)
+            evbuffer_free(req->ch[i].text);
         free(req->ch[i].lp);
     }
     free(req->ch);
@@ -465,18 +502,19 @@ static void respond_full(pd_gw_request *req) {
         gw_choice *ch = &req->ch[i];
         json_t *c = json_pack("{s:i}", "index", i);
         if (req->kind == GW_KIND_CHAT) {
-            json_object_set_new(c, "message", json_pack("{s:s, s:o}", "role", "assistant",
-                                                        "content", take_text(ch)));
+            json_object_set_new(
+                c, "message",
+                json_pack("{s:s, s:o}", "role", "assistant", "content", take_text(ch)));
         } else {
-            if (req->r.echo && req->r.echo_len) evbuffer_prepend(ch->text, req->r.echo_text,
-                                                                 req->r.echo_len);
+            if (req->r.echo && req->r.echo_len)
+                evbuffer_prepend(ch->text, req->r.echo_text, req->r.echo_len);
             json_object_set_new(c, "text", take_text(ch));
         }
         json_object_set_new(c, "logprobs", logprobs_json(req, ch));
         json_object_set_new(c, "finish_reason", json_string(ch->finish_reason));
-        json_object_set_new(c, "stop_reason", ch->stop_index >= 0
-                                                  ? json_string(req->r.stop[ch->stop_index])
-                                                  : json_null());
+        json_object_set_new(c, "stop_reason",
+                            ch->stop_index >= 0 ? json_string(req->r.stop[ch->stop_index])
+                                                : json_null());
         json_array_append_new(choices, c);
     }
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", req->id, "object",
@@ -521,7 +559,8 @@ static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
         req->st = NULL; /* ended: the protocol owns and frees it */
     }
     json_int_t c = 0;
-    for (int i = 0; i < req->gp.n; i++) c += req->ch[i].n_tokens;
+    for (int i = 0; i < req->gp.n; i++)
+        c += req->ch[i].n_tokens;
     PD_LOGD(GW_MOD, "%s: done, %d prompt + %lld completion tokens%s", req->id, req->r.n_prompt,
             (long long)c, req->failed ? " (failed)" : "");
     req_free(req);
@@ -538,16 +577,15 @@ static void req_ping_cb(evutil_socket_t fd, short what, void *arg) {
 /* Stream: the response head, the role chunk per choice (chat) or the echoed
  * prompt (completions), and the ping timer. */
 static void start_stream(pd_gw_request *req) {
-    gw_hdr h[3] = {{"Cache-Control", "no-cache"},
-                   {"X-Request-Id", req->xrid},
-                   {"X-Accel-Buffering", "no"}};
+    gw_hdr h[3] = {
+        {"Cache-Control", "no-cache"}, {"X-Request-Id", req->xrid}, {"X-Accel-Buffering", "no"}};
     gw_stream_start(req->st, 200, "text/event-stream; charset=utf-8", h, 3);
     req->started = true;
     for (int i = 0; i < req->gp.n; i++) {
         json_t *c;
         if (req->kind == GW_KIND_CHAT) {
-            c = json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role",
-                          "assistant", "content", "", "logprobs", "finish_reason");
+            c = json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role", "assistant",
+                          "content", "", "logprobs", "finish_reason");
         } else if (req->r.echo && req->r.echo_len) {
             c = json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
                           gw_json_text(req->r.echo_text, req->r.echo_len), "logprobs",
@@ -559,14 +597,16 @@ static void start_stream(pd_gw_request *req) {
         json_t *choices = json_array();
         json_array_append_new(choices, c);
         json_object_set_new(j, "choices", choices);
-        if (req->r.include_usage) json_object_set_new(j, "usage", json_null());
+        if (req->r.include_usage)
+            json_object_set_new(j, "usage", json_null());
         sse_send(req, j);
     }
     double iv = req->srv->cfg.sse_ping_interval_s;
     if (iv > 0) {
         req->ev_ping = event_new(req->srv->base, -1, EV_PERSIST, req_ping_cb, req);
         struct timeval tv = {(time_t)iv, (suseconds_t)((iv - (double)(time_t)iv) * 1e6)};
-        if (req->ev_ping) evtimer_add(req->ev_ping, &tv);
+        if (req->ev_ping)
+            evtimer_add(req->ev_ping, &tv);
     }
 }
 
@@ -633,8 +673,8 @@ static void req_prepared(gw_job *job, void *ud) {
     if (rc < 0) {
         int st = req->submit_status == 429 ? 429 : 503;
         const char *msg = req->submit_msg[0] ? req->submit_msg
-                          : st == 429          ? "too many requests are queued; retry later"
-                                               : "no replica is available to serve the request";
+                          : st == 429        ? "too many requests are queued; retry later"
+                                             : "no replica is available to serve the request";
         PD_LOGW(GW_MOD, "%s: refused by the engine: %d %s", req->id, st, msg);
         respond_error(req, st, msg, NULL, req->retry_after);
         req->st = NULL;
@@ -642,9 +682,10 @@ static void req_prepared(gw_job *job, void *ud) {
         return;
     }
     req->submitted = true;
-    PD_LOGD(GW_MOD, "%s: submitted, %d prompt tokens, max_tokens %d, n %d%s", req->id,
-            r->n_prompt, r->max_tokens, r->n, r->stream ? ", stream" : "");
-    if (r->stream) start_stream(req);
+    PD_LOGD(GW_MOD, "%s: submitted, %d prompt tokens, max_tokens %d, n %d%s", req->id, r->n_prompt,
+            r->max_tokens, r->n, r->stream ? ", stream" : "");
+    if (r->stream)
+        start_stream(req);
 }
 
 void gw_request_begin(gw_stream *st, gw_kind kind) {
@@ -665,7 +706,8 @@ void gw_request_begin(gw_stream *st, gw_kind kind) {
     if (!req || !job || !body) {
         free(req);
         free(job);
-        if (body) evbuffer_free(body);
+        if (body)
+            evbuffer_free(body);
         gw_stream_respond_error(st, 500, "out of memory", NULL, NULL, 0);
         return;
     }
@@ -677,7 +719,8 @@ void gw_request_begin(gw_stream *st, gw_kind kind) {
     const char *xrid = gw_stream_header(st, "X-Request-Id");
     bool sane = xrid && *xrid && strlen(xrid) < sizeof req->xrid;
     for (const char *p = xrid; sane && *p; p++)
-        if (!isgraph((unsigned char)*p)) sane = false;
+        if (!isgraph((unsigned char)*p))
+            sane = false;
     snprintf(req->xrid, sizeof req->xrid, "%s", sane ? xrid : req->id);
 
     evbuffer_add_buffer(body, st->body); /* moves the chunks, no copy */

@@ -29,7 +29,8 @@ static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/comple
                                             "/v1/chat/completions"};
 
 static pd_status check_config(const pd_gw_config *c, pd_err *err) {
-    if (!c->host || !*c->host) return pd_err_set(err, PD_ERR_INVALID, "gateway: --host is empty");
+    if (!c->host || !*c->host)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --host is empty");
     if (c->port < 0 || c->port > 65535)
         return pd_err_set(err, PD_ERR_INVALID, "gateway: --port %d out of range", c->port);
     if (!c->served_model_name || !*c->served_model_name)
@@ -74,7 +75,8 @@ static pd_status load_tokenizer(gw_server *s, pd_err *err) {
     }
     pd_status rc = pd_tok_load(path, &s->tok_owned, err);
     free(joined);
-    if (rc != PD_OK) return rc;
+    if (rc != PD_OK)
+        return rc;
     s->tok = s->tok_owned;
     return PD_OK;
 }
@@ -87,7 +89,8 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
     if (!engine->submit || !engine->abort)
         return pd_err_set(err, PD_ERR_INVALID, "gateway: engine needs submit and abort");
     pd_status rc = check_config(cfg, err);
-    if (rc != PD_OK) return rc;
+    if (rc != PD_OK)
+        return rc;
 
     gw_server *s = pd_xcalloc(1, sizeof *s);
     s->base = base;
@@ -106,16 +109,20 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
                              (uint64_t)(uintptr_t)s ^ (uint64_t)(pd_now_s() * 1e9));
 
     rc = load_tokenizer(s, err);
-    if (rc != PD_OK) goto undo_strings;
-    if (s->cfg.vocab_size == 0) s->cfg.vocab_size = pd_tok_vocab_size(s->tok);
+    if (rc != PD_OK)
+        goto undo_strings;
+    if (s->cfg.vocab_size == 0)
+        s->cfg.vocab_size = pd_tok_vocab_size(s->tok);
     /* libhttp-parser's own limit (a process-wide setting) must not bite
      * before ours, which answers 431 with a clearer message. */
     http_parser_set_max_header_size((uint32_t)(s->cfg.max_header_bytes + 4096));
 
     rc = gw_pool_init(s, s->cfg.tokenizer_pool_size, &s->pool, err);
-    if (rc != PD_OK) goto undo_tokenizer;
+    if (rc != PD_OK)
+        goto undo_tokenizer;
     rc = gw_listener_init(s, err);
-    if (rc != PD_OK) goto undo_pool;
+    if (rc != PD_OK)
+        goto undo_pool;
     PD_LOGI(GW_MOD, "listening on %s:%d, model %s, max_model_len %d", s->cfg.host, s->port,
             s->model_name, s->cfg.max_model_len);
     *s_p = s;
@@ -134,13 +141,16 @@ undo_strings:
 }
 
 void pd_gw_server_free(pd_gw_server **s_p) {
-    if (!s_p || !*s_p) return;
+    if (!s_p || !*s_p)
+        return;
     gw_server *s = *s_p;
     s->shutting_down = true;
     gw_listener_free(s);
-    while (s->conns) gw_conn_free(s->conns); /* aborts in-flight requests */
+    while (s->conns)
+        gw_conn_free(s->conns); /* aborts in-flight requests */
     gw_pool_free(&s->pool);
-    for (int i = 0; i < s->n_routes; i++) free(s->routes[i].path);
+    for (int i = 0; i < s->n_routes; i++)
+        free(s->routes[i].path);
     free(s->routes);
     pd_tok_free(&s->tok_owned);
     free(s->host);
@@ -150,17 +160,23 @@ void pd_gw_server_free(pd_gw_server **s_p) {
     *s_p = NULL;
 }
 
-int pd_gw_server_port(const pd_gw_server *s) { return s ? s->port : -1; }
+int pd_gw_server_port(const pd_gw_server *s) {
+    return s ? s->port : -1;
+}
 
-const pd_tokenizer *pd_gw_server_tokenizer(const pd_gw_server *s) { return s ? s->tok : NULL; }
+const pd_tokenizer *pd_gw_server_tokenizer(const pd_gw_server *s) {
+    return s ? s->tok : NULL;
+}
 
 void pd_gw_server_set_ready(pd_gw_server *s, bool ready) {
-    if (s) s->ready = ready;
+    if (s)
+        s->ready = ready;
 }
 
 pd_status pd_gw_server_add_get(pd_gw_server *s, const char *path, pd_gw_get_fn fn, void *ctx,
                                pd_err *err) {
-    if (!s || !path || !fn) return pd_err_set(err, PD_ERR_INVALID, "gateway: NULL argument");
+    if (!s || !path || !fn)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: NULL argument");
     if (path[0] != '/')
         return pd_err_set(err, PD_ERR_INVALID, "gateway: GET path '%s' must start with '/'", path);
     for (size_t i = 0; i < sizeof builtin_paths / sizeof *builtin_paths; i++)
@@ -174,7 +190,8 @@ pd_status pd_gw_server_add_get(pd_gw_server *s, const char *path, pd_gw_get_fn f
         }
     }
     gw_route *r = realloc(s->routes, (size_t)(s->n_routes + 1) * sizeof *r);
-    if (!r) return pd_err_set(err, PD_ERR_NOMEM, "gateway: out of memory");
+    if (!r)
+        return pd_err_set(err, PD_ERR_NOMEM, "gateway: out of memory");
     s->routes = r;
     r[s->n_routes].path = pd_xstrdup(path);
     r[s->n_routes].fn = fn;
@@ -204,8 +221,8 @@ static bool is_get(const gw_stream *st) {
 
 static void method_not_allowed(gw_stream *st, const char *allow) {
     char msg[160];
-    snprintf(msg, sizeof msg, "method %s is not allowed on %s (allowed: %s)", st->method,
-             st->path, allow);
+    snprintf(msg, sizeof msg, "method %s is not allowed on %s (allowed: %s)", st->method, st->path,
+             allow);
     gw_hdr h = {"Allow", allow};
     gw_stream_respond_error(st, 405, msg, NULL, &h, 1);
 }
@@ -228,7 +245,8 @@ void gw_server_dispatch(gw_stream *st) {
                        strncmp(path, "/v1/models/", 11) == 0;
     int route = -1;
     for (int i = 0; i < s->n_routes && !builtin_get; i++)
-        if (strcmp(s->routes[i].path, path) == 0) route = i;
+        if (strcmp(s->routes[i].path, path) == 0)
+            route = i;
     if (!builtin_get && route < 0) {
         char msg[128];
         snprintf(msg, sizeof msg, "no such endpoint: %.80s", path);
@@ -269,7 +287,8 @@ void gw_server_dispatch(gw_stream *st) {
     }
     const char *ctype = "text/plain; charset=utf-8";
     int status = s->routes[route].fn(s->routes[route].ctx, path, st->query, body, &ctype);
-    if (status < 200 || status > 599) status = 500;
+    if (status < 200 || status > 599)
+        status = 500;
     size_t len = evbuffer_get_length(body);
     const char *p = len ? (const char *)evbuffer_pullup(body, -1) : "";
     gw_stream_respond(st, status, ctype, NULL, 0, p, len);

@@ -19,7 +19,8 @@ gw_stream *gw_stream_new(gw_conn *c) {
 }
 
 void gw_stream_free(gw_stream *s) {
-    if (!s) return;
+    if (!s)
+        return;
     if (s->state != GW_STREAM_ENDED && s->on_close) {
         gw_stream_close_fn fn = s->on_close;
         s->on_close = NULL;
@@ -33,7 +34,8 @@ void gw_stream_free(gw_stream *s) {
     free(s->method);
     free(s->path);
     free(s->query);
-    if (s->body) evbuffer_free(s->body);
+    if (s->body)
+        evbuffer_free(s->body);
     free(s);
 }
 
@@ -42,7 +44,8 @@ pd_status gw_stream_add_header(gw_stream *s, const char *name, size_t nlen, cons
     if (s->n_hdrs == s->cap_hdrs) {
         int cap = s->cap_hdrs ? 2 * s->cap_hdrs : 16;
         gw_header *h = realloc(s->hdrs, (size_t)cap * sizeof *h);
-        if (!h) return PD_ERR_NOMEM;
+        if (!h)
+            return PD_ERR_NOMEM;
         s->hdrs = h;
         s->cap_hdrs = cap;
     }
@@ -60,7 +63,8 @@ pd_status gw_stream_add_header(gw_stream *s, const char *name, size_t nlen, cons
 
 const char *gw_stream_header(const gw_stream *s, const char *name) {
     for (int i = 0; i < s->n_hdrs; i++)
-        if (strcasecmp(s->hdrs[i].name, name) == 0) return s->hdrs[i].value;
+        if (strcasecmp(s->hdrs[i].name, name) == 0)
+            return s->hdrs[i].value;
     return NULL;
 }
 
@@ -71,7 +75,8 @@ void gw_stream_set_close_cb(gw_stream *s, gw_stream_close_fn fn, void *ud) {
 
 int gw_stream_respond(gw_stream *s, int status, const char *content_type, const gw_hdr *hdrs,
                       int n_hdrs, const void *body, size_t len) {
-    if (!s || s->state != GW_STREAM_DISPATCHED || !s->conn->proto) return -1;
+    if (!s || s->state != GW_STREAM_DISPATCHED || !s->conn->proto)
+        return -1;
     return s->conn->proto->respond(s, status, content_type, hdrs, n_hdrs, body, len);
 }
 
@@ -85,17 +90,21 @@ int gw_stream_respond_error(gw_stream *s, int status, const char *message, const
 
 int gw_stream_start(gw_stream *s, int status, const char *content_type, const gw_hdr *hdrs,
                     int n_hdrs) {
-    if (!s || s->state != GW_STREAM_DISPATCHED || !s->conn->proto) return -1;
+    if (!s || s->state != GW_STREAM_DISPATCHED || !s->conn->proto)
+        return -1;
     return s->conn->proto->start(s, status, content_type, hdrs, n_hdrs);
 }
 
 int gw_stream_write(gw_stream *s, const void *data, size_t len) {
-    if (!s || s->state != GW_STREAM_STARTED) return -1;
-    if (len == 0) return 0;
+    if (!s || s->state != GW_STREAM_STARTED)
+        return -1;
+    if (len == 0)
+        return 0;
     return s->conn->proto->write(s, data, len);
 }
 
 int gw_stream_end(gw_stream *s) {
-    if (!s || s->state != GW_STREAM_STARTED) return -1;
+    if (!s || s->state != GW_STREAM_STARTED)
+        return -1;
     return s->conn->proto->end(s);
 }

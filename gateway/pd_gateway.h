@@ -47,33 +47,34 @@ struct evbuffer;
  * --tokenizer-pool-size) and uvicorn's (--timeout-keep-alive). Strings are
  * borrowed only for the duration of pd_gw_server_init (copied). */
 typedef struct {
-    const char *host;              /* --host; default "0.0.0.0" */
-    int port;                      /* --port; default 8000; 0 = any free port (see pd_gw_server_port) */
-    int backlog;                   /* listen backlog; default 1024 */
-    const char *served_model_name; /* --served-model-name; required: the `model` clients must name */
-    const char *tokenizer;         /* --tokenizer: tokenizer.json, or a directory holding one */
+    const char *host; /* --host; default "0.0.0.0" */
+    int port;         /* --port; default 8000; 0 = any free port (see pd_gw_server_port) */
+    int backlog;      /* listen backlog; default 1024 */
+    const char
+        *served_model_name; /* --served-model-name; required: the `model` clients must name */
+    const char *tokenizer;  /* --tokenizer: tokenizer.json, or a directory holding one */
     const pd_tokenizer *tokenizer_handle; /* already loaded (borrowed, must outlive the server);
                                              when set, `tokenizer` is not read */
-    int max_model_len;         /* --max-model-len (tokens, prompt + completion); required, > 0 */
-    int vocab_size;            /* ids accepted in token prompts / stop_token_ids are < this;
-                                  0 = the tokenizer's pd_tok_vocab_size */
-    int max_stop_strings;      /* --max-stop-strings; default 16 */
-    int max_logprobs;          /* --max-logprobs; default 20 */
-    int default_max_tokens;    /* max_tokens when the request gives none; 0 (default) = whatever
-                                  is left of max_model_len after the prompt */
-    size_t max_request_body_bytes; /* --max-request-body-bytes; default 64 MiB; larger → 413 */
-    size_t max_header_bytes;       /* request line + headers; default 64 KiB; larger → 431 */
-    int max_header_count;          /* default 100; more → 431 */
-    double timeout_keep_alive_s;   /* idle keep-alive connection closed after; default 5 */
-    double timeout_request_s;      /* a request must arrive whole within; default 60; else 408 */
-    double timeout_write_s;        /* no write progress for this long closes; default 60 */
+    int max_model_len;      /* --max-model-len (tokens, prompt + completion); required, > 0 */
+    int vocab_size;         /* ids accepted in token prompts / stop_token_ids are < this;
+                               0 = the tokenizer's pd_tok_vocab_size */
+    int max_stop_strings;   /* --max-stop-strings; default 16 */
+    int max_logprobs;       /* --max-logprobs; default 20 */
+    int default_max_tokens; /* max_tokens when the request gives none; 0 (default) = whatever
+                               is left of max_model_len after the prompt */
+    size_t max_request_body_bytes;  /* --max-request-body-bytes; default 64 MiB; larger → 413 */
+    size_t max_header_bytes;        /* request line + headers; default 64 KiB; larger → 431 */
+    int max_header_count;           /* default 100; more → 431 */
+    double timeout_keep_alive_s;    /* idle keep-alive connection closed after; default 5 */
+    double timeout_request_s;       /* a request must arrive whole within; default 60; else 408 */
+    double timeout_write_s;         /* no write progress for this long closes; default 60 */
     size_t output_high_water_bytes; /* stop reading a connection whose unsent output is above
                                        this; resume below half of it; default 1 MiB */
     int tokenizer_pool_size;        /* --tokenizer-pool-size: worker threads; default 2 */
     double sse_ping_interval_s;     /* ": ping" while a stream waits for its first token;
                                        default 5; 0 = never */
     const char *ssl_certfile;       /* --ssl-certfile / --ssl-keyfile: TLS (with ALPN) comes with */
-    const char *ssl_keyfile;        /* HTTP/2; non-NULL is refused with PD_ERR_UNSUPPORTED for now */
+    const char *ssl_keyfile; /* HTTP/2; non-NULL is refused with PD_ERR_UNSUPPORTED for now */
 } pd_gw_config;
 
 /** Fills cfg with the defaults above (served_model_name, tokenizer and
@@ -94,7 +95,7 @@ typedef struct pd_gw_request pd_gw_request;
 /** What the engine is asked to generate. Every pointer is owned by the
  * gateway and valid as long as the request is (see pd_gw_request). */
 typedef struct {
-    const char *request_id;   /* "cmpl-<hex>" or "chatcmpl-<hex>": the response id */
+    const char *request_id;    /* "cmpl-<hex>" or "chatcmpl-<hex>": the response id */
     const int32_t *prompt_ids; /* the rendered and tokenized prompt, BOS included */
     int n_prompt;
     pd_sampling_params sampling; /* model/pd_model.h: temperature 0 = greedy, has_seed */
@@ -201,8 +202,8 @@ void pd_gw_server_set_ready(pd_gw_server *s, bool ready);
  * the gateway), may set *content_type_p to a static string (default
  * "text/plain; charset=utf-8") and returns the HTTP status (200..599).
  * query is the text after '?' or NULL. */
-typedef int (*pd_gw_get_fn)(void *ctx, const char *path, const char *query,
-                            struct evbuffer *body, const char **content_type_p);
+typedef int (*pd_gw_get_fn)(void *ctx, const char *path, const char *query, struct evbuffer *body,
+                            const char **content_type_p);
 
 /** Adds (or replaces) the GET handler for path (exact match, e.g.
  * "/metrics"); ctx is borrowed. Built-in paths (/health, /v1/models,

@@ -1,5 +1,8 @@
-/* Test helpers for the gateway: see gw_test_util.h. */
+/* Test helpers for the gateway: see gw_test_util.h. Included (as a .c) by
+ * each gateway test, so that every test builds from its one source file. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* memmem, vasprintf */
+#endif
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -43,7 +46,8 @@ const pd_tokenizer *gwt_tokenizer(void) {
 
 /* GPT-2 byte-level mapping: byte b → the code point its base token spells. */
 static unsigned byte_to_cp(unsigned b) {
-    if ((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)) return b;
+    if ((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))
+        return b;
     unsigned n = 0;
     for (unsigned x = 0; x < b; x++)
         if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff)))
@@ -102,20 +106,25 @@ static void fake_free(fake_req *f) {
 static void fake_tick(evutil_socket_t fd, short what, void *arg) {
     fake_req *f = arg;
     for (int c = 0; c < f->n_choices; c++) {
-        if (f->done[c]) continue;
+        if (f->done[c])
+            continue;
         int k = f->s.batch;
         int avail_script = f->s.n_ids - f->pos[c];
         int avail_len = f->max_tokens - f->pos[c];
-        if (k > avail_script) k = avail_script;
-        if (k > avail_len) k = avail_len;
+        if (k > avail_script)
+            k = avail_script;
+        if (k > avail_len)
+            k = avail_len;
         if (c == 0 && f->s.error_after >= 0 && f->emitted0 + k > f->s.error_after)
             k = f->s.error_after - f->emitted0;
         if (k > 0) {
             float lps[4096];
-            for (int i = 0; i < k; i++) lps[i] = -0.5f * (float)(f->pos[c] + i + 1);
+            for (int i = 0; i < k; i++)
+                lps[i] = -0.5f * (float)(f->pos[c] + i + 1);
             pd_gw_on_tokens(f->req, c, f->s.ids + f->pos[c], f->s.with_logprobs ? lps : NULL, k);
             f->pos[c] += k;
-            if (c == 0) f->emitted0 += k;
+            if (c == 0)
+                f->emitted0 += k;
         }
         if (c == 0 && f->s.error_after >= 0 && f->emitted0 >= f->s.error_after) {
             atomic_fetch_add(&f->e->n_errors, 1);
@@ -133,7 +142,8 @@ static void fake_tick(evutil_socket_t fd, short what, void *arg) {
             f->done[c] = true;
             bool last = true;
             for (int d = 0; d < f->n_choices; d++)
-                if (!f->done[d]) last = false;
+                if (!f->done[d])
+                    last = false;
             atomic_fetch_add(&f->e->n_finished, 1);
             pd_gw_on_finish(f->req, c, reason); /* req is gone after the last one */
             if (last) {
@@ -170,7 +180,8 @@ static int fake_submit(void *engine, pd_gw_request *req, const pd_gw_gen_params 
     f->req = req;
     f->n_choices = p->n;
     f->max_tokens = p->max_tokens;
-    if (f->s.batch < 1) f->s.batch = 1;
+    if (f->s.batch < 1)
+        f->s.batch = 1;
     pd_gw_request_set_engine_data(req, f);
     f->timer = evtimer_new(e->base, fake_tick, f);
     double d = f->s.first_delay_s > 0 ? f->s.first_delay_s : f->s.interval_s;
@@ -183,7 +194,8 @@ static void fake_abort(void *engine, pd_gw_request *req) {
     gwt_engine *e = engine;
     fake_req *f = pd_gw_request_engine_data(req);
     atomic_fetch_add(&e->n_aborted, 1);
-    if (f) fake_free(f);
+    if (f)
+        fake_free(f);
 }
 
 const pd_gw_engine_i gwt_engine_i = {.submit = fake_submit, .abort = fake_abort};
@@ -197,7 +209,8 @@ void gwt_engine_set(gwt_engine *e, const gwt_script *s) {
 gwt_script gwt_script_ids(const int32_t *ids, int n) {
     gwt_script s;
     memset(&s, 0, sizeof s);
-    if (n > 4096) n = 4096;
+    if (n > 4096)
+        n = 4096;
     memcpy(s.ids, ids, (size_t)n * sizeof *ids);
     s.n_ids = n;
     s.batch = 1;
@@ -241,7 +254,8 @@ int gwt_server_start_setup(gwt_server *h, const pd_gw_config *cfg,
         c = *cfg;
     else
         gwt_config(&c);
-    if (!c.tokenizer_handle && !c.tokenizer) c.tokenizer_handle = gwt_tokenizer();
+    if (!c.tokenizer_handle && !c.tokenizer)
+        c.tokenizer_handle = gwt_tokenizer();
     h->base = event_base_new();
     h->engine.base = h->base;
     pd_err err;
@@ -251,7 +265,8 @@ int gwt_server_start_setup(gwt_server *h, const pd_gw_config *cfg,
         return -1;
     }
     h->port = pd_gw_server_port(h->srv);
-    if (setup) setup(h->srv, ud);
+    if (setup)
+        setup(h->srv, ud);
     pthread_create(&h->thread, NULL, loop_main, h);
     return 0;
 }
@@ -271,7 +286,8 @@ gwt_conn *gwt_open(int port) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     sa.sin_addr.s_addr = htonl(0x7f000001);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        if (fd >= 0) close(fd);
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     int one = 1;
@@ -282,7 +298,8 @@ gwt_conn *gwt_open(int port) {
 }
 
 void gwt_close(gwt_conn *c) {
-    if (!c) return;
+    if (!c)
+        return;
     close(c->fd);
     free(c->buf);
     free(c);
@@ -292,8 +309,10 @@ int gwt_send(gwt_conn *c, const void *data, size_t len) {
     const char *p = data;
     while (len) {
         ssize_t w = send(c->fd, p, len, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
         p += w;
         len -= (size_t)w;
     }
@@ -306,7 +325,8 @@ int gwt_sendf(gwt_conn *c, const char *fmt, ...) {
     char *s = NULL;
     int n = vasprintf(&s, fmt, ap);
     va_end(ap);
-    if (n < 0) return -1;
+    if (n < 0)
+        return -1;
     int rc = gwt_send(c, s, (size_t)n);
     free(s);
     return rc;
@@ -314,10 +334,12 @@ int gwt_sendf(gwt_conn *c, const char *fmt, ...) {
 
 /* Reads more bytes (10 s timeout). 0 ok, -1 EOF / timeout. */
 static int fill(gwt_conn *c) {
-    if (c->eof) return -1;
+    if (c->eof)
+        return -1;
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
     int pr = poll(&pfd, 1, 10000);
-    if (pr <= 0) return -1;
+    if (pr <= 0)
+        return -1;
     if (c->len + 65536 + 1 > c->cap) {
         c->cap = (c->len + 65536 + 1) * 2;
         c->buf = realloc(c->buf, c->cap);
@@ -335,7 +357,8 @@ static int fill(gwt_conn *c) {
 static void consume(gwt_conn *c, size_t n) {
     memmove(c->buf, c->buf + n, c->len - n);
     c->len -= n;
-    if (c->buf) c->buf[c->len] = 0;
+    if (c->buf)
+        c->buf[c->len] = 0;
 }
 
 /* A line ending in CRLF (returned without it, heap). */
@@ -348,13 +371,15 @@ static char *read_line(gwt_conn *c) {
             consume(c, n + 2);
             return line;
         }
-        if (fill(c)) return NULL;
+        if (fill(c))
+            return NULL;
     }
 }
 
 static int read_exact(gwt_conn *c, size_t n, char *out) {
     while (c->len < n)
-        if (fill(c)) return -1;
+        if (fill(c))
+            return -1;
     memcpy(out, c->buf, n);
     consume(c, n);
     return 0;
@@ -366,10 +391,12 @@ const char *gwt_header(const gwt_resp *r, const char *name, char *buf, size_t n)
     while (p && p[2]) {
         p += 2;
         const char *e = strstr(p, "\r\n");
-        if (!e) e = p + strlen(p);
+        if (!e)
+            e = p + strlen(p);
         if ((size_t)(e - p) > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
             const char *v = p + nl + 1;
-            while (*v == ' ') v++;
+            while (*v == ' ')
+                v++;
             snprintf(buf, n, "%.*s", (int)(e - v), v);
             return buf;
         }
@@ -383,7 +410,8 @@ int gwt_read_head(gwt_conn *c, gwt_resp *r) {
     for (;;) {
         char *e;
         while (!(e = c->buf ? memmem(c->buf, c->len, "\r\n\r\n", 4) : NULL))
-            if (fill(c)) return -1;
+            if (fill(c))
+                return -1;
         size_t n = (size_t)(e - c->buf) + 4;
         char *head = strndup(c->buf, n);
         consume(c, n);
@@ -400,23 +428,27 @@ int gwt_read_head(gwt_conn *c, gwt_resp *r) {
         r->status = status;
         r->head = head;
         char v[64];
-        r->chunked = gwt_header(r, "Transfer-Encoding", v, sizeof v) && strcasecmp(v, "chunked") == 0;
+        r->chunked =
+            gwt_header(r, "Transfer-Encoding", v, sizeof v) && strcasecmp(v, "chunked") == 0;
         return 0;
     }
 }
 
 int gwt_read_chunk(gwt_conn *c, char **out, size_t *len_p) {
     char *line = read_line(c);
-    if (!line) return -1;
+    if (!line)
+        return -1;
     size_t n = strtoul(line, NULL, 16);
     free(line);
     if (n == 0) {
         for (;;) { /* trailers until the empty line */
             char *t = read_line(c);
-            if (!t) return -1;
+            if (!t)
+                return -1;
             bool empty = !*t;
             free(t);
-            if (empty) break;
+            if (empty)
+                break;
         }
         *out = NULL;
         *len_p = 0;
@@ -439,7 +471,8 @@ int gwt_read_chunk(gwt_conn *c, char **out, size_t *len_p) {
 }
 
 int gwt_read(gwt_conn *c, gwt_resp *r) {
-    if (gwt_read_head(c, r)) return -1;
+    if (gwt_read_head(c, r))
+        return -1;
     char v[64];
     size_t cap = 1024, len = 0;
     char *body = malloc(cap);
@@ -452,16 +485,19 @@ int gwt_read(gwt_conn *c, gwt_resp *r) {
                 free(body);
                 return -1;
             }
-            if (rc == 1) break;
+            if (rc == 1)
+                break;
             r->n_chunks++;
-            if (len + n + 1 > cap) body = realloc(body, cap = 2 * (len + n + 1));
+            if (len + n + 1 > cap)
+                body = realloc(body, cap = 2 * (len + n + 1));
             memcpy(body + len, d, n);
             len += n;
             free(d);
         }
     } else if (gwt_header(r, "Content-Length", v, sizeof v)) {
         len = strtoul(v, NULL, 10);
-        if (len + 1 > cap) body = realloc(body, cap = len + 1);
+        if (len + 1 > cap)
+            body = realloc(body, cap = len + 1);
         if (read_exact(c, len, body)) {
             free(body);
             return -1;
@@ -470,7 +506,8 @@ int gwt_read(gwt_conn *c, gwt_resp *r) {
         while (fill(c) == 0) {
         }
         len = c->len;
-        if (len + 1 > cap) body = realloc(body, cap = len + 1);
+        if (len + 1 > cap)
+            body = realloc(body, cap = len + 1);
         memcpy(body, c->buf ? c->buf : "", len);
         consume(c, len);
     }
@@ -487,7 +524,8 @@ bool gwt_wait_closed(gwt_conn *c, double timeout_s) {
         if (poll(&pfd, 1, 50) > 0) {
             char b[4096];
             ssize_t r = recv(c->fd, b, sizeof b, 0);
-            if (r <= 0) return true;
+            if (r <= 0)
+                return true;
         }
         waited += 0.05;
     }
@@ -502,7 +540,8 @@ void gwt_resp_free(gwt_resp *r) {
 
 int gwt_post(int port, const char *path, const char *body, gwt_resp *r) {
     gwt_conn *c = gwt_open(port);
-    if (!c) return -1;
+    if (!c)
+        return -1;
     int rc;
     if (body)
         rc = gwt_sendf(c,
@@ -511,12 +550,15 @@ int gwt_post(int port, const char *path, const char *body, gwt_resp *r) {
                        path, strlen(body), body);
     else
         rc = gwt_sendf(c, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", path);
-    if (rc == 0) rc = gwt_read(c, r);
+    if (rc == 0)
+        rc = gwt_read(c, r);
     gwt_close(c);
     return rc;
 }
 
-int gwt_get(int port, const char *path, gwt_resp *r) { return gwt_post(port, path, NULL, r); }
+int gwt_get(int port, const char *path, gwt_resp *r) {
+    return gwt_post(port, path, NULL, r);
+}
 
 /* ---- SSE ------------------------------------------------------------------- */
 
@@ -525,7 +567,8 @@ void gwt_sse_parse(const char *body, size_t len, gwt_sse *s) {
     const char *p = body, *end = body + len;
     while (p < end) {
         const char *e = memchr(p, '\n', (size_t)(end - p));
-        if (!e) e = end;
+        if (!e)
+            e = end;
         size_t n = (size_t)(e - p);
         if (n == 0) {
             /* event separator */
@@ -542,14 +585,16 @@ void gwt_sse_parse(const char *body, size_t len, gwt_sse *s) {
 }
 
 void gwt_sse_free(gwt_sse *s) {
-    for (int i = 0; i < s->n; i++) free(s->data[i]);
+    for (int i = 0; i < s->n; i++)
+        free(s->data[i]);
     free(s->data);
     memset(s, 0, sizeof *s);
 }
 
 int gwt_wait_atomic(atomic_int *v, int want, double timeout_s) {
     for (double t = 0; t < timeout_s; t += 0.01) {
-        if (atomic_load(v) >= want) break;
+        if (atomic_load(v) >= want)
+            break;
         usleep(10000);
     }
     return atomic_load(v);

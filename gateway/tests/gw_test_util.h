@@ -41,12 +41,12 @@ typedef struct {
     int batch;
     double interval_s;
     double first_delay_s;
-    const char *finish;  /* "stop" by default */
-    int error_after;     /* >= 0: pd_gw_on_error after this many ids of choice 0 */
+    const char *finish; /* "stop" by default */
+    int error_after;    /* >= 0: pd_gw_on_error after this many ids of choice 0 */
     int error_status;
-    int reject_status;   /* != 0: submit refuses with this status */
+    int reject_status; /* != 0: submit refuses with this status */
     int reject_retry_after;
-    bool with_logprobs;  /* report logprob = -0.5 * (k+1) for the k-th id */
+    bool with_logprobs; /* report logprob = -0.5 * (k+1) for the k-th id */
 } gwt_script;
 
 typedef struct {
@@ -55,7 +55,7 @@ typedef struct {
     gwt_script script;
     /* observations */
     atomic_int n_submitted, n_aborted, n_finished, n_errors, n_active;
-    pd_gw_gen_params last;   /* scalars of the last submit (pointers cleared) */
+    pd_gw_gen_params last; /* scalars of the last submit (pointers cleared) */
     int32_t last_prompt[8192];
     int last_n_prompt;
     char last_stop_ids[256];
@@ -101,8 +101,8 @@ typedef struct {
 
 typedef struct {
     int status;
-    char *head;  /* status line and headers, NUL-terminated */
-    char *body;  /* de-chunked, NUL-terminated */
+    char *head; /* status line and headers, NUL-terminated */
+    char *body; /* de-chunked, NUL-terminated */
     size_t body_len;
     bool chunked;
     int n_chunks; /* chunked: number of data chunks */

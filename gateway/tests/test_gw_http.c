@@ -5,14 +5,10 @@
  * back-pressure), the endpoints and errors, the OpenAI response shapes
  * (streamed and not), stop strings, UTF-8 integrity, usage, engine errors and
  * aborts on disconnect, and tokenization off the event loop. */
-#ifndef PD_GW_TEST_BUILD
-#include <stdio.h>
-int main(void) {
-    puts("gateway test: built and run by gateway/CMakeLists.txt");
-    return 0;
-}
-#else
-#define _GNU_SOURCE
+/* Single-source test (one executable per tests/test_*.c): the helpers are
+ * compiled in here, first, because they define _GNU_SOURCE. */
+#include "gw_test_util.c"
+
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,8 +22,6 @@ int main(void) {
 #include <event2/buffer.h>
 #include <jansson.h>
 
-#include "gw_test_util.h"
-
 static gwt_server g_srv;
 
 /* A text whose multi-byte characters (2, 3 and 4 bytes) are split across
@@ -39,7 +33,8 @@ static gwt_server g_srv;
 static json_t *jparse(const char *s) {
     json_error_t e;
     json_t *j = json_loads(s, 0, &e); /* strict: invalid UTF-8 is an error */
-    if (!j) fprintf(stderr, "bad JSON (%s): %.300s\n", e.text, s);
+    if (!j)
+        fprintf(stderr, "bad JSON (%s): %.300s\n", e.text, s);
     assert_non_null(j);
     return j;
 }
@@ -58,7 +53,8 @@ static void script_bytes(const char *text, int batch, double interval) {
 static json_t *post_json(const char *path, const char *body, int want_status) {
     gwt_resp r;
     assert_int_equal(gwt_post(g_srv.port, path, body, &r), 0);
-    if (r.status != want_status) fprintf(stderr, "status %d: %s\n", r.status, r.body);
+    if (r.status != want_status)
+        fprintf(stderr, "status %d: %s\n", r.status, r.body);
     assert_int_equal(r.status, want_status);
     json_t *j = jparse(r.body);
     gwt_resp_free(&r);
@@ -116,7 +112,8 @@ static void stream_post(const char *path, const char *body, stream_result *sr) {
         assert_true(pd_tok_utf8_valid(sr->sse.data[i], strlen(sr->sse.data[i])));
         sr->ev[sr->n_ev++] = jparse(sr->sse.data[i]);
     }
-    for (int k = 0; k < 4; k++) sr->text[k] = calloc(1, 1);
+    for (int k = 0; k < 4; k++)
+        sr->text[k] = calloc(1, 1);
     for (int i = 0; i < sr->n_ev; i++) {
         json_t *choices = json_object_get(sr->ev[i], "choices");
         size_t k;
@@ -126,7 +123,8 @@ static void stream_post(const char *path, const char *body, stream_result *sr) {
             assert_true(idx >= 0 && idx < 4);
             json_t *t = json_object_get(c, "text");
             json_t *d = json_object_get(c, "delta");
-            if (d) t = json_object_get(d, "content");
+            if (d)
+                t = json_object_get(d, "content");
             if (json_is_string(t)) {
                 size_t a = strlen(sr->text[idx]), b = json_string_length(t);
                 sr->text[idx] = realloc(sr->text[idx], a + b + 1);
@@ -138,13 +136,17 @@ static void stream_post(const char *path, const char *body, stream_result *sr) {
 }
 
 static void stream_free(stream_result *sr) {
-    for (int i = 0; i < sr->n_ev; i++) json_decref(sr->ev[i]);
+    for (int i = 0; i < sr->n_ev; i++)
+        json_decref(sr->ev[i]);
     free(sr->ev);
-    for (int k = 0; k < 4; k++) free(sr->text[k]);
+    for (int k = 0; k < 4; k++)
+        free(sr->text[k]);
     gwt_sse_free(&sr->sse);
 }
 
-static json_t *choice0(json_t *ev) { return json_array_get(json_object_get(ev, "choices"), 0); }
+static json_t *choice0(json_t *ev) {
+    return json_array_get(json_object_get(ev, "choices"), 0);
+}
 
 static int n_prompt_tokens(const char *prompt) {
     int n = 0;
@@ -248,8 +250,7 @@ static void test_extra_get_handler_and_ready(void **state) {
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, "pdserve:test 1\nquery x=1\n");
     char ct[64];
-    assert_string_equal(gwt_header(&r, "Content-Type", ct, sizeof ct),
-                        "text/plain; version=0.0.4");
+    assert_string_equal(gwt_header(&r, "Content-Type", ct, sizeof ct), "text/plain; version=0.0.4");
     gwt_resp_free(&r);
     assert_int_equal(gwt_post(h.port, "/metrics", "{}", &r), 0);
     assert_int_equal(r.status, 405);
@@ -265,19 +266,25 @@ static void test_extra_get_handler_and_ready(void **state) {
 static void test_content_type(void **state) {
     script_bytes("ok", 1, 0.001);
     const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
-    const char *cts[] = {"text/plain", NULL, "application/json; charset=latin-1",
-                         "application/jsonx", "application/json; charset=utf-8",
-                         "Application/JSON;charset=\"UTF-8\"", "application/json"};
+    const char *cts[] = {"text/plain",
+                         NULL,
+                         "application/json; charset=latin-1",
+                         "application/jsonx",
+                         "application/json; charset=utf-8",
+                         "Application/JSON;charset=\"UTF-8\"",
+                         "application/json"};
     const int want[] = {415, 415, 415, 415, 200, 200, 200};
     for (int i = 0; i < 7; i++) {
         gwt_conn *c = gwt_open(g_srv.port);
         char hdr[128] = "";
-        if (cts[i]) snprintf(hdr, sizeof hdr, "Content-Type: %s\r\n", cts[i]);
+        if (cts[i])
+            snprintf(hdr, sizeof hdr, "Content-Type: %s\r\n", cts[i]);
         gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\n%sContent-Length: %zu\r\n\r\n%s",
                   hdr, strlen(body), body);
         gwt_resp r;
         assert_int_equal(gwt_read(c, &r), 0);
-        if (r.status != want[i]) fprintf(stderr, "content-type %s: %d\n", cts[i], r.status);
+        if (r.status != want[i])
+            fprintf(stderr, "content-type %s: %d\n", cts[i], r.status);
         assert_int_equal(r.status, want[i]);
         gwt_resp_free(&r);
         gwt_close(c);
@@ -367,9 +374,8 @@ static void test_completion_full(void **state) {
     /* 5 bytes: "Grü" and the first byte of "ß", which can never complete: U+FFFD */
     assert_string_equal(json_string_value(json_object_get(c, "text")), "Grü\xef\xbf\xbd");
     assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
-                                                        "completion_tokens")),
-                     5);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
     json_decref(j);
     j = post_json("/v1/completions", "{\"prompt\":\"Say hi\",\"max_tokens\":4}", 200);
     c = json_array_get(json_object_get(j, "choices"), 0);
@@ -379,7 +385,8 @@ static void test_completion_full(void **state) {
 
 static void test_chat_full_and_stream_equal(void **state) {
     script_bytes(UTF8_TEXT, 1, 0.001);
-    const char *req = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":500";
+    const char *req =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":500";
     char body[512];
     snprintf(body, sizeof body, "%s}", req);
     json_t *j = post_json("/v1/chat/completions", body, 200);
@@ -400,8 +407,8 @@ static void test_chat_full_and_stream_equal(void **state) {
     assert_int_equal(sr.n_http_chunks, sr.sse.n); /* one HTTP chunk per event */
     assert_true(sr.n_ev >= 3);
     json_t *first = choice0(sr.ev[0]);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(first, "delta"), "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(first, "delta"), "role")),
+                        "assistant");
     const char *id = json_string_value(json_object_get(sr.ev[0], "id"));
     for (int i = 0; i < sr.n_ev; i++) {
         assert_string_equal(json_string_value(json_object_get(sr.ev[i], "object")),
@@ -413,14 +420,15 @@ static void test_chat_full_and_stream_equal(void **state) {
             assert_true(json_is_null(fr));
         else
             assert_string_equal(json_string_value(fr), "stop");
-        if (i > 0) assert_null(json_object_get(json_object_get(choice0(sr.ev[i]), "delta"), "role"));
+        if (i > 0)
+            assert_null(json_object_get(json_object_get(choice0(sr.ev[i]), "delta"), "role"));
     }
     assert_string_equal(sr.text[0], UTF8_TEXT); /* concatenated stream == non-streamed */
     stream_free(&sr);
 
     /* include_usage: usage null everywhere but one usage chunk just before [DONE] */
-    snprintf(body, sizeof body,
-             "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", req);
+    snprintf(body, sizeof body, "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             req);
     stream_post("/v1/chat/completions", body, &sr);
     assert_true(sr.done_last);
     for (int i = 0; i < sr.n_ev - 1; i++) {
@@ -450,9 +458,9 @@ static void test_completion_stream_and_echo(void **state) {
     stream_free(&sr);
 
     json_t *j = post_json("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true}", 200);
-    assert_string_equal(
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
-        "Echo me: " UTF8_TEXT);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(j, "choices"), 0), "text")),
+                        "Echo me: " UTF8_TEXT);
     json_decref(j);
     stream_post("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true,\"stream\":true}", &sr);
     assert_string_equal(sr.text[0], "Echo me: " UTF8_TEXT);
@@ -483,16 +491,16 @@ static void test_stop_strings(void **state) {
     for (int batch = 1; batch <= 4; batch++) {
         script_bytes(text, batch, 0.001);
         int ab = atomic_load(&g_srv.engine.n_aborted);
-        json_t *j = post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":[\"nope\",\"STOP\"]}",
-                              200);
+        json_t *j =
+            post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":[\"nope\",\"STOP\"]}", 200);
         json_t *c = json_array_get(json_object_get(j, "choices"), 0);
         assert_string_equal(json_string_value(json_object_get(c, "text")), want);
         assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
         assert_string_equal(json_string_value(json_object_get(c, "stop_reason")), "STOP");
         /* usage counts the tokens up to the one that completed the stop string */
-        assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
-                                                            "completion_tokens")),
-                         (int)strlen("The answer is 42.\nSTOP"));
+        assert_int_equal(
+            json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+            (int)strlen("The answer is 42.\nSTOP"));
         json_decref(j);
         /* the gateway ended it: the engine was told */
         assert_int_equal(gwt_wait_atomic(&g_srv.engine.n_aborted, ab + 1, 2), ab + 1);
@@ -505,7 +513,8 @@ static void test_stop_strings(void **state) {
         assert_string_equal(sr.text[0], want);
         for (int i = 0; i < sr.n_ev; i++) { /* no piece of the stop string ever went out */
             json_t *t = json_object_get(json_object_get(choice0(sr.ev[i]), "delta"), "content");
-            if (json_is_string(t)) assert_null(strchr(json_string_value(t), 'S'));
+            if (json_is_string(t))
+                assert_null(strchr(json_string_value(t), 'S'));
         }
         json_t *fin = choice0(sr.ev[sr.n_ev - 1]);
         assert_string_equal(json_string_value(json_object_get(fin, "finish_reason")), "stop");
@@ -513,26 +522,26 @@ static void test_stop_strings(void **state) {
     }
     /* a near miss is released; include_stop_str_in_output keeps the match */
     script_bytes("a STOx b STOP c", 1, 0.001);
-    json_t *j = post_json("/v1/completions",
-                          "{\"prompt\":\"q\",\"stop\":\"STOP\",\"include_stop_str_in_output\":true}",
-                          200);
-    assert_string_equal(
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
-        "a STOx b STOP");
+    json_t *j =
+        post_json("/v1/completions",
+                  "{\"prompt\":\"q\",\"stop\":\"STOP\",\"include_stop_str_in_output\":true}", 200);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(j, "choices"), 0), "text")),
+                        "a STOx b STOP");
     json_decref(j);
     /* a stop string split inside a multi-byte character sequence */
     script_bytes("x日本語y", 1, 0.001);
     j = post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":\"本\"}", 200);
-    assert_string_equal(
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
-        "x日");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(j, "choices"), 0), "text")),
+                        "x日");
     json_decref(j);
     /* min_tokens: stop strings do not apply before it */
     script_bytes("STOP here STOP", 1, 0.001);
     j = post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":\"STOP\",\"min_tokens\":6}", 200);
-    assert_string_equal(
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")),
-        "STOP here ");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(j, "choices"), 0), "text")),
+                        "STOP here ");
     json_decref(j);
 }
 
@@ -548,9 +557,9 @@ static void test_n_choices(void **state) {
         assert_string_equal(
             json_string_value(json_object_get(json_object_get(c, "message"), "content")), "abc日");
     }
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
-                                                        "completion_tokens")),
-                     3 * 6);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+        3 * 6);
     json_decref(j);
 
     stream_result sr;
@@ -561,10 +570,13 @@ static void test_n_choices(void **state) {
     int roles[2] = {0}, finals[2] = {0};
     for (int i = 0; i < sr.n_ev; i++) {
         json_t *c = choice0(sr.ev[i]);
-        if (!c) continue;
+        if (!c)
+            continue;
         int idx = (int)json_integer_value(json_object_get(c, "index"));
-        if (json_object_get(json_object_get(c, "delta"), "role")) roles[idx]++;
-        if (json_is_string(json_object_get(c, "finish_reason"))) finals[idx]++;
+        if (json_object_get(json_object_get(c, "delta"), "role"))
+            roles[idx]++;
+        if (json_is_string(json_object_get(c, "finish_reason")))
+            finals[idx]++;
     }
     assert_int_equal(roles[0], 1);
     assert_int_equal(roles[1], 1);
@@ -588,9 +600,8 @@ static void test_logprobs(void **state) {
                           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
                           "\"top_logprobs\":2}",
                           200);
-    json_t *content =
-        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
-                        "content");
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
     assert_int_equal(json_array_size(content), 4);
     json_t *e0 = json_array_get(content, 0);
     assert_string_equal(json_string_value(json_object_get(e0, "token")), "a");
@@ -660,7 +671,8 @@ static void long_script(double interval) {
     int32_t ids[4000];
     int n = 0;
     int32_t *one = gwt_ids_bytewise("ab", &n);
-    for (int i = 0; i < 4000; i++) ids[i] = one[i % 2];
+    for (int i = 0; i < 4000; i++)
+        ids[i] = one[i % 2];
     free(one);
     gwt_script s = gwt_script_ids(ids, 4000);
     s.interval_s = interval;
@@ -747,7 +759,8 @@ static void test_keepalive_pipelining(void **state) {
 
     /* HTTP/1.0: closes unless keep-alive is asked for; a streamed body is unframed */
     c = gwt_open(g_srv.port);
-    gwt_sendf(c, "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /health HTTP/1.0\r\n\r\n");
+    gwt_sendf(c,
+              "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /health HTTP/1.0\r\n\r\n");
     assert_int_equal(gwt_read(c, &r), 0);
     assert_string_equal(gwt_header(&r, "Connection", v, sizeof v), "keep-alive");
     gwt_resp_free(&r);
@@ -888,7 +901,8 @@ static void test_limits_and_timeouts(void **state) {
     gwt_close(c);
     c = gwt_open(h.port);
     gwt_sendf(c, "GET /health HTTP/1.1\r\n");
-    for (int i = 0; i < 12; i++) gwt_sendf(c, "X-H%d: v\r\n", i);
+    for (int i = 0; i < 12; i++)
+        gwt_sendf(c, "X-H%d: v\r\n", i);
     gwt_sendf(c, "\r\n");
     assert_int_equal(gwt_read(c, &r), 0);
     assert_int_equal(r.status, 431);
@@ -968,8 +982,10 @@ static void test_backpressure_pipelining(void **state) {
     int ok = 0;
     for (int i = 0; i < w.n; i++) {
         gwt_resp r;
-        if (gwt_read(c, &r) != 0) break;
-        if (r.status == 200 && strstr(r.body, "\"id\":\"test-model\"")) ok++;
+        if (gwt_read(c, &r) != 0)
+            break;
+        if (r.status == 200 && strstr(r.body, "\"id\":\"test-model\""))
+            ok++;
         gwt_resp_free(&r);
     }
     pthread_join(th, NULL);
@@ -987,7 +1003,8 @@ static void test_tokenize_off_loop(void **state) {
     srand(7);
     while (off < n) {
         int w = 2 + rand() % 9;
-        for (int i = 0; i < w; i++) body[off++] = "abcdefghijklmnopqrstuvwxyz"[rand() % 26];
+        for (int i = 0; i < w; i++)
+            body[off++] = "abcdefghijklmnopqrstuvwxyz"[rand() % 26];
         body[off++] = ' ';
     }
     off += (size_t)sprintf(body + off, "\"}");
@@ -1005,7 +1022,8 @@ static void test_tokenize_off_loop(void **state) {
         assert_int_equal(r.status, 200);
         gwt_resp_free(&r);
         struct pollfd p = {.fd = a->fd, .events = POLLIN};
-        if (poll(&p, 1, 0) == 0) before_a++;
+        if (poll(&p, 1, 0) == 0)
+            before_a++;
     }
     double t_health = pd_now_s() - t0;
     assert_int_equal(gwt_read(a, &r), 0);
@@ -1049,7 +1067,8 @@ static void test_sse_pings(void **state) {
 }
 
 static int setup(void **state) {
-    if (!gwt_tokenizer()) return -1;
+    if (!gwt_tokenizer())
+        return -1;
     return gwt_server_start(&g_srv, NULL);
 }
 
@@ -1084,4 +1103,3 @@ int main(void) {
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
-#endif

@@ -1,15 +1,10 @@
 /* Unit tests of the OpenAI request validation (gw_oai_prepare: every rule of
  * the contract, status and `param`) and of the stop-string matcher. No
  * sockets; the real DeepSeek-V3 tokenizer. */
-#ifndef PD_GW_TEST_BUILD
-/* Built by gateway/CMakeLists.txt (target gateway_test_gw_openai); a glob
- * elsewhere that picks this file up gets an empty program. */
-#include <stdio.h>
-int main(void) {
-    puts("gateway test: built and run by gateway/CMakeLists.txt");
-    return 0;
-}
-#else
+/* Single-source test (one executable per tests/test_*.c): the helpers are
+ * compiled in here, first, because they define _GNU_SOURCE. */
+#include "gw_test_util.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +15,6 @@ int main(void) {
 #include <cmocka.h>
 
 #include "gw_internal.h"
-#include "gw_test_util.h"
 
 static pd_gw_config g_cfg;
 
@@ -36,7 +30,7 @@ static void cfg_init(void) {
 typedef struct {
     gw_kind kind;
     const char *body;
-    int status; /* 0: accepted */
+    int status;        /* 0: accepted */
     const char *param; /* expected param ("" = null) */
 } vcase;
 
@@ -140,13 +134,12 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":\"yes\"}", 400, "stream"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream_options\":{\"include_usage\":true}}", 400,
      "stream_options"},
-    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":false,\"stream_options\":{}}", 400,
-     "stream_options"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":false,\"stream_options\":{}}", 400, "stream_options"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":5}", 400, "stream_options"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
      "stream_options.include_usage"},
-    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-     0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}", 0,
+     NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":false,\"stream_options\":null}", 0, NULL},
     /* logprobs */
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_logprobs\":2}", 400, "top_logprobs"},
@@ -204,7 +197,8 @@ static void test_validation_table(void **state) {
                     e.message);
             failures++;
         }
-        if (rc == 0) gw_oai_req_clear(&r);
+        if (rc == 0)
+            gw_oai_req_clear(&r);
     }
     assert_int_equal(failures, 0);
 }
@@ -215,8 +209,7 @@ static void test_completion_prompt_ids(void **state) {
     gw_oai_req r;
     gw_oai_err e;
     assert_int_equal(
-        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e),
-        0);
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
     int n = 0;
     int32_t *ids = gwt_ids_encode("Hello world", &n);
     assert_int_equal(r.n_prompt, n + 1);
@@ -273,8 +266,8 @@ static void test_length_limit_message(void **state) {
         gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
     assert_int_equal(e.status, 400);
     assert_string_equal(e.param, "max_tokens");
-    assert_non_null(strstr(e.message, "10 tokens"));  /* the limit */
-    assert_non_null(strstr(e.message, "4 in the prompt")); /* the prompt length */
+    assert_non_null(strstr(e.message, "10 tokens"));            /* the limit */
+    assert_non_null(strstr(e.message, "4 in the prompt"));      /* the prompt length */
     assert_non_null(strstr(e.message, "7 for the completion")); /* max_tokens */
     /* exactly at the limit is fine */
     body = "{\"prompt\":[1,2,3,4],\"max_tokens\":6}";
@@ -302,13 +295,13 @@ static void test_echo_ids(void **state) {
     int32_t *ids = gwt_ids_encode("héllo", &n);
     char body[512];
     int off = snprintf(body, sizeof body, "{\"echo\":true,\"prompt\":[");
-    for (int i = 0; i < n; i++) off += snprintf(body + off, sizeof body - (size_t)off, "%s%d", i ? "," : "", ids[i]);
+    for (int i = 0; i < n; i++)
+        off += snprintf(body + off, sizeof body - (size_t)off, "%s%d", i ? "," : "", ids[i]);
     snprintf(body + off, sizeof body - (size_t)off, "]}");
     gw_oai_req r;
     gw_oai_err e;
     assert_int_equal(
-        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e),
-        0);
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
     assert_true(r.echo);
     assert_string_equal(r.echo_text, "héllo");
     free(ids);
@@ -354,14 +347,16 @@ static void test_stop_across_pieces(void **state) {
     stop_run s = {0};
     const char *pieces[] = {"ab", "cS", "T", "OPz"};
     int m = -1;
-    for (int i = 0; i < 4 && m < 0; i++) m = feed(&s, pieces[i], stops, 2, false, false);
+    for (int i = 0; i < 4 && m < 0; i++)
+        m = feed(&s, pieces[i], stops, 2, false, false);
     assert_int_equal(m, 0);
     assert_string_equal(s.out, "abc");
     gw_stopbuf_free(&s.sb);
     /* include_stop_str_in_output */
     stop_run t = {0};
     m = -1;
-    for (int i = 0; i < 4 && m < 0; i++) m = feed(&t, pieces[i], stops, 2, true, false);
+    for (int i = 0; i < 4 && m < 0; i++)
+        m = feed(&t, pieces[i], stops, 2, true, false);
     assert_int_equal(m, 0);
     assert_string_equal(t.out, "abcSTOP");
     gw_stopbuf_free(&t.sb);
@@ -408,4 +403,3 @@ int main(void) {
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
-#endif
