@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "pd_flags.h"
+#include "pd_heartbeat.h"
 #include "pd_kvtransfer.h"
 #include "pd_msg.h"
 
@@ -44,6 +45,7 @@ typedef struct {
     pending_tokens *pend;
     parked *parked;
     bool registered;
+    pd_hb *hb;
     double last_heartbeat, last_register;
     int heartbeat_ms;
     pd_kvx_agent *agent;
@@ -78,6 +80,7 @@ static void on_blocks_free(void *user, const char *request_id, uint64_t resv_id,
 }
 
 static volatile sig_atomic_t g_stop;
+static int g_step_delay_ms; /* --debug-step-delay-ms: fault tests slow a replica down */
 static void on_signal(int sig) { g_stop = 1; }
 
 static pending_tokens *pend_get(decode_svc *d, const char *id) {
@@ -203,7 +206,7 @@ static void send_heartbeat(decode_svc *d) {
     h.tokens_in_flight = st.tokens_in_flight;
     h.prefill_tokens_total = st.prefill_tokens_total;
     h.generation_tokens_total = st.generation_tokens_total;
-    pd_msg_send(d->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+    pd_hb_update(d->hb, &h); /* the heartbeat thread sends it */
     d->last_heartbeat = pd_now_s();
 }
 
@@ -234,7 +237,10 @@ static void handle(decode_svc *d, pd_msg *msg) {
         Pdserve__RegisterReply *r = (Pdserve__RegisterReply *)msg->msg;
         if (r->accepted) {
             d->registered = true;
-            if (r->heartbeat_interval_ms) d->heartbeat_ms = (int)r->heartbeat_interval_ms;
+            if (r->heartbeat_interval_ms) {
+                d->heartbeat_ms = (int)r->heartbeat_interval_ms;
+                pd_hb_set_interval(d->hb, d->heartbeat_ms);
+            }
             PD_LOGI(LOGM, "%s: registered with the gateway", d->replica_id);
         } else {
             d->registered = false;
@@ -383,6 +389,7 @@ int pd_decode_main(int argc, char **argv) {
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+        {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
     };
     int rc = pd_flags_parse("decode", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -451,7 +458,13 @@ int pd_decode_main(int argc, char **argv) {
     }
     PD_LOGI(LOGM, "%s: model %s, %d KV blocks of %d tokens, gateway %s", replica_id, model, num_blocks, block_size,
             gateway);
+    if (pd_hb_start(d.zctx, gateway, replica_id, d.heartbeat_ms, &d.hb, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        rc = 1;
+        goto out;
+    }
     send_register(&d);
+    send_heartbeat(&d);
     while (!g_stop) {
         pd_sched_stats st;
         pd_sched_get_stats(d.sched, &st);
@@ -475,12 +488,18 @@ int pd_decode_main(int argc, char **argv) {
             handle(&d, &msg);
             pd_msg_clear(&msg);
         }
-        if (pd_sched_step(d.sched) > 0)
+        if (pd_sched_step(d.sched) > 0) {
             flush_tokens(&d);
+            if (g_step_delay_ms > 0) usleep((useconds_t)g_step_delay_ms * 1000);
+        }
         now = pd_now_s();
+        if (pd_hb_take_reregister(d.hb)) {
+            d.registered = false;
+            d.last_register = 0;
+        }
         if (!d.registered && now - d.last_register > 1.0)
             send_register(&d);
-        if ((now - d.last_heartbeat) * 1000.0 >= d.heartbeat_ms) {
+        if ((now - d.last_heartbeat) * 1000.0 >= d.heartbeat_ms / 4.0) {
             send_heartbeat(&d);
             expire_reservations(&d);
         }
@@ -496,6 +515,7 @@ out:
     pd_kvx_pool_free(&d.pool);
     pd_kvx_agent_free(&d.agent);
     flush_tokens(&d);
+    pd_hb_stop(&d.hb);
     zmq_close(d.sock);
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);

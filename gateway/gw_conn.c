@@ -162,6 +162,11 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
     else if (what & BEV_EVENT_ERROR)
         PD_LOGD(GW_MOD, "conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) && c->proto &&
+        !c->closing) {
+        c->proto->on_eof(c);
+        return;
+    }
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
         gw_conn_free(c);
 }

@@ -420,6 +420,15 @@ static void h1_on_timeout(gw_conn *c) {
         gw_conn_close(c); /* idle keep-alive connection */
 }
 
+static void h1_on_eof(gw_conn *c) {
+    h1_conn *h = c->proto_data;
+    if (h->cur && h->cur_complete) {
+        gw_conn_free(c); /* a request in flight: the client is gone, abort it */
+        return;
+    }
+    gw_conn_close(c); /* flush responses already written, drop a partial request */
+}
+
 static void h1_on_close(gw_conn *c) {
     h1_conn *h = c->proto_data;
     if (!h)
@@ -440,6 +449,7 @@ const gw_proto_i gw_proto_http1 = {
     .on_read = h1_process,
     .on_deferred = h1_process,
     .on_timeout = h1_on_timeout,
+    .on_eof = h1_on_eof,
     .on_close = h1_on_close,
     .respond = h1_respond,
     .start = h1_start,

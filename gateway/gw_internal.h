@@ -151,6 +151,11 @@ typedef struct {
     void (*on_deferred)(gw_conn *c);
     /** The connection's timer fired (gw_conn_set_timer). */
     void (*on_timeout)(gw_conn *c);
+    /** The peer closed its side (read returned 0). The handler decides
+     * between gw_conn_free (abort what is in flight: a client that stops
+     * sending cannot be told from one that went away) and gw_conn_close
+     * (only finished responses are pending: send them, then close). */
+    void (*on_eof)(gw_conn *c);
     /** The connection is being freed: free every stream (their close
      * callbacks run) and c->proto_data. */
     void (*on_close)(gw_conn *c);

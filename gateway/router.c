@@ -340,17 +340,21 @@ static void on_register(pd_router *r, pd_msg *m) {
     count_alive(r);
 }
 
+/* Heartbeats come from each replica's heartbeat thread (its own socket),
+ * named by replica_id. */
 static void on_heartbeat(pd_router *r, pd_msg *m) {
-    gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
+    Pdserve__Heartbeat *h = (Pdserve__Heartbeat *)m->msg;
+    gw_replica *x = NULL;
+    for (gw_replica *y = r->replicas; y; y = y->next)
+        if (h->replica_id && !strcmp(y->id, h->replica_id)) x = y;
     if (!x || !x->alive) {
-        /* unknown (e.g. the gateway restarted, or it was declared dead): ask it to register again */
+        /* unknown (the gateway restarted, or it was declared dead): ask it to register again */
         Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
         rep.accepted = false;
         rep.reason = "unknown replica: register again";
         pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
         return;
     }
-    Pdserve__Heartbeat *h = (Pdserve__Heartbeat *)m->msg;
     x->hb = *h;
     x->hb.replica_id = NULL;
     x->hb.base.unknown_fields = NULL;

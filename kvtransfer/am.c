@@ -51,6 +51,7 @@ static void recv_finish(kvx_am_recv *rec, ucs_status_t status) {
 }
 
 static void recv_done_cb(void *request, ucs_status_t status, size_t length, void *user_data) {
+    (void)length; /* the whole block: its size is in the record */
     ucp_request_free(request);
     recv_finish(user_data, status);
 }
@@ -199,6 +200,7 @@ static pd_status am_send(pd_kvx_peer *p, kvx_am_hdr *hdrs, const pd_kvx_block_wr
                        ucs_status_string(UCS_PTR_STATUS(r)));
             break;
         }
+        if (r == NULL) op->pending--; /* done at once, no callback */
     }
     if (!kvx_op_posted(op)) return PD_ERR_IO;
     kvx_agent_kick(a);

@@ -88,6 +88,7 @@ void kvx_peer_mark_failed(pd_kvx_peer *p, pd_status st, const char *reason) {
 }
 
 static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
+    (void)ep; /* p->ep */
     pd_kvx_peer *p = arg;
     char why[128];
     snprintf(why, sizeof why, "UCX endpoint error: %s", ucs_status_string(status));
@@ -321,9 +322,12 @@ pd_status kvx_peer_usable(const pd_kvx_peer *p, pd_err *err) {
                       p->state == KVX_PEER_FAILED ? p->fail_reason : "is closing");
 }
 
-/* Request parameters for one piece of an op: completion into op, never
- * immediate (the user's callback is deferred to progress), and the local
- * pool's memory handle when the buffer lies in one (zero-copy). */
+/* Request parameters for one piece of an op: completion into op (the
+ * user's callback is deferred to progress), and the local pool's memory
+ * handle when the buffer lies in one (zero-copy). NO_IMM_CMPL asks for a
+ * request even when the operation completes at once — UCX then runs our
+ * callback inside the call; some calls (ucp_ep_flush_nbx in 1.13) ignore
+ * the flag and return NULL, which the callers treat as done. */
 void kvx_req_param(const pd_kvx_agent *a, kvx_op *op, const void *local, size_t bytes,
                    ucp_request_param_t *prm) {
     memset(prm, 0, sizeof *prm);
@@ -374,6 +378,7 @@ pd_status pd_kvx_put_batch(pd_kvx_peer *p, const pd_kvx_iov *iov, size_t n, uint
                        ucs_status_string(UCS_PTR_STATUS(r)));
             break;
         }
+        if (r == NULL) op->pending--; /* done at once, no callback */
     }
     if (!kvx_op_posted(op)) return PD_ERR_IO;
     kvx_agent_kick(a);
@@ -396,7 +401,9 @@ pd_status pd_kvx_flush(pd_kvx_peer *p, uint64_t tag, pd_kvx_done_cb cb, void *us
     ucp_request_param_t prm;
     kvx_req_param(a, op, NULL, 0, &prm);
     op->pending = op->posted = 1;
+    /* UCX 1.13 ignores NO_IMM_CMPL here: NULL means flushed already. */
     void *r = ucp_ep_flush_nbx(p->ep, &prm);
+    if (r == NULL) op->pending = 0;
     if (UCS_PTR_IS_ERR(r)) {
         op->pending = op->posted = 0;
         op->st = PD_ERR_IO;

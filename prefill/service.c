@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "pd_flags.h"
+#include "pd_heartbeat.h"
 #include "pd_kvtransfer.h"
 #include "pd_model.h"
 #include "pd_msg.h"
@@ -48,6 +49,7 @@ typedef struct {
     pd_kvx_pool *pool;
     decode_peer *peers;
     bool registered;
+    pd_hb *hb;
     double last_heartbeat, last_register;
     int heartbeat_ms;
     uint64_t prefill_tokens_total, kv_bytes_sent;
@@ -55,6 +57,7 @@ typedef struct {
 } prefill_svc;
 
 static volatile sig_atomic_t g_stop;
+static int g_step_delay_ms; /* --debug-step-delay-ms: fault tests slow a replica down */
 static void on_signal(int sig) { g_stop = 1; }
 
 static void send_register(prefill_svc *p) {
@@ -97,7 +100,7 @@ static void send_heartbeat(prefill_svc *p) {
     h.tokens_in_flight = tokens;
     h.prefill_tokens_total = p->prefill_tokens_total;
     h.kv_bytes_sent = p->kv_bytes_sent;
-    pd_msg_send(p->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+    pd_hb_update(p->hb, &h); /* the heartbeat thread sends it */
     p->last_heartbeat = pd_now_s();
 }
 
@@ -323,7 +326,10 @@ static void handle(prefill_svc *p, pd_msg *msg) {
         Pdserve__RegisterReply *r = (Pdserve__RegisterReply *)msg->msg;
         p->registered = r->accepted;
         if (r->accepted) {
-            if (r->heartbeat_interval_ms) p->heartbeat_ms = (int)r->heartbeat_interval_ms;
+            if (r->heartbeat_interval_ms) {
+                p->heartbeat_ms = (int)r->heartbeat_interval_ms;
+                pd_hb_set_interval(p->hb, p->heartbeat_ms);
+            }
             PD_LOGI(LOGM, "%s: registered with the gateway", p->replica_id);
         } else {
             PD_LOGW(LOGM, "%s: gateway refused registration: %s", p->replica_id, r->reason);
@@ -372,6 +378,7 @@ int pd_prefill_main(int argc, char **argv) {
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+        {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
     };
@@ -419,7 +426,12 @@ int pd_prefill_main(int argc, char **argv) {
     }
     PD_LOGI(LOGM, "%s: model %s, chunk %d tokens, %d KV blocks of %d, gateway %s", replica_id, model, chunk,
             num_blocks, block_size, gateway);
+    if (pd_hb_start(p.zctx, gateway, replica_id, p.heartbeat_ms, &p.hb, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        goto out;
+    }
     send_register(&p);
+    send_heartbeat(&p);
     rc = 0;
     while (!g_stop) {
         bool busy = false;
@@ -444,12 +456,16 @@ int pd_prefill_main(int argc, char **argv) {
             handle(&p, &msg);
             pd_msg_clear(&msg);
         }
-        step(&p);
+        if (step(&p) && g_step_delay_ms > 0) usleep((useconds_t)g_step_delay_ms * 1000);
         pd_kvx_agent_progress(p.agent);
         advance(&p);
         now = pd_now_s();
+        if (pd_hb_take_reregister(p.hb)) {
+            p.registered = false;
+            p.last_register = 0;
+        }
         if (!p.registered && now - p.last_register > 1.0) send_register(&p);
-        if ((now - p.last_heartbeat) * 1000.0 >= p.heartbeat_ms) send_heartbeat(&p);
+        if ((now - p.last_heartbeat) * 1000.0 >= p.heartbeat_ms / 4.0) send_heartbeat(&p);
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
 out:
@@ -466,6 +482,7 @@ out:
     }
     pd_kvx_pool_free(&p.pool);
     pd_kvx_agent_free(&p.agent);
+    pd_hb_stop(&p.hb);
     if (p.sock) zmq_close(p.sock);
     if (p.zctx) zmq_ctx_term(p.zctx);
     free(p.logits);

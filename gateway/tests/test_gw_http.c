@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -717,6 +718,36 @@ static void test_disconnect_aborts(void **state) {
     assert_int_equal(gwt_wait_atomic(&e->n_active, 0, 0), 0);
 }
 
+/* A client that half-closes after its request still gets finished responses;
+ * one whose request is still in flight is taken as gone (aborted). */
+static void test_half_close(void **state) {
+    gwt_conn *c = gwt_open(g_srv.port);
+    gwt_sendf(c, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    shutdown(c->fd, SHUT_WR);
+    gwt_resp r;
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "ok");
+    gwt_resp_free(&r);
+    assert_true(gwt_wait_closed(c, 2));
+    gwt_close(c);
+
+    long_script(0.005);
+    gwt_engine *e = &g_srv.engine;
+    int ab = atomic_load(&e->n_aborted), sub = atomic_load(&e->n_submitted);
+    c = gwt_open(g_srv.port);
+    const char *body = "{\"prompt\":\"x\"}";
+    gwt_sendf(c,
+              "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+              "Content-Length: %zu\r\n\r\n%s",
+              strlen(body), body);
+    assert_int_equal(gwt_wait_atomic(&e->n_submitted, sub + 1, 2), sub + 1);
+    shutdown(c->fd, SHUT_WR);
+    assert_int_equal(gwt_wait_atomic(&e->n_aborted, ab + 1, 2), ab + 1);
+    assert_true(gwt_wait_closed(c, 2));
+    gwt_close(c);
+}
+
 /* ---- the connection layer ---------------------------------------------------------- */
 
 static void test_keepalive_pipelining(void **state) {
@@ -1093,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_engine_errors),
         cmocka_unit_test(test_disconnect_aborts),
+        cmocka_unit_test(test_half_close),
         cmocka_unit_test(test_keepalive_pipelining),
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_expect_continue),

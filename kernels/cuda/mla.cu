@@ -16,6 +16,7 @@
  * tile is read once per 16 heads (from L2 for the other head groups). */
 #include "cuda_common.cuh"
 
+#include <cuda_pipeline.h>
 #include <math.h>
 
 /* ---- expanded form ---------------------------------------------------- */
@@ -114,29 +115,32 @@ static __global__ void __launch_bounds__(PF_THREADS)
 #define DEC_MAX_SPLITS 256
 
 /* ql[i, h] = [W_UK[h]ᵀ q_nope[i, h] (kvr) | q_pe[i, h] (dr)]; W_UK[h] is rows
- * h*(dn+dv) .. h*(dn+dv)+dn-1 of kv_b. Block (query i, head h), threads over
- * the latent dimension (coalesced rows of W_UK). */
+ * h*(dn+dv) .. h*(dn+dv)+dn-1 of kv_b. Block (query i, head h, 128 latent
+ * columns), one column per thread (coalesced rows of W_UK). */
+#define QLAT_THREADS 128
 template <typename W>
-static __global__ void __launch_bounds__(256)
+static __global__ void __launch_bounds__(QLAT_THREADS)
     k_mla_qlat(int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q, const W *__restrict__ kvb,
                float *__restrict__ ql) {
     extern __shared__ float4 smem4[];
     float *qn = (float *)smem4; /* [dn] */
-    const int i = blockIdx.x, h = blockIdx.y;
+    const int i = blockIdx.x, h = blockIdx.y, c = blockIdx.z * QLAT_THREADS + threadIdx.x;
     const float *qr = q + ((size_t)i * nh + h) * (dn + dr);
-    for (int d = threadIdx.x; d < dn; d += blockDim.x)
+    for (int d = threadIdx.x; d < dn; d += QLAT_THREADS)
         qn[d] = qr[d];
     __syncthreads();
     const W *wuk = kvb + (size_t)h * (dn + dv) * kvr;
     float *o = ql + ((size_t)i * nh + h) * (kvr + dr);
-    for (int c = threadIdx.x; c < kvr; c += blockDim.x) {
+    if (c < kvr) {
         float s = 0.0f;
+#pragma unroll 8
         for (int d = 0; d < dn; d++)
             s += qn[d] * cu_ldw(wuk, (size_t)d * kvr + c);
         o[c] = s;
     }
-    for (int d = threadIdx.x; d < dr; d += blockDim.x)
-        o[kvr + d] = qr[dn + d];
+    if (blockIdx.z == 0)
+        for (int d = threadIdx.x; d < dr; d += QLAT_THREADS)
+            o[kvr + d] = qr[dn + d];
 }
 
 /* One step of the online softmax for head hh over this tile's scores (one
@@ -180,13 +184,18 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     const int n_vis = start_pos + i + 1;
     const int t_begin = split * chunk, t_end = min(n_vis, t_begin + chunk);
 
+    /* global → shared copies go through cp.async, so that every load of a
+     * tile is in flight at once instead of one per thread at a time */
     for (int k = tid; k < DEC_HG * D4; k += DEC_THREADS) {
         const int hh = k / D4, c4 = k - hh * D4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 *dst = (float4 *)(qs + hh * DP) + c4;
         if (h0 + hh < nh)
-            v = ((const float4 *)(ql + ((size_t)i * nh + h0 + hh) * D))[c4];
-        ((float4 *)(qs + hh * DP))[c4] = v;
+            __pipeline_memcpy_async(dst, (const float4 *)(ql + ((size_t)i * nh + h0 + hh) * D) + c4, sizeof(float4));
+        else
+            *dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     if (tid < DEC_HG) {
         mrow[tid] = -INFINITY;
         lrow[tid] = 0.0f;
@@ -206,8 +215,10 @@ static __global__ void __launch_bounds__(DEC_THREADS)
             const int row = k / D4, c4 = k - row * D4, t = t0 + row;
             const float4 *src =
                 (const float4 *)(cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D);
-            ((float4 *)(tile + row * DP))[c4] = src[c4];
+            __pipeline_memcpy_async((float4 *)(tile + row * DP) + c4, src + c4, sizeof(float4));
         }
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
         __syncthreads();
         {
             const int ha = warp, hc = warp + 8;
@@ -285,40 +296,67 @@ static __global__ void __launch_bounds__(DEC_THREADS)
 
 /* Block (query i, head h): o_lat = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s,
  * then out[i, h] = W_UV[h] · o_lat (W_UV[h]: rows h*(dn+dv)+dn .. +dv-1 of
- * kv_b), one warp per output row. Splits that saw no token have l = 0. */
+ * kv_b), one warp per output row. Splits that saw no token have l = 0 and
+ * o = 0. */
+#define CMB_THREADS 256
 template <typename W>
-static __global__ void __launch_bounds__(128)
+static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                   const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                   float *__restrict__ out) {
     extern __shared__ float4 smem4[];
-    float *olat = (float *)smem4, *wsp = olat + kvr;
-    __shared__ float inv_l;
-    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
+    __shared__ float red[CMB_THREADS / 32];
+    __shared__ float bcast;
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)i * nh + h) * n_splits;
+    float m = -INFINITY;
+    for (int s = tid; s < n_splits; s += CMB_THREADS)
+        if (part_l[base + s] > 0.0f)
+            m = fmaxf(m, part_m[base + s]);
+    m = cu_warp_max(m);
+    if (lane == 0)
+        red[warp] = m;
+    __syncthreads();
     if (tid == 0) {
-        float M = -INFINITY, L = 0.0f;
-        for (int s = 0; s < n_splits; s++)
-            if (part_l[base + s] > 0.0f)
-                M = fmaxf(M, part_m[base + s]);
-        for (int s = 0; s < n_splits; s++) {
-            const float w = part_l[base + s] > 0.0f ? expf(part_m[base + s] - M) : 0.0f;
-            wsp[s] = w;
-            L += w * part_l[base + s];
-        }
-        inv_l = 1.0f / L;
+        float M = red[0];
+        for (int w = 1; w < CMB_THREADS / 32; w++)
+            M = fmaxf(M, red[w]);
+        bcast = M;
     }
     __syncthreads();
-    for (int c = tid; c < kvr; c += blockDim.x) {
+    const float M = bcast; /* finite: split 0 holds token 0 */
+    float lsum = 0.0f;
+    for (int s = tid; s < n_splits; s += CMB_THREADS) {
+        const float l = part_l[base + s];
+        const float w = l > 0.0f ? expf(part_m[base + s] - M) : 0.0f;
+        wsp[s] = w;
+        lsum += w * l;
+    }
+    lsum = cu_warp_sum(lsum);
+    __syncthreads(); /* bcast and red were read */
+    if (lane == 0)
+        red[warp] = lsum;
+    __syncthreads();
+    if (tid == 0) {
+        float L = 0.0f;
+        for (int w = 0; w < CMB_THREADS / 32; w++)
+            L += red[w];
+        bcast = 1.0f / L;
+    }
+    __syncthreads();
+    const float inv_l = bcast;
+    for (int c = tid; c < kvr; c += CMB_THREADS) {
+        const float *po = part_o + base * kvr + c;
         float o = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < n_splits; s++)
-            if (wsp[s] != 0.0f)
-                o += wsp[s] * part_o[(base + s) * kvr + c];
+            o += wsp[s] * po[(size_t)s * kvr];
         olat[c] = o * inv_l;
     }
     __syncthreads();
     const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
-    for (int d = tid >> 5; d < dv; d += blockDim.x >> 5) {
+    for (int d = warp; d < dv; d += CMB_THREADS / 32) {
         float s = 0.0f;
         for (int c = lane; c < kvr; c += 32)
             s += cu_ldw(wuv, (size_t)d * kvr + c) * olat[c];
@@ -354,7 +392,8 @@ static cudaError_t absorbed_launch(const pd_mla_args *a, const int *btab, float 
                                    int chunk, cudaStream_t s) {
     const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
     const W *kvb = (const W *)a->kv_b->data;
-    k_mla_qlat<W><<<dim3(a->n_q, nh), 256, dn * sizeof(float), s>>>(nh, dn, dr, dv, kvr, a->q, kvb, ql);
+    k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS, dn * sizeof(float), s>>>(
+        nh, dn, dr, dv, kvr, a->q, kvb, ql);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -381,8 +420,8 @@ static cudaError_t absorbed_launch(const pd_mla_args *a, const int *btab, float 
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
-    k_mla_combine<W><<<dim3(a->n_q, nh), 128, (kvr + n_splits) * sizeof(float), s>>>(nh, dn, dv, kvr, n_splits, part_m,
-                                                                                   part_l, part_o, kvb, a->out);
+    k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
+        nh, dn, dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     return cudaGetLastError();
 }
 

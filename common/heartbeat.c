@@ -1,0 +1,108 @@
+#include "pd_heartbeat.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <zmq.h>
+
+struct pd_hb {
+    void *sock;
+    char replica_id[128];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    Pdserve__Heartbeat snap; /* numeric fields only */
+    atomic_int interval_ms;
+    atomic_bool stop, reregister;
+};
+
+static void *hb_main(void *arg) {
+    pd_hb *hb = arg;
+    double next = pd_now_s();
+    while (!atomic_load(&hb->stop)) {
+        double now = pd_now_s();
+        if (now >= next) {
+            Pdserve__Heartbeat h;
+            pthread_mutex_lock(&hb->mu);
+            h = hb->snap;
+            pthread_mutex_unlock(&hb->mu);
+            h.replica_id = hb->replica_id;
+            pd_msg_send(hb->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+            next = now + atomic_load(&hb->interval_ms) / 1000.0;
+        }
+        long wait = (long)((next - pd_now_s()) * 1000.0);
+        if (wait > 50) wait = 50; /* notice stop quickly */
+        if (wait < 0) wait = 0;
+        zmq_pollitem_t it = {hb->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, wait) > 0) {
+            pd_msg m;
+            pd_err err = {{0}};
+            while (pd_msg_recv(hb->sock, false, &m, &err) == PD_OK) {
+                if (m.type == PD_MSG_REGISTER_REPLY && !((Pdserve__RegisterReply *)m.msg)->accepted)
+                    atomic_store(&hb->reregister, true);
+                pd_msg_clear(&m);
+            }
+        }
+    }
+    return NULL;
+}
+
+pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, int interval_ms, pd_hb **hb_p,
+                      pd_err *err) {
+    if (interval_ms <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "heartbeat interval must be positive");
+    pd_hb *hb = pd_xcalloc(1, sizeof *hb);
+    Pdserve__Heartbeat init = PDSERVE__HEARTBEAT__INIT;
+    hb->snap = init;
+    snprintf(hb->replica_id, sizeof hb->replica_id, "%s", replica_id);
+    atomic_init(&hb->interval_ms, interval_ms);
+    atomic_init(&hb->stop, false);
+    atomic_init(&hb->reregister, false);
+    pthread_mutex_init(&hb->mu, NULL);
+    hb->sock = zmq_socket(zctx, ZMQ_DEALER);
+    char ident[160];
+    snprintf(ident, sizeof ident, "%s#hb", replica_id);
+    int linger = 0;
+    zmq_setsockopt(hb->sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(hb->sock, ZMQ_ROUTING_ID, ident, strlen(ident));
+    if (!hb->sock || zmq_connect(hb->sock, endpoint) != 0) {
+        pd_status st = pd_err_set(err, PD_ERR_IO, "heartbeat socket to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        if (hb->sock) zmq_close(hb->sock);
+        free(hb);
+        return st;
+    }
+    if (pthread_create(&hb->thread, NULL, hb_main, hb) != 0) {
+        zmq_close(hb->sock);
+        free(hb);
+        return pd_err_set(err, PD_ERR_IO, "cannot start the heartbeat thread");
+    }
+    *hb_p = hb;
+    return PD_OK;
+}
+
+void pd_hb_update(pd_hb *hb, const Pdserve__Heartbeat *snap) {
+    pthread_mutex_lock(&hb->mu);
+    ProtobufCMessage base = hb->snap.base;
+    hb->snap = *snap;
+    hb->snap.base = base;
+    hb->snap.replica_id = NULL;
+    pthread_mutex_unlock(&hb->mu);
+}
+
+void pd_hb_set_interval(pd_hb *hb, int interval_ms) {
+    if (interval_ms > 0) atomic_store(&hb->interval_ms, interval_ms);
+}
+
+bool pd_hb_take_reregister(pd_hb *hb) {
+    return atomic_exchange(&hb->reregister, false);
+}
+
+void pd_hb_stop(pd_hb **hb_p) {
+    if (!hb_p || !*hb_p) return;
+    pd_hb *hb = *hb_p;
+    atomic_store(&hb->stop, true);
+    pthread_join(hb->thread, NULL);
+    zmq_close(hb->sock);
+    pthread_mutex_destroy(&hb->mu);
+    free(hb);
+    *hb_p = NULL;
+}

@@ -1,0 +1,32 @@
+/* Replica liveness: a thread per replica that sends Heartbeat messages to
+ * the gateway on its own ZeroMQ socket, so that a long forward step (a big
+ * prefill chunk on a CPU can take seconds) never makes a healthy replica
+ * look dead. The service's loop publishes its load with pd_hb_update after
+ * each step; the thread sends the latest snapshot every interval. When the
+ * gateway answers a heartbeat with "register again" (it restarted, or it
+ * had declared the replica dead), pd_hb_take_reregister returns true once. */
+#ifndef PD_HEARTBEAT_H
+#define PD_HEARTBEAT_H
+
+#include <stdbool.h>
+
+#include "pd_common.h"
+#include "pd_msg.h"
+
+typedef struct pd_hb pd_hb;
+
+/** Starts the thread: a DEALER socket (identity "<replica_id>#hb") in zctx
+ * connected to endpoint. interval_ms > 0. Errors: PD_ERR_IO (socket,
+ * connect or thread creation failed; err says which). */
+pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, int interval_ms, pd_hb **hb_p,
+                      pd_err *err);
+/** Copies the numeric load fields of snap (replica_id is ignored). Thread-safe. */
+void pd_hb_update(pd_hb *hb, const Pdserve__Heartbeat *snap);
+/** Changes the period (the gateway's RegisterReply names it). */
+void pd_hb_set_interval(pd_hb *hb, int interval_ms);
+/** True once after the gateway asked the replica to register again. */
+bool pd_hb_take_reregister(pd_hb *hb);
+/** Stops and joins the thread, closes its socket, sets *hb_p to NULL. */
+void pd_hb_stop(pd_hb **hb_p);
+
+#endif

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Faults on the serving path (issue 3 acceptance), real processes on
+127.0.0.1, the tiny model, each service started on its own:
+- two prefill and two decode replicas: requests spread over all four;
+- a decode replica killed (SIGKILL) mid-stream: its clients get an in-band
+  error event and a closed stream within 5 s (no finish_reason), the other
+  streams finish normally, new requests avoid the dead replica;
+- a prefill replica killed mid-prefill: its request fails with a clear error
+  within 5 s (none hangs), later long requests use the surviving one;
+- killed replicas restarted with the same id rejoin and serve;
+- a restarted gateway gets every replica back (they register again).
+"""
+import http.client, json, os, signal, socket, subprocess, sys, tempfile, threading, time
+
+BIN = os.environ.get("PD_BIN", "build/pdserve")
+HB = 100  # heartbeat interval, ms
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+    else:
+        print("ok:", what, flush=True)
+    return cond
+
+
+def free_ports():
+    while True:
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+        try:
+            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
+            return p
+        except OSError:
+            pass
+
+
+class Stack:
+    def __init__(self, tmp, model):
+        self.tmp, self.model = tmp, model
+        self.port = free_ports()
+        self.ctrl = f"tcp://127.0.0.1:{self.port + 1}"
+        self.procs = {}
+
+    def start(self, name, args):
+        log = open(os.path.join(self.tmp, name + ".log"), "a")
+        self.procs[name] = subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT)
+
+    def gateway(self):
+        self.start("gateway", ["gateway", "--model", self.model, "--host", "127.0.0.1", "--port", str(self.port),
+                               "--control", self.ctrl, "--served-model-name", "tiny", "--long-prompt-threshold", "16",
+                               "--heartbeat-interval-ms", str(HB)])
+
+    def replica(self, role, i, delay=0):
+        name = f"{role}-{i}"
+        self.start(name, [role, "--model", self.model, "--gateway", self.ctrl, "--replica-id", name,
+                          "--block-size", "4", "--num-kv-blocks", "1024", "--chunked-prefill-size", "4",
+                          "--threads", "1", "--heartbeat-interval-ms", str(HB), "--debug-step-delay-ms", str(delay)])
+
+    def kill(self, name, sig=signal.SIGKILL):
+        p = self.procs.pop(name)
+        p.send_signal(sig)
+        p.wait(10)
+
+    def stop(self):
+        for n, p in list(self.procs.items()):
+            p.terminate()
+        for n, p in list(self.procs.items()):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def metrics(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        c.request("GET", "/metrics")
+        data = c.getresponse().read().decode()
+        c.close()
+        out = {}
+        for line in data.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def alive(self, role):
+        try:
+            return int(self.metrics().get(f'pdserve:replicas_alive{{role="{role}"}}', 0))
+        except OSError:
+            return -1
+
+    def wait_alive(self, d, p, timeout=30):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.alive("decode") == d and self.alive("prefill") == p:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def run_stream(port, prompt, max_tokens, result):
+    """Streams a completion; result gets events, errors, finish reasons, timings."""
+    result.update(events=0, error=None, finish=None, done=False, t_end=None, text="")
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                                                         "ignore_eos": True, "stream": True, "temperature": 0}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        result["status"] = r.status
+        if r.status != 200:
+            result["error"] = r.read().decode()
+            result["t_end"] = time.time()
+            return
+        buf = b""
+        while True:
+            line = r.fp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:]
+            if payload == b"[DONE]":
+                result["done"] = True
+                break  # the response ends right after [DONE]
+            ev = json.loads(payload)
+            result["events"] += 1
+            if "error" in ev:
+                result["error"] = ev["error"]["message"]
+            for ch in ev.get("choices", []):
+                result["text"] += ch.get("text") or ""
+                if ch.get("finish_reason"):
+                    result["finish"] = ch["finish_reason"]
+        c.close()
+    except Exception as e:  # a hang shows up as the timeout
+        result["error"] = f"exception {e!r}"
+    result["t_end"] = time.time()
+
+
+def post(port, prompt, max_tokens=4):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                                                     "temperature": 0, "ignore_eos": True}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+def main():
+    tmp = tempfile.mkdtemp()
+    model = os.path.join(tmp, "tiny")
+    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True, capture_output=True)
+    st = Stack(tmp, model)
+    try:
+        st.gateway()
+        for i in range(2):
+            st.replica("decode", i, delay=20)
+            st.replica("prefill", i, delay=20)
+        if not check(st.wait_alive(2, 2), "2 decode + 2 prefill replicas registered"):
+            return
+        # ---- spread: 4 short + 4 long requests at once ----
+        res = [dict() for _ in range(8)]
+        th = [threading.Thread(target=run_stream, args=(st.port, [5 + i] * (4 if i < 4 else 40), 20, res[i]))
+              for i in range(8)]
+        for t in th: t.start()
+        time.sleep(0.5)
+        m = st.metrics()
+        for t in th: t.join(60)
+        check(all(r.get("finish") == "length" and r.get("done") for r in res),
+              "8 concurrent requests finished " + repr([(r.get("status"), r.get("finish"), r.get("done"), r.get("error")) for r in res]))
+        # per-replica work: generation tokens on each decode, prefill tokens on each prefill
+        m = st.metrics()
+        gen = [m.get(f'pdserve:generation_tokens_total{{replica="decode-{i}"}}', 0) for i in range(2)]
+        pre = [m.get(f'pdserve:replica_prefill_tokens_total{{replica="prefill-{i}",role="prefill"}}', 0) for i in range(2)]
+        check(all(g > 0 for g in gen), f"both decode replicas generated ({gen})")
+        check(all(p > 0 for p in pre), f"both prefill replicas prefilled ({pre})")
+
+        # ---- kill a decode replica mid-stream ----
+        res = [dict() for _ in range(4)]
+        th = [threading.Thread(target=run_stream, args=(st.port, [9 + i] * 4, 300, res[i])) for i in range(4)]
+        for t in th: t.start()
+        time.sleep(1.0)
+        t_kill = time.time()
+        st.kill("decode-1")
+        for t in th: t.join(60)
+        errored = [r for r in res if r.get("error")]
+        ok = [r for r in res if not r.get("error")]
+        check(len(errored) >= 1 and len(ok) >= 1, f"decode kill: {len(errored)} streams failed, {len(ok)} finished")
+        check(all(r["finish"] is None and r["done"] and r["t_end"] - t_kill < 5.0 for r in errored),
+              "failed streams: in-band error, no finish_reason, [DONE], within 5 s " +
+              repr([(r["finish"], r["done"], r["t_end"] - t_kill, r["error"]) for r in errored]))
+        check(all(r["finish"] == "length" for r in ok), "the other streams finished normally")
+        check(st.alive("decode") == 1, "dead decode replica out of rotation")
+        codes = [post(st.port, [3, 4, 5])[0] for _ in range(6)]
+        check(all(c == 200 for c in codes), f"new requests avoid the dead replica ({codes})")
+
+        # ---- kill a prefill replica mid-prefill ----
+        st.kill("prefill-1")
+        st.replica("prefill", 1, delay=200)  # a slow one, to kill mid-prefill
+        st.wait_alive(1, 2)
+        st.kill("prefill-0")  # leave only the slow one
+        st.wait_alive(1, 1)
+        r = {}
+        t = threading.Thread(target=run_stream, args=(st.port, [11] * 200, 5, r))
+        t.start()
+        time.sleep(1.0)
+        t_kill = time.time()
+        st.kill("prefill-1")
+        t.join(30)
+        check(r.get("t_end") is not None and r["t_end"] - t_kill < 5.0 and r.get("error"),
+              f"prefill kill: clear error within 5 s ({r.get('error')!r})")
+        # ---- restarted replicas rejoin and serve ----
+        st.replica("prefill", 0)
+        st.replica("decode", 1)
+        check(st.wait_alive(2, 1), "restarted replicas rejoined")
+        s1, d1 = post(st.port, [13] * 40)
+        check(s1 == 200, f"long request after restart: {s1} {d1[:200]!r}")
+        # ---- gateway restart: replicas register again ----
+        st.kill("gateway", signal.SIGTERM)
+        time.sleep(0.3)
+        st.gateway()
+        check(st.wait_alive(2, 1, timeout=20), "replicas registered with the restarted gateway")
+        s2, d2 = post(st.port, [14] * 40)
+        check(s2 == 200, f"request after gateway restart: {s2} {d2[:200]!r}")
+    finally:
+        st.stop()
+        if failures:
+            for f in sorted(os.listdir(tmp)):
+                if f.endswith(".log"):
+                    print(f"---- {f}\n" + open(os.path.join(tmp, f)).read()[-3000:])
+    print("failures:", len(failures))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
