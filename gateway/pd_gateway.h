@@ -50,9 +50,8 @@ typedef struct {
     const char *host; /* --host; default "0.0.0.0" */
     int port;         /* --port; default 8000; 0 = any free port (see pd_gw_server_port) */
     int backlog;      /* listen backlog; default 1024 */
-    const char
-        *served_model_name; /* --served-model-name; required: the `model` clients must name */
-    const char *tokenizer;  /* --tokenizer: tokenizer.json, or a directory holding one */
+    const char *served_model_name; /* --served-model-name; required: what `model` must be */
+    const char *tokenizer;         /* --tokenizer: tokenizer.json, or a directory holding one */
     const pd_tokenizer *tokenizer_handle; /* already loaded (borrowed, must outlive the server);
                                              when set, `tokenizer` is not read */
     int max_model_len;      /* --max-model-len (tokens, prompt + completion); required, > 0 */
@@ -142,7 +141,8 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
                      int n);
 
 /** Ends one choice: finish_reason "stop" (EOS or a stop token id) or
- * "length" (max_tokens reached). Other strings are passed through. When it
+ * "length" (max_tokens reached). Other strings are passed through and must
+ * be static (the pointer is kept until the response is written). When it
  * ends the last unfinished choice, req is released when this call returns. */
 void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason);
 
