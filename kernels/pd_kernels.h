@@ -43,7 +43,7 @@ typedef struct {
     const float *q; /* [n_q, n_heads, qk_nope_dim + qk_rope_dim], rope applied */
     const float *cache;  /* cache base */
     int n_layers, layer, block_size;
-    const int *block_table; /* host memory on CPU; backend memory on GPU */
+    const int *block_table; /* host memory (the CUDA backend copies it) */
     const pd_weight *kv_b;  /* [n_heads*(qk_nope_dim+v_dim), kv_lora_rank] */
     bool absorbed;          /* W_UK folded into q, W_UV after attention */
     float *out;             /* [n_q, n_heads * v_dim] */

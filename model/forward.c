@@ -91,7 +91,8 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
     int32_t *eids = pd_xmalloc((size_t)T * topk * sizeof(int32_t));
     float *ew = pd_xmalloc((size_t)T * topk * sizeof(float));
     float *hl = salloc(&sc, (size_t)n_out * H);
-    if (!x || !h || (c->q_lora_rank > 0 && !qa) || !q || !ckv || !attn || !gu || !act || !mo || !hl ||
+    float *dlogits = salloc(&sc, (size_t)n_out * c->vocab_size); /* backend memory; copied to the host at the end */
+    if (!x || !h || (c->q_lora_rank > 0 && !qa) || !q || !ckv || !attn || !gu || !act || !mo || !hl || !dlogits ||
         (c->n_routed_experts > 0 && !rlog)) {
         sfree(&sc);
         free(ids);
@@ -157,8 +158,11 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
         be->ops->moe_route(be, T, rlog, &rp, eids, ew);
         if (c->n_shared_experts > 0)
             mlp_forward(be, &L->shared, T, h, gu, act, mo, false);
-        else
-            memset(mo, 0, (size_t)T * H * sizeof(float));
+        else { /* no shared experts: start from zeros (backend memory, so no memset) */
+            float *zeros = pd_xcalloc((size_t)T * H, sizeof(float));
+            be->ops->upload(be, mo, zeros, (size_t)T * H * sizeof(float));
+            free(zeros);
+        }
         be->ops->moe_experts(be, T, H, c->moe_intermediate_size, h, eids, ew, c->num_experts_per_tok,
                              L->experts_gate_up, L->experts_down, mo);
         be->ops->add(be, (size_t)T * H, x, mo);
@@ -173,7 +177,8 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
         t += b->n_tokens;
     }
     be->ops->rmsnorm(be, n_out, H, hl, H, m->final_norm, c->rms_norm_eps, hl, H);
-    be->ops->gemm(be, n_out, hl, &m->lm_head, logits, false);
+    be->ops->gemm(be, n_out, hl, &m->lm_head, dlogits, false);
+    be->ops->download(be, logits, dlogits, (size_t)n_out * c->vocab_size * sizeof(float));
     for (int s = 0; s < n_seqs; s++)
         seqs[s].kv->num_tokens += seqs[s].n_tokens;
     sfree(&sc);

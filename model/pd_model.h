@@ -238,9 +238,10 @@ typedef struct {
 /** Runs one forward step over a batch of sequences (any mix of prefill
  * chunks and single decode tokens). Writes the new tokens' latent KV into
  * the cache (space must have been reserved with pd_seq_kv_reserve), then
- * advances each kv->num_tokens by n_tokens. logits receives, in batch order,
- * vocab_size fp32 values per requested row (all_logits: n_tokens rows, else
- * 1 row); it must hold that many rows. Decode tokens (n_tokens == 1 with
+ * advances each kv->num_tokens by n_tokens. logits (HOST memory) receives,
+ * in batch order, vocab_size fp32 values per requested row (all_logits:
+ * n_tokens rows, else 1 row); it must hold that many rows. Token ids and
+ * block tables are host memory too. Decode tokens (n_tokens == 1 with
  * history) use the absorbed MLA form; prefill chunks the expanded form.
  * Errors: PD_ERR_INVALID (token id out of range, position past
  * max_position_embeddings, KV not reserved). */
