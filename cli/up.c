@@ -58,7 +58,20 @@ static const char *self_exe(void) {
     return buf;
 }
 
+/* Flags that belong to the gateway alone (the rest go to the replicas). */
+static bool is_gateway_flag(const char *a) {
+    static const char *names[] = {"--max-concurrent-requests-short", "--max-concurrent-requests-long",
+                                  "--max-queued-requests-short", "--max-queued-requests-long", "--request-timeout",
+                                  "--max-model-len", "--max-stop-strings", "--max-logprobs", "--tokenizer-pool-size",
+                                  "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i])) return true;
+    return false;
+}
+
 int pd_cmd_up(int argc, char **argv) {
+    char *gw_extra[64];
+    int n_gw_extra = 0;
     const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL;
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
     char *passthrough[128];
@@ -75,6 +88,10 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--long-prompt-threshold")) threshold = atoi(v);
         else if (TAKE("--served-model-name")) name = v;
         else if (TAKE("--heartbeat-interval-ms")) hb = v;
+        else if (is_gateway_flag(a) && v && n_gw_extra < 60) {
+            gw_extra[n_gw_extra++] = argv[i];
+            gw_extra[n_gw_extra++] = argv[++i];
+        }
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
                    "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
@@ -104,7 +121,7 @@ int pd_cmd_up(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    char *gw[32] = {"pdserve", "gateway", "--model", (char *)model, "--host", (char *)host, "--port", portbuf,
+    char *gw[128] = {"pdserve", "gateway", "--model", (char *)model, "--host", (char *)host, "--port", portbuf,
                     "--control", ctrl, "--long-prompt-threshold", thr};
     int k = 12;
     if (name) {
@@ -115,6 +132,7 @@ int pd_cmd_up(int argc, char **argv) {
         gw[k++] = "--heartbeat-interval-ms";
         gw[k++] = (char *)hb;
     }
+    for (int i = 0; i < n_gw_extra; i++) gw[k++] = gw_extra[i];
     gw[k] = NULL;
     if (spawn(self, gw, "gateway") < 0) return 1;
     for (int r = 0; r < n_prefill + n_decode; r++) {

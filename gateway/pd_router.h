@@ -19,6 +19,11 @@ typedef struct {
     int heartbeat_interval_ms;     /* told to replicas; dead after 3 missed */
     uint64_t model_fingerprint;    /* replicas must match */
     int block_size;                /* required KV block size (0: any, but prefill and decode must agree) */
+    const char *model_name;        /* the served model name (metrics label) */
+    /* admission per length class (index 0 short, 1 long) */
+    int max_running[2];            /* --max-concurrent-requests-short/-long */
+    int max_queued[2];             /* --max-queued-requests-short/-long; full -> 429 */
+    double request_timeout_s;      /* --request-timeout: deadline from arrival; 0 = none */
 } pd_router_config;
 
 typedef struct pd_router pd_router;

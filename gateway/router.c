@@ -10,6 +10,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "pd_metrics.h"
 #include "pd_msg.h"
 
 #define LOGM "router"
@@ -45,12 +46,34 @@ typedef struct gw_sub {
     struct gw_sub *next_all;
 } gw_sub;
 
+enum { CLASS_SHORT = 0, CLASS_LONG = 1, N_CLASSES = 2 };
+static const char *class_name[N_CLASSES] = {"short", "long"};
+
 typedef struct gw_req {
     pd_gw_request *gw;
     const pd_gw_gen_params *p;
     gw_sub *subs;
     int n_open;
+    int cls;
+    bool queued;                 /* waiting in its class queue, nothing sent yet */
+    double t_arrival, t_dispatch, t_first, t_last;
+    uint64_t n_generated;
+    struct gw_req *qnext;
 } gw_req;
+
+/* Admission per length class: a concurrency limit, a bounded FIFO queue,
+ * and the recent completion times from which Retry-After is estimated. */
+#define DRAIN_WINDOW 64
+typedef struct {
+    int running, max_running, max_queued, queued;
+    gw_req *qhead, *qtail;
+    double done_at[DRAIN_WINDOW];
+    int done_n, done_i;
+    pd_hist ttft, itl, e2e, queue_time, prefill_time, decode_time;
+    uint64_t prompt_tokens, generation_tokens;
+    uint64_t finished_stop, finished_length, finished_error, finished_abort;
+    uint64_t rejected_queue_full, rejected_no_replica, rejected_timeout;
+} class_state;
 
 struct pd_router {
     struct event_base *base;
@@ -62,6 +85,9 @@ struct pd_router {
     gw_sub *subs; /* every live sub-request */
     pd_gw_server *gw;
     pd_router_stats stats;
+    class_state cls[N_CLASSES];
+    struct event *ev_dispatch;
+    char model_name[256];
 };
 
 static pd_router *g_router; /* the engine context is the router itself; kept for the table */
@@ -145,6 +171,60 @@ static void sub_unlink(pd_router *r, gw_sub *s) {
         }
 }
 
+static void class_unqueue(class_state *c, gw_req *q) {
+    gw_req **pp = &c->qhead, *prev = NULL;
+    while (*pp && *pp != q) {
+        prev = *pp;
+        pp = &(*pp)->qnext;
+    }
+    if (!*pp) return;
+    *pp = q->qnext;
+    if (c->qtail == q) c->qtail = prev;
+    c->queued--;
+    q->queued = false;
+}
+
+/* The request leaves its class (finished, failed or aborted): accounting,
+ * metrics, and a deferred dispatch of whatever waits in the queue. */
+static void req_finished(pd_router *r, gw_req *q, const char *outcome) {
+    class_state *c = &r->cls[q->cls];
+    double now = pd_now_s();
+    if (q->queued) {
+        class_unqueue(c, q);
+    } else {
+        c->running--;
+        c->done_at[c->done_i] = now;
+        c->done_i = (c->done_i + 1) % DRAIN_WINDOW;
+        if (c->done_n < DRAIN_WINDOW) c->done_n++;
+    }
+    if (!strcmp(outcome, "stop")) c->finished_stop++;
+    else if (!strcmp(outcome, "length")) c->finished_length++;
+    else if (!strcmp(outcome, "abort")) c->finished_abort++;
+    else c->finished_error++;
+    if (!strcmp(outcome, "stop") || !strcmp(outcome, "length")) {
+        pd_hist_observe(&c->e2e, now - q->t_arrival);
+        if (q->t_first > 0) pd_hist_observe(&c->decode_time, now - q->t_first);
+    }
+    event_active(r->ev_dispatch, 0, 0);
+}
+
+/* Seconds until the class queue is likely to have room, from the recent
+ * completion rate (1..600). */
+static int retry_after_s(const class_state *c) {
+    if (c->done_n < 2) return 1;
+    double oldest = 1e300, newest = 0;
+    for (int i = 0; i < c->done_n; i++) {
+        if (c->done_at[i] < oldest) oldest = c->done_at[i];
+        if (c->done_at[i] > newest) newest = c->done_at[i];
+    }
+    double span = pd_now_s() - oldest;
+    double rate = span > 0 ? (c->done_n - 1) / span : 0; /* completions per second */
+    double wait = rate > 0 ? (c->queued + 1) / rate : 60;
+    if (wait < 1) wait = 1;
+    if (wait > 600) wait = 600;
+    return (int)(wait + 0.999);
+}
+
 /* Frees the router's state of a request (all subs), telling replicas to
  * drop whatever they still hold. Does not touch q->gw. */
 static void req_release(pd_router *r, gw_req *q, const char *reason) {
@@ -164,6 +244,7 @@ static void req_release(pd_router *r, gw_req *q, const char *reason) {
 
 static void fail_request(pd_router *r, gw_req *q, int status, const char *msg) {
     pd_gw_request *gw = q->gw;
+    req_finished(r, q, "error");
     req_release(r, q, "failed");
     pd_gw_on_error(gw, status, msg);
 }
@@ -177,6 +258,7 @@ static void finish_sub(pd_router *r, gw_sub *s, const char *reason) {
     int choice = s->choice;
     pd_gw_request *gw = q->gw;
     if (--q->n_open == 0) {
+        req_finished(r, q, reason);
         free(q->subs);
         free(q);
     }
@@ -217,29 +299,17 @@ static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
 
 /* ---- engine interface ---- */
 
-static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_params *p) {
-    pd_router *r = engine;
-    bool is_long = p->n_prompt > r->cfg.long_prompt_threshold;
-    if (!pick(r, ROLE_DECODE)) {
-        pd_gw_submit_error(gwr, 503, 1, "no decode replica is available");
-        return -1;
-    }
-    if (is_long && !pick(r, ROLE_PREFILL)) {
-        pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
-        return -1;
-    }
-    gw_req *q = pd_xcalloc(1, sizeof *q);
-    q->gw = gwr;
-    q->p = p;
-    q->n_open = p->n;
-    q->subs = pd_xcalloc((size_t)p->n, sizeof *q->subs);
-    pd_gw_request_set_engine_data(gwr, q);
+/* Sends a request to replicas. Returns false (nothing sent) when the
+ * replicas it needs are gone. */
+static bool dispatch(pd_router *r, gw_req *q) {
+    const pd_gw_gen_params *p = q->p;
+    bool is_long = q->cls == CLASS_LONG;
+    if (!pick(r, ROLE_DECODE) || (is_long && !pick(r, ROLE_PREFILL))) return false;
+    q->t_dispatch = pd_now_s();
+    pd_hist_observe(&r->cls[q->cls].queue_time, q->t_dispatch - q->t_arrival);
+    r->cls[q->cls].prompt_tokens += (uint64_t)p->n_prompt * (uint64_t)p->n;
     for (int c = 0; c < p->n; c++) {
         gw_sub *s = &q->subs[c];
-        snprintf(s->rid, sizeof s->rid, "%s-%d", p->request_id, c);
-        s->parent = q;
-        s->choice = c;
-        s->tokens = (uint64_t)p->n_prompt + (uint64_t)p->max_tokens;
         s->decode = pick(r, ROLE_DECODE);
         s->decode->n_assigned++;
         s->decode->assigned_tokens += s->tokens;
@@ -258,14 +328,106 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
             r->stats.requests_long++;
         }
     }
+    return true;
+}
+
+static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_params *p) {
+    pd_router *r = engine;
+    int cls = p->n_prompt > r->cfg.long_prompt_threshold ? CLASS_LONG : CLASS_SHORT;
+    class_state *c = &r->cls[cls];
+    if (!pick(r, ROLE_DECODE)) {
+        c->rejected_no_replica++;
+        pd_gw_submit_error(gwr, 503, 1, "no decode replica is available");
+        return -1;
+    }
+    if (cls == CLASS_LONG && !pick(r, ROLE_PREFILL)) {
+        c->rejected_no_replica++;
+        pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
+        return -1;
+    }
+    if (c->running >= c->max_running && c->queued >= c->max_queued) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "too many %s requests: %d running and %d queued (--max-queued-requests-%s %d)",
+                 class_name[cls], c->running, c->queued, class_name[cls], c->max_queued);
+        c->rejected_queue_full++;
+        pd_gw_submit_error(gwr, 429, retry_after_s(c), msg);
+        return -1;
+    }
+    gw_req *q = pd_xcalloc(1, sizeof *q);
+    q->gw = gwr;
+    q->p = p;
+    q->cls = cls;
+    q->n_open = p->n;
+    q->t_arrival = pd_now_s();
+    q->subs = pd_xcalloc((size_t)p->n, sizeof *q->subs);
+    for (int i = 0; i < p->n; i++) {
+        gw_sub *s = &q->subs[i];
+        snprintf(s->rid, sizeof s->rid, "%s-%d", p->request_id, i);
+        s->parent = q;
+        s->choice = i;
+        s->state = SUB_DONE; /* not on any replica yet */
+        s->tokens = (uint64_t)p->n_prompt + (uint64_t)p->max_tokens;
+    }
+    pd_gw_request_set_engine_data(gwr, q);
+    if (c->running < c->max_running && !c->qhead) {
+        c->running++;
+        dispatch(r, q); /* replicas were checked above */
+    } else {
+        q->queued = true;
+        if (c->qtail) c->qtail->qnext = q;
+        else c->qhead = q;
+        c->qtail = q;
+        c->queued++;
+    }
     return 0;
+}
+
+/* Deferred: start queued requests where their class has room; fail those
+ * whose replicas vanished or whose deadline passed. */
+static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
+    pd_router *r = arg;
+    double now = pd_now_s();
+    for (int k = 0; k < N_CLASSES; k++) {
+        class_state *c = &r->cls[k];
+        /* deadlines of queued requests */
+        if (r->cfg.request_timeout_s > 0)
+            for (gw_req *q = c->qhead; q;) {
+                gw_req *next = q->qnext;
+                if (now - q->t_arrival > r->cfg.request_timeout_s) {
+                    char msg[200];
+                    snprintf(msg, sizeof msg, "request waited %.1f s in the %s queue (--request-timeout %g s)",
+                             now - q->t_arrival, class_name[k], r->cfg.request_timeout_s);
+                    c->rejected_timeout++;
+                    pd_gw_request *gw = q->gw;
+                    req_finished(r, q, "timeout");
+                    free(q->subs);
+                    free(q);
+                    pd_gw_on_error(gw, 503, msg);
+                }
+                q = next;
+            }
+        while (c->qhead && c->running < c->max_running) {
+            gw_req *q = c->qhead;
+            class_unqueue(c, q);
+            c->running++;
+            if (!dispatch(r, q)) {
+                pd_gw_request *gw = q->gw;
+                req_finished(r, q, "error");
+                free(q->subs);
+                free(q);
+                pd_gw_on_error(gw, 503, "no replica is available for this request any more");
+            }
+        }
+    }
 }
 
 static void engine_abort(void *engine, pd_gw_request *gwr) {
     pd_router *r = engine;
     gw_req *q = pd_gw_request_engine_data(gwr);
-    if (q)
+    if (q) {
+        req_finished(r, q, "abort");
         req_release(r, q, "client went away");
+    }
 }
 
 static const pd_gw_engine_i router_engine = {engine_submit, engine_abort};
@@ -362,6 +524,26 @@ static void on_heartbeat(pd_router *r, pd_msg *m) {
     x->last_seen = pd_now_s();
 }
 
+/* TTFT (arrival to first token), prefill time (dispatch to first token),
+ * inter-token latency (per token, from the batch it arrived in). */
+static void note_tokens(pd_router *r, gw_req *q, int n) {
+    if (n <= 0) return;
+    class_state *c = &r->cls[q->cls];
+    double now = pd_now_s();
+    if (q->t_first == 0) {
+        q->t_first = now;
+        pd_hist_observe(&c->ttft, now - q->t_arrival);
+        pd_hist_observe(&c->prefill_time, now - q->t_dispatch);
+        for (int i = 1; i < n; i++) pd_hist_observe(&c->itl, 0.0);
+    } else {
+        double per = (now - q->t_last) / n;
+        for (int i = 0; i < n; i++) pd_hist_observe(&c->itl, per);
+    }
+    q->t_last = now;
+    q->n_generated += (uint64_t)n;
+    c->generation_tokens += (uint64_t)n;
+}
+
 static void on_tokens(pd_router *r, pd_msg *m) {
     Pdserve__Tokens *t = (Pdserve__Tokens *)m->msg;
     gw_sub *s = sub_find(r, t->request_id);
@@ -373,8 +555,10 @@ static void on_tokens(pd_router *r, pd_msg *m) {
         fail_request(r, q, 500, msg);
         return;
     }
-    if (t->n_ids > 0)
+    if (t->n_ids > 0) {
+        note_tokens(r, q, (int)t->n_ids);
         pd_gw_on_tokens(q->gw, s->choice, t->ids, t->n_logprobs == t->n_ids ? t->logprobs : NULL, (int)t->n_ids);
+    }
     if (t->finished)
         finish_sub(r, s, t->finish_reason && t->finish_reason[0] ? t->finish_reason : "stop");
 }
@@ -452,6 +636,7 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
     r->stats.kv_transfer_seconds += k->transfer_seconds;
     send_to(r, s->decode, PD_MSG_KV_COMPLETE, &k->base);
     float lp = k->first_logprob;
+    note_tokens(r, s->parent, 1);
     pd_gw_on_tokens(s->parent->gw, s->choice, &k->first_token, &lp, 1);
 }
 
@@ -532,10 +717,30 @@ static void on_fd(evutil_socket_t fd, short what, void *arg) {
     drain(arg);
 }
 
+/* Running requests past --request-timeout fail (in-band once streaming). */
+static void enforce_deadlines(pd_router *r) {
+    if (r->cfg.request_timeout_s <= 0) return;
+    double now = pd_now_s();
+    for (gw_sub *s = r->subs; s;) {
+        gw_req *q = s->parent;
+        if (now - q->t_arrival > r->cfg.request_timeout_s) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "request exceeded --request-timeout %g s", r->cfg.request_timeout_s);
+            r->cls[q->cls].rejected_timeout++;
+            fail_request(r, q, 504, msg);
+            s = r->subs; /* the request's subs are gone: rescan */
+            continue;
+        }
+        s = s->next_all;
+    }
+    event_active(r->ev_dispatch, 0, 0); /* queued deadlines */
+}
+
 static void on_timer(evutil_socket_t fd, short what, void *arg) {
     pd_router *r = arg;
     drain(r);
     expire(r);
+    enforce_deadlines(r);
 }
 
 pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, pd_router **r_p, pd_err *err) {
@@ -566,6 +771,21 @@ pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, p
     r->ev_fd = event_new(base, fd, EV_READ | EV_PERSIST, on_fd, r);
     event_add(r->ev_fd, NULL);
     r->ev_timer = event_new(base, -1, EV_PERSIST, on_timer, r);
+    r->ev_dispatch = event_new(base, -1, 0, on_dispatch, r);
+    snprintf(r->model_name, sizeof r->model_name, "%s", cfg->model_name ? cfg->model_name : "");
+    r->cfg.model_name = r->model_name;
+    static const int def_running[N_CLASSES] = {256, 16}, def_queued[N_CLASSES] = {1024, 256};
+    for (int k = 0; k < N_CLASSES; k++) {
+        class_state *c = &r->cls[k];
+        c->max_running = cfg->max_running[k] > 0 ? cfg->max_running[k] : def_running[k];
+        c->max_queued = cfg->max_running[k] > 0 ? cfg->max_queued[k] : def_queued[k];
+        pd_hist_init(&c->ttft, pd_buckets_ttft_s, pd_buckets_ttft_n);
+        pd_hist_init(&c->e2e, pd_buckets_ttft_s, pd_buckets_ttft_n);
+        pd_hist_init(&c->queue_time, pd_buckets_ttft_s, pd_buckets_ttft_n);
+        pd_hist_init(&c->prefill_time, pd_buckets_ttft_s, pd_buckets_ttft_n);
+        pd_hist_init(&c->decode_time, pd_buckets_ttft_s, pd_buckets_ttft_n);
+        pd_hist_init(&c->itl, pd_buckets_itl_s, pd_buckets_itl_n);
+    }
     struct timeval tv = {0, 20 * 1000};
     event_add(r->ev_timer, &tv);
     g_router = r;
@@ -598,6 +818,7 @@ void pd_router_free(pd_router **r_p) {
     }
     event_free(r->ev_fd);
     event_free(r->ev_timer);
+    event_free(r->ev_dispatch);
     zmq_close(r->sock);
     zmq_ctx_term(r->zctx);
     while (r->replicas) {
@@ -675,5 +896,70 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
                         (unsigned long long)r->stats.kv_bytes_transferred, r->stats.kv_transfer_seconds,
                         (unsigned long long)r->stats.requests_short, (unsigned long long)r->stats.requests_long,
                         r->stats.decode_alive, r->stats.prefill_alive);
+    pd_strbuf sb = {0};
+    static const char *hists[6][2] = {
+        {"pdserve:time_to_first_token_seconds", "Arrival to first token."},
+        {"pdserve:inter_token_latency_seconds", "Time between tokens of a request."},
+        {"pdserve:e2e_request_latency_seconds", "Arrival to the last token of finished requests."},
+        {"pdserve:request_queue_time_seconds", "Time in the gateway's class queue."},
+        {"pdserve:request_prefill_time_seconds", "Dispatch to first token (prefill, plus KV transfer on the long route)."},
+        {"pdserve:request_decode_time_seconds", "First token to the last."}};
+    for (int h = 0; h < 6; h++) {
+        pd_strbuf_printf(&sb, "# HELP %s %s\n# TYPE %s histogram\n", hists[h][0], hists[h][1], hists[h][0]);
+        for (int k = 0; k < N_CLASSES; k++) {
+            class_state *c = &r->cls[k];
+            const pd_hist *hs[6] = {&c->ttft, &c->itl, &c->e2e, &c->queue_time, &c->prefill_time, &c->decode_time};
+            char labels[384];
+            snprintf(labels, sizeof labels, "model_name=\"%s\",class=\"%s\"", r->model_name, class_name[k]);
+            pd_hist_render(hs[h], hists[h][0], labels, &sb);
+        }
+    }
+    pd_strbuf_printf(&sb, "# HELP pdserve:num_requests_running_class Requests dispatched to replicas, by class.\n"
+                          "# TYPE pdserve:num_requests_running_class gauge\n");
+    for (int k = 0; k < N_CLASSES; k++)
+        pd_strbuf_printf(&sb, "pdserve:num_requests_running_class{model_name=\"%s\",class=\"%s\"} %d\n", r->model_name,
+                         class_name[k], r->cls[k].running);
+    pd_strbuf_printf(&sb, "# HELP pdserve:num_requests_waiting_class Requests in the gateway's class queue.\n"
+                          "# TYPE pdserve:num_requests_waiting_class gauge\n");
+    for (int k = 0; k < N_CLASSES; k++)
+        pd_strbuf_printf(&sb, "pdserve:num_requests_waiting_class{model_name=\"%s\",class=\"%s\"} %d\n", r->model_name,
+                         class_name[k], r->cls[k].queued);
+    pd_strbuf_printf(&sb, "# HELP pdserve:prompt_tokens_total Prompt tokens of dispatched requests.\n"
+                          "# TYPE pdserve:prompt_tokens_total counter\n");
+    for (int k = 0; k < N_CLASSES; k++)
+        pd_strbuf_printf(&sb, "pdserve:prompt_tokens_total{model_name=\"%s\",class=\"%s\"} %llu\n", r->model_name,
+                         class_name[k], (unsigned long long)r->cls[k].prompt_tokens);
+    pd_strbuf_printf(&sb, "# HELP pdserve:generation_tokens_class_total Tokens delivered to clients.\n"
+                          "# TYPE pdserve:generation_tokens_class_total counter\n");
+    for (int k = 0; k < N_CLASSES; k++)
+        pd_strbuf_printf(&sb, "pdserve:generation_tokens_class_total{model_name=\"%s\",class=\"%s\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].generation_tokens);
+    pd_strbuf_printf(&sb, "# HELP pdserve:request_success_total Finished requests by finish reason.\n"
+                          "# TYPE pdserve:request_success_total counter\n");
+    for (int k = 0; k < N_CLASSES; k++) {
+        pd_strbuf_printf(&sb, "pdserve:request_success_total{model_name=\"%s\",class=\"%s\",finished_reason=\"stop\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].finished_stop);
+        pd_strbuf_printf(&sb, "pdserve:request_success_total{model_name=\"%s\",class=\"%s\",finished_reason=\"length\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].finished_length);
+        pd_strbuf_printf(&sb, "pdserve:request_success_total{model_name=\"%s\",class=\"%s\",finished_reason=\"abort\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].finished_abort);
+    }
+    pd_strbuf_printf(&sb, "# HELP pdserve:request_failure_total Requests that failed after admission.\n"
+                          "# TYPE pdserve:request_failure_total counter\n");
+    for (int k = 0; k < N_CLASSES; k++)
+        pd_strbuf_printf(&sb, "pdserve:request_failure_total{model_name=\"%s\",class=\"%s\"} %llu\n", r->model_name,
+                         class_name[k], (unsigned long long)r->cls[k].finished_error);
+    pd_strbuf_printf(&sb, "# HELP pdserve:requests_rejected_total Requests refused or timed out, by reason.\n"
+                          "# TYPE pdserve:requests_rejected_total counter\n");
+    for (int k = 0; k < N_CLASSES; k++) {
+        pd_strbuf_printf(&sb, "pdserve:requests_rejected_total{model_name=\"%s\",class=\"%s\",reason=\"queue_full\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_queue_full);
+        pd_strbuf_printf(&sb, "pdserve:requests_rejected_total{model_name=\"%s\",class=\"%s\",reason=\"no_replica\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_no_replica);
+        pd_strbuf_printf(&sb, "pdserve:requests_rejected_total{model_name=\"%s\",class=\"%s\",reason=\"timeout\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_timeout);
+    }
+    if (sb.len) evbuffer_add(body, sb.data, sb.len);
+    pd_strbuf_free(&sb);
     return 200;
 }

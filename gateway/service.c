@@ -16,6 +16,8 @@ int pd_gateway_main(int argc, char **argv) {
     const char *tokenizer = NULL;
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
+    int run_short = 256, run_long = 16, q_short = 1024, q_long = 256;
+    double request_timeout = 0;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, tokenizer.json)"},
         {"served-model-name", PD_FLAG_STR, &served, "the model name clients use (default: --model)"},
@@ -29,6 +31,11 @@ int pd_gateway_main(int argc, char **argv) {
         {"max-logprobs", PD_FLAG_INT, &max_logprobs, "largest top_logprobs (20)"},
         {"tokenizer-pool-size", PD_FLAG_INT, &tok_pool, "tokenizer threads (2)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "replica load report period (500)"},
+        {"max-concurrent-requests-short", PD_FLAG_INT, &run_short, "short prompts dispatched at once (256)"},
+        {"max-concurrent-requests-long", PD_FLAG_INT, &run_long, "long prompts dispatched at once (16)"},
+        {"max-queued-requests-short", PD_FLAG_INT, &q_short, "short prompts waiting; more -> 429 (1024)"},
+        {"max-queued-requests-long", PD_FLAG_INT, &q_long, "long prompts waiting; more -> 429 (256)"},
+        {"request-timeout", PD_FLAG_FLOAT, &request_timeout, "seconds from arrival to the last token (0: none)"},
     };
     int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -48,8 +55,14 @@ int pd_gateway_main(int argc, char **argv) {
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
     struct event_base *base = event_base_new();
+    if (run_short < 1 || run_long < 1 || q_short < 0 || q_long < 0 || request_timeout < 0) {
+        fprintf(stderr, "pdserve gateway: concurrency limits must be >= 1, queue sizes and --request-timeout >= 0\n");
+        return 2;
+    }
     pd_router_config rc_cfg = {.control_endpoint = control, .long_prompt_threshold = threshold,
-                               .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc)};
+                               .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc),
+                               .model_name = served ? served : model, .max_running = {run_short, run_long},
+                               .max_queued = {q_short, q_long}, .request_timeout_s = request_timeout};
     pd_router *router = NULL;
     if (pd_router_init(base, &rc_cfg, &router, &err) != PD_OK) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);
