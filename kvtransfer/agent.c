@@ -69,7 +69,8 @@ void kvx_op_unlink(kvx_op *op) {
 
 static uint64_t fnv1a(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
     return h;
 }
 
@@ -98,7 +99,8 @@ static uint64_t pid_namespace(void) {
 /* Transports lists made only of shared-memory transports cannot give UCX
  * peer-failure handling (UCX 1.13): skip the doomed first attempt. */
 static bool shm_only(const char *tls) {
-    if (!tls || !*tls) return false;
+    if (!tls || !*tls)
+        return false;
     static const char *shm[] = {"shm", "sm", "posix", "sysv", "cma", "knem", "xpmem", "self"};
     const char *p = tls;
     while (*p) {
@@ -106,10 +108,13 @@ static bool shm_only(const char *tls) {
         const char *w = p[0] == '^' ? NULL : p;
         bool found = false;
         for (size_t i = 0; w && i < sizeof shm / sizeof *shm; i++)
-            if (strlen(shm[i]) == n && strncmp(w, shm[i], n) == 0) found = true;
-        if (!found) return false;
+            if (strlen(shm[i]) == n && strncmp(w, shm[i], n) == 0)
+                found = true;
+        if (!found)
+            return false;
         p += n;
-        if (*p == ',') p++;
+        if (*p == ',')
+            p++;
     }
     return true;
 }
@@ -144,7 +149,8 @@ static pd_status epoll_add(int epfd, int fd, void *ptr) {
 }
 
 pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err *err) {
-    if (!cfg || !a_p) return pd_err_set(err, PD_ERR_INVALID, "kvx agent: no config");
+    if (!cfg || !a_p)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx agent: no config");
     pd_kvx_agent *a = pd_xcalloc(1, sizeof *a);
     snprintf(a->name, sizeof a->name, "%s", cfg->name ? cfg->name : "kvx");
     a->on_peer_failed = cfg->on_peer_failed;
@@ -152,8 +158,8 @@ pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err
     a->ucp_efd = a->epfd = a->kick_fd = -1;
     kvx_op_list_init(&a->done);
     kvx_op_list_init(&a->orphans);
-    a->peer_mode_unsupported = cfg->no_ucx_peer_failure ||
-                               shm_only(cfg->transports ? cfg->transports : getenv("UCX_TLS"));
+    a->peer_mode_unsupported =
+        cfg->no_ucx_peer_failure || shm_only(cfg->transports ? cfg->transports : getenv("UCX_TLS"));
 
     pd_status st;
     ucp_config_t *ucfg = NULL;
@@ -175,17 +181,17 @@ pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err
         goto undo_config;
     }
     ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME,
+        .field_mask =
+            UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .mt_workers_shared = 0,
         .name = a->name,
     };
     s = ucp_init(&params, ucfg, &a->ctx);
     if (s != UCS_OK) {
-        st = pd_err_set(err, s == UCS_ERR_NO_DEVICE || s == UCS_ERR_UNSUPPORTED
-                                 ? PD_ERR_UNSUPPORTED
-                                 : PD_ERR_IO,
+        st = pd_err_set(err,
+                        s == UCS_ERR_NO_DEVICE || s == UCS_ERR_UNSUPPORTED ? PD_ERR_UNSUPPORTED
+                                                                           : PD_ERR_IO,
                         "kvx %s: ucp_init (transports %s): %s", a->name,
                         cfg->transports ? cfg->transports : "default", ucs_status_string(s));
         goto undo_config;
@@ -211,14 +217,17 @@ pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err
         st = pd_err_set(err, PD_ERR_IO, "kvx %s: event fd set-up: %s", a->name, strerror(errno));
         goto undo_fds;
     }
-    if ((st = make_addr_blob(a, err)) != PD_OK) goto undo_fds;
+    if ((st = make_addr_blob(a, err)) != PD_OK)
+        goto undo_fds;
     ucp_config_release(ucfg);
     *a_p = a;
     return PD_OK;
 
 undo_fds:
-    if (a->kick_fd >= 0) close(a->kick_fd);
-    if (a->epfd >= 0) close(a->epfd);
+    if (a->kick_fd >= 0)
+        close(a->kick_fd);
+    if (a->epfd >= 0)
+        close(a->epfd);
 undo_worker:
     ucp_worker_destroy(a->worker);
 undo_context:
@@ -242,10 +251,12 @@ static void free_op_list(kvx_op_list *l) {
 static void deliver_done(pd_kvx_agent *a);
 
 void pd_kvx_agent_free(pd_kvx_agent **a_p) {
-    if (!a_p || !*a_p) return;
+    if (!a_p || !*a_p)
+        return;
     pd_kvx_agent *a = *a_p;
     PD_ASSERT(!a->in_progress);
-    if (a->pools) PD_LOGW(KVX_LOG, "%s: agent freed with pools still registered", a->name);
+    if (a->pools)
+        PD_LOGW(KVX_LOG, "%s: agent freed with pools still registered", a->name);
     /* Fail what is outstanding (callbacks run here), release the
      * endpoints, give UCX a bounded moment to finish, then tear down. */
     kvx_peers_shutdown(a);
@@ -279,9 +290,11 @@ int pd_kvx_agent_event_fd(const pd_kvx_agent *a) {
 }
 
 void kvx_agent_kick(pd_kvx_agent *a) {
-    if (a->kicked || a->in_progress) return;
+    if (a->kicked || a->in_progress)
+        return;
     uint64_t one = 1;
-    if (write(a->kick_fd, &one, sizeof one) == (ssize_t)sizeof one) a->kicked = true;
+    if (write(a->kick_fd, &one, sizeof one) == (ssize_t)sizeof one)
+        a->kicked = true;
 }
 
 /* Same-host peers whose process exited: their pidfd is readable. */
@@ -290,7 +303,8 @@ static void poll_pidfds(pd_kvx_agent *a) {
     int n = epoll_wait(a->epfd, ev, 16, 0);
     for (int i = 0; i < n; i++) {
         pd_kvx_peer *p = ev[i].data.ptr;
-        if (!p) continue; /* the worker's fd or the kick fd */
+        if (!p)
+            continue; /* the worker's fd or the kick fd */
         epoll_ctl(a->epfd, EPOLL_CTL_DEL, p->pidfd, NULL);
         close(p->pidfd);
         p->pidfd = -1;
@@ -305,7 +319,8 @@ static void poll_pidfds(pd_kvx_agent *a) {
 static void deliver_done(pd_kvx_agent *a) {
     kvx_op_list batch;
     kvx_op_list_init(&batch);
-    if (kvx_op_list_empty(&a->done)) return;
+    if (kvx_op_list_empty(&a->done))
+        return;
     batch.head.next = a->done.head.next;
     batch.head.prev = a->done.head.prev;
     batch.head.next->prev = &batch.head;
@@ -335,35 +350,40 @@ bool pd_kvx_agent_progress(pd_kvx_agent *a) {
     kvx_peers_progress(a);
     deliver_done(a);
     a->in_progress = false;
-    if (!kvx_op_list_empty(&a->done)) return true;
+    if (!kvx_op_list_empty(&a->done))
+        return true;
     ucs_status_t s = ucp_worker_arm(a->worker);
-    if (s == UCS_ERR_BUSY) return true;
-    if (s != UCS_OK) PD_LOGW(KVX_LOG, "%s: ucp_worker_arm: %s", a->name, ucs_status_string(s));
+    if (s == UCS_ERR_BUSY)
+        return true;
+    if (s != UCS_OK)
+        PD_LOGW(KVX_LOG, "%s: ucp_worker_arm: %s", a->name, ucs_status_string(s));
     return false;
 }
 
 /* ---- pools ------------------------------------------------------------------ */
 
-pd_status pd_kvx_register_pool(pd_kvx_agent *a, void *base, size_t bytes, pd_kvx_pool **pool_p,
-                               pd_err *err) {
-    if (!base || bytes == 0)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: pool needs a base and a size", a->name);
-    uintptr_t lo = (uintptr_t)base, hi = lo + bytes;
-    if (hi < lo) return pd_err_set(err, PD_ERR_INVALID, "kvx %s: pool wraps around", a->name);
-    for (pd_kvx_pool *p = a->pools; p; p = p->next)
-        if (lo < (uintptr_t)p->base + p->bytes && (uintptr_t)p->base < hi)
-            return pd_err_set(err, PD_ERR_INVALID,
-                              "kvx %s: pool [%p, +%zu) overlaps a registered pool [%p, +%zu)",
-                              a->name, base, bytes, (void *)p->base, p->bytes);
+/* Maps (and with UCP_MEM_MAP_ALLOCATE, allocates) a pool and packs its key. */
+static pd_status pool_map(pd_kvx_agent *a, void *base, size_t bytes, unsigned flags,
+                          pd_kvx_pool **pool_p, pd_err *err) {
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                             UCP_MEM_MAP_PARAM_FIELD_FLAGS,
                                .address = base,
-                               .length = bytes};
+                               .length = bytes,
+                               .flags = flags};
     ucp_mem_h memh;
     ucs_status_t s = ucp_mem_map(a->ctx, &mp, &memh);
     if (s != UCS_OK)
-        return pd_err_set(err, PD_ERR_IO, "kvx %s: ucp_mem_map of %zu bytes: %s", a->name, bytes,
+        return pd_err_set(err, (flags & UCP_MEM_MAP_ALLOCATE) ? PD_ERR_NOMEM : PD_ERR_IO,
+                          "kvx %s: ucp_mem_map%s of %zu bytes: %s", a->name,
+                          (flags & UCP_MEM_MAP_ALLOCATE) ? " (allocate)" : "", bytes,
                           ucs_status_string(s));
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    if ((s = ucp_mem_query(memh, &attr)) != UCS_OK || attr.length < bytes) {
+        ucp_mem_unmap(a->ctx, memh);
+        return pd_err_set(err, PD_ERR_IO, "kvx %s: ucp_mem_query: %s", a->name,
+                          s != UCS_OK ? ucs_status_string(s) : "mapping shorter than asked");
+    }
     void *rkey;
     size_t rkey_len;
     s = ucp_rkey_pack(a->ctx, memh, &rkey, &rkey_len);
@@ -374,13 +394,13 @@ pd_status pd_kvx_register_pool(pd_kvx_agent *a, void *base, size_t bytes, pd_kvx
     }
     pd_kvx_pool *p = pd_xcalloc(1, sizeof *p);
     p->agent = a;
-    p->base = base;
+    p->base = attr.address;
     p->bytes = bytes;
     p->memh = memh;
     kvx_rkey_hdr h = {.magic = KVX_RKEY_MAGIC,
                       .version = KVX_BLOB_VERSION,
                       .hdr_len = sizeof h,
-                      .base = (uint64_t)lo,
+                      .base = (uint64_t)(uintptr_t)p->base,
                       .bytes = bytes,
                       .rkey_len = (uint32_t)rkey_len};
     p->blob_len = sizeof h + rkey_len;
@@ -394,19 +414,47 @@ pd_status pd_kvx_register_pool(pd_kvx_agent *a, void *base, size_t bytes, pd_kvx
     return PD_OK;
 }
 
+pd_status pd_kvx_register_pool(pd_kvx_agent *a, void *base, size_t bytes, pd_kvx_pool **pool_p,
+                               pd_err *err) {
+    if (!base || bytes == 0)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: pool needs a base and a size", a->name);
+    uintptr_t lo = (uintptr_t)base, hi = lo + bytes;
+    if (hi < lo)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: pool wraps around", a->name);
+    for (pd_kvx_pool *p = a->pools; p; p = p->next)
+        if (lo < (uintptr_t)p->base + p->bytes && (uintptr_t)p->base < hi)
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "kvx %s: pool [%p, +%zu) overlaps a registered pool [%p, +%zu)",
+                              a->name, base, bytes, (void *)p->base, p->bytes);
+    return pool_map(a, base, bytes, 0, pool_p, err);
+}
+
+pd_status pd_kvx_alloc_pool(pd_kvx_agent *a, size_t bytes, pd_kvx_pool **pool_p, pd_err *err) {
+    if (bytes == 0)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: pool of 0 bytes", a->name);
+    return pool_map(a, NULL, bytes, UCP_MEM_MAP_ALLOCATE, pool_p, err);
+}
+
+void *pd_kvx_pool_base(const pd_kvx_pool *pool) {
+    return pool->base;
+}
+
 void pd_kvx_pool_rkey(const pd_kvx_pool *pool, const void **bytes_p, size_t *len_p) {
     *bytes_p = pool->blob;
     *len_p = pool->blob_len;
 }
 
 void pd_kvx_pool_free(pd_kvx_pool **pool_p) {
-    if (!pool_p || !*pool_p) return;
+    if (!pool_p || !*pool_p)
+        return;
     pd_kvx_pool *p = *pool_p;
     pd_kvx_agent *a = p->agent;
     pd_kvx_pool **pp = &a->pools;
-    while (*pp != p) pp = &(*pp)->next;
+    while (*pp != p)
+        pp = &(*pp)->next;
     *pp = p->next;
-    if (a->am_pool == p) a->am_pool = NULL;
+    if (a->am_pool == p)
+        a->am_pool = NULL;
     ucp_mem_unmap(a->ctx, p->memh);
     free(p->blob);
     free(p);
@@ -436,9 +484,8 @@ pd_status kvx_parse_addr(const void *blob, size_t len, const void **ucx_p, uint3
                           "kvx: not a worker address blob (magic %08x version %u header %u)",
                           h.magic, h.version, h.hdr_len);
     if (h.ucx_len == 0 || h.ucx_len != len - sizeof h)
-        return pd_err_set(err, PD_ERR_FORMAT,
-                          "kvx: worker address blob says %u UCX bytes, has %zu", h.ucx_len,
-                          len - sizeof h);
+        return pd_err_set(err, PD_ERR_FORMAT, "kvx: worker address blob says %u UCX bytes, has %zu",
+                          h.ucx_len, len - sizeof h);
     *ucx_p = (const uint8_t *)blob + sizeof h;
     *pid_p = h.pid;
     *host_p = h.host_id;

@@ -38,13 +38,15 @@ typedef struct kvx_am_recv {
 
 static void recv_finish(kvx_am_recv *rec, ucs_status_t status) {
     pd_kvx_agent *a = rec->agent;
-    if (rec->prev) rec->prev->next = rec->next;
-    else a->am_recvs = rec->next;
-    if (rec->next) rec->next->prev = rec->prev;
+    if (rec->prev)
+        rec->prev->next = rec->next;
+    else
+        a->am_recvs = rec->next;
+    if (rec->next)
+        rec->next->prev = rec->prev;
     if (!rec->detached) {
         if (status != UCS_OK)
-            PD_LOGW(KVX_LOG, "%s: AM block receive failed: %s", a->name,
-                    ucs_status_string(status));
+            PD_LOGW(KVX_LOG, "%s: AM block receive failed: %s", a->name, ucs_status_string(status));
         kvx_resv_write_end(a->am_table, rec->resv, status == UCS_OK ? rec->bytes : 0);
     }
     free(rec);
@@ -83,8 +85,8 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
         pd_err_set(&e, PD_ERR_FORMAT, "kvx: AM message kind %u with %llu of %zu bytes", h.kind,
                    (unsigned long long)h.bytes, length);
     else
-        v = pd_kvx_resv_check_write(t, h.request_id, h.resv_id, h.writer, h.block_index,
-                                    h.offset, length, now, &off, &e);
+        v = pd_kvx_resv_check_write(t, h.request_id, h.resv_id, h.writer, h.block_index, h.offset,
+                                    length, now, &off, &e);
     const pd_kvx_pool *pool = a->am_pool;
     if (v == PD_KVX_ACCEPTED && (!pool || off > pool->bytes || length > pool->bytes - off)) {
         v = PD_KVX_REFUSED_RANGE;
@@ -109,18 +111,21 @@ static ucs_status_t am_recv_cb(void *arg, const void *header, size_t header_leng
     rec->resv = r;
     rec->bytes = length;
     rec->next = a->am_recvs;
-    if (a->am_recvs) a->am_recvs->prev = rec;
+    if (a->am_recvs)
+        a->am_recvs->prev = rec;
     a->am_recvs = rec;
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_MEMH,
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
         .cb.recv_am = recv_done_cb,
         .user_data = rec,
         .memh = pool->memh,
     };
     void *req = ucp_am_recv_data_nbx(a->worker, data, dst, length, &prm);
-    if (req == NULL) recv_finish(rec, UCS_OK);
-    else if (UCS_PTR_IS_ERR(req)) recv_finish(rec, UCS_PTR_STATUS(req));
+    if (req == NULL)
+        recv_finish(rec, UCS_OK);
+    else if (UCS_PTR_IS_ERR(req))
+        recv_finish(rec, UCS_PTR_STATUS(req));
     return UCS_OK;
 }
 
@@ -129,8 +134,10 @@ pd_status pd_kvx_agent_accept_writes(pd_kvx_agent *a, pd_kvx_reservations *t, pd
     if (a->am_table)
         return pd_err_set(err, PD_ERR_INVALID, "kvx %s: already accepting writes", a->name);
     if (!t || !pool || pool->agent != a)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: accept_writes needs a table and a pool "
-                          "of this agent", a->name);
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "kvx %s: accept_writes needs a table and a pool "
+                          "of this agent",
+                          a->name);
     ucp_am_handler_param_t hp = {
         .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                       UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
@@ -149,7 +156,8 @@ pd_status pd_kvx_agent_accept_writes(pd_kvx_agent *a, pd_kvx_reservations *t, pd
 }
 
 void kvx_am_shutdown(pd_kvx_agent *a) {
-    for (kvx_am_recv *rec = a->am_recvs; rec; rec = rec->next) rec->detached = true;
+    for (kvx_am_recv *rec = a->am_recvs; rec; rec = rec->next)
+        rec->detached = true;
 }
 
 void kvx_am_free(pd_kvx_agent *a) {
@@ -162,8 +170,8 @@ void kvx_am_free(pd_kvx_agent *a) {
 
 /* ---- the writer's side ------------------------------------------------------ */
 
-static pd_status hdr_init(kvx_am_hdr *h, const char *request_id, uint64_t resv_id,
-                          uint64_t writer, uint16_t kind, pd_err *err) {
+static pd_status hdr_init(kvx_am_hdr *h, const char *request_id, uint64_t resv_id, uint64_t writer,
+                          uint16_t kind, pd_err *err) {
     size_t n = request_id ? strnlen(request_id, PD_KVX_REQUEST_ID_MAX + 1) : 0;
     if (n == 0 || n > PD_KVX_REQUEST_ID_MAX)
         return pd_err_set(err, PD_ERR_INVALID, "kvx: request id must be 1..%d bytes",
@@ -200,23 +208,26 @@ static pd_status am_send(pd_kvx_peer *p, kvx_am_hdr *hdrs, const pd_kvx_block_wr
                        ucs_status_string(UCS_PTR_STATUS(r)));
             break;
         }
-        if (r == NULL) op->pending--; /* done at once, no callback */
+        if (r == NULL)
+            op->pending--; /* done at once, no callback */
     }
-    if (!kvx_op_posted(op)) return PD_ERR_IO;
+    if (!kvx_op_posted(op))
+        return PD_ERR_IO;
     kvx_agent_kick(a);
     return PD_OK;
 }
 
-pd_status pd_kvx_am_write(pd_kvx_peer *p, const char *request_id, uint64_t resv_id,
-                          uint64_t writer, const pd_kvx_block_write *w, size_t n, uint64_t tag,
-                          pd_kvx_done_cb cb, void *user, pd_err *err) {
+pd_status pd_kvx_am_write(pd_kvx_peer *p, const char *request_id, uint64_t resv_id, uint64_t writer,
+                          const pd_kvx_block_write *w, size_t n, uint64_t tag, pd_kvx_done_cb cb,
+                          void *user, pd_err *err) {
     if (!w || n == 0 || !cb)
         return pd_err_set(err, PD_ERR_INVALID, "kvx: AM write needs blocks and a callback");
     for (size_t i = 0; i < n; i++)
         if (!w[i].local || w[i].bytes == 0)
             return pd_err_set(err, PD_ERR_INVALID, "kvx: AM write %zu is empty", i);
     pd_status st = kvx_peer_usable(p, err);
-    if (st != PD_OK) return st;
+    if (st != PD_OK)
+        return st;
     kvx_am_hdr *hdrs = pd_xmalloc(n * sizeof *hdrs);
     for (size_t i = 0; i < n; i++) {
         if ((st = hdr_init(&hdrs[i], request_id, resv_id, writer, KVX_AM_WRITE, err)) != PD_OK) {
@@ -233,9 +244,11 @@ pd_status pd_kvx_am_write(pd_kvx_peer *p, const char *request_id, uint64_t resv_
 pd_status pd_kvx_am_complete(pd_kvx_peer *p, const char *request_id, uint64_t resv_id,
                              uint64_t writer, uint64_t bytes_written, uint64_t tag,
                              pd_kvx_done_cb cb, void *user, pd_err *err) {
-    if (!cb) return pd_err_set(err, PD_ERR_INVALID, "kvx: AM claim needs a callback");
+    if (!cb)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx: AM claim needs a callback");
     pd_status st = kvx_peer_usable(p, err);
-    if (st != PD_OK) return st;
+    if (st != PD_OK)
+        return st;
     kvx_am_hdr *h = pd_xmalloc(sizeof *h);
     if ((st = hdr_init(h, request_id, resv_id, writer, KVX_AM_CLAIM, err)) != PD_OK) {
         free(h);

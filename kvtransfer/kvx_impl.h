@@ -32,16 +32,16 @@ typedef struct kvx_op kvx_op;
 struct kvx_op {
     kvx_op *prev, *next; /* in peer->ops, agent->done or agent->orphans */
     pd_kvx_agent *agent;
-    pd_kvx_peer *peer;   /* NULL once orphaned */
+    pd_kvx_peer *peer; /* NULL once orphaned */
     pd_kvx_done_cb cb;
     void *user;
     uint64_t tag;
-    uint32_t pending;  /* UCX requests not yet completed */
-    uint32_t posted;   /* UCX requests posted */
-    bool issuing;      /* its requests are being posted: not finished yet */
-    pd_status st;      /* first error */
-    bool orphan;       /* user told; only waiting for UCX */
-    void *header;      /* AM path: headers owned by the op (freed with it) */
+    uint32_t pending; /* UCX requests not yet completed */
+    uint32_t posted;  /* UCX requests posted */
+    bool issuing;     /* its requests are being posted: not finished yet */
+    pd_status st;     /* first error */
+    bool orphan;      /* user told; only waiting for UCX */
+    void *header;     /* AM path: headers owned by the op (freed with it) */
 };
 
 typedef struct {
@@ -74,14 +74,14 @@ struct pd_kvx_peer {
     ucp_err_handling_mode_t err_mode;
     ucp_rkey_h rkey;
     uint64_t remote_base, remote_bytes;
-    pid_t pid;   /* same-host peer's pid, 0 if unknown */
-    int pidfd;   /* -1 when not watched */
+    pid_t pid; /* same-host peer's pid, 0 if unknown */
+    int pidfd; /* -1 when not watched */
     kvx_peer_state state;
-    bool user_closed;     /* pd_kvx_peer_close called; free once quiet */
-    bool fail_pending;    /* failure noticed, not yet processed in progress */
-    bool fail_reported;   /* on_peer_failed ran */
-    void *close_req;      /* ucp_ep_close_nbx request in flight */
-    bool ep_gone;         /* ep closed (or abandoned) */
+    bool user_closed;   /* pd_kvx_peer_close called; free once quiet */
+    bool fail_pending;  /* failure noticed, not yet processed in progress */
+    bool fail_reported; /* on_peer_failed ran */
+    void *close_req;    /* ucp_ep_close_nbx request in flight */
+    bool ep_gone;       /* ep closed (or abandoned) */
     pd_status fail_st;
     char fail_reason[160];
     kvx_op_list ops; /* operations the user still waits for */
@@ -93,7 +93,7 @@ struct pd_kvx_agent {
     ucp_context_h ctx;
     ucp_worker_h worker;
     int ucp_efd;
-    int epfd;   /* what the service watches: ucp_efd, kick_fd, peers' pidfds */
+    int epfd;    /* what the service watches: ucp_efd, kick_fd, peers' pidfds */
     int kick_fd; /* eventfd: "call progress" (deferred callbacks queued) */
     bool kicked;
     bool in_progress;

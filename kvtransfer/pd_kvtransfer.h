@@ -56,8 +56,11 @@
  *          it only after its flush completed);
  *        - P is gone (pd_kvx_resv_writer_gone, called when the peer's
  *          endpoint fails, its process exits, or its heartbeats stop): a
- *          dead process issues no writes, and the transport connection the
- *          writes travelled on is closed.
+ *          dead process issues no writes, and the kernel closes the
+ *          connections its writes travelled on. A writer that is declared
+ *          gone while still alive (stalled past the heartbeat timeout) is
+ *          the one case no fence covers: the supervisor must kill such a
+ *          replica before its reservations are handed back.
  *      So a late write can only land in blocks no other request can see,
  *      and its data is never used: the only way to make blocks readable is
  *      an accepted KvComplete.
@@ -68,12 +71,18 @@
  * each write is an active message carrying (request id, reservation id,
  * writer id, block index, offset), checked against the table by D's agent
  * before a byte is copied; a refused write is dropped and reported through
- * on_refused. The claim travels on the same endpoint after the data and is
- * accepted once every claimed byte has landed. Quarantine then only waits
- * for receives already in progress. Why keep one-sided puts at all: they
- * are the zero-copy path on RDMA and for GPU memory (no receiver CPU, no
- * bounce), where the active-message path costs a receiver-side copy or a
- * rendezvous round trip per block. docs/benchmarks.md has both measured.
+ * on_am_event. The claim (pd_kvx_am_complete) follows the writes on the same
+ * endpoint and is accepted once exactly the claimed bytes have landed (a
+ * claim that overtakes its writes waits for them). Quarantine then only
+ * waits for receives already in progress, not for the writer.
+ *
+ * Which path: one-sided puts are the primary one. They are the zero-copy
+ * path on RDMA and for GPU memory (no receiver CPU, no bounce buffer), and
+ * on one host a put into a pool from pd_kvx_alloc_pool is a single memcpy
+ * through a shared mapping (≈ memcpy speed). UCX 1.13 has no true RMA into
+ * malloc'd memory over shm or TCP — it emulates puts with active messages
+ * — and there the AM path is faster (receiver-side rendezvous) and refuses
+ * each write before it lands. Measured in docs/benchmarks.md.
  *
  * Integrity limits, stated plainly: one remote key covers the whole pool,
  * so a buggy writer could write outside its grant; this module checks every
@@ -84,8 +93,11 @@
  *
  * Peer failure with UCX 1.13: UCX's own peer-failure detection
  * (UCP_ERR_HANDLING_MODE_PEER, keepalive) is not supported by its shared
- * memory transports (posix, sysv, cma), so an endpoint that cannot get it
- * falls back to UCP_ERR_HANDLING_MODE_NONE, and this module watches the
+ * memory transports (posix, sysv, cma): asking for it makes UCX pick TCP
+ * even between processes of one host, and with shared memory only, endpoint
+ * creation fails. So an endpoint that cannot get it falls back to
+ * UCP_ERR_HANDLING_MODE_NONE (pd_kvx_config.no_ucx_peer_failure skips the
+ * attempt, for shared memory on one host), and this module watches the
  * peer's process itself (pidfd) when both live on the same host and pid
  * namespace. Across hosts without UCX peer-failure support, the service's
  * heartbeats must call pd_kvx_peer_fail.
@@ -180,6 +192,23 @@ bool pd_kvx_agent_progress(pd_kvx_agent *a);
 pd_status pd_kvx_register_pool(pd_kvx_agent *a, void *base, size_t bytes, pd_kvx_pool **pool_p,
                                pd_err *err);
 
+/** Allocates bytes of host memory through UCX (ucp_mem_map with
+ * UCP_MEM_MAP_ALLOCATE) and registers it as a pool. UCX takes it from
+ * shared memory (sysv, then posix), so a writer on the same host puts into
+ * it with one memcpy through a mapping; into malloc'd memory UCX 1.13 can
+ * only emulate puts over shared memory with active messages, which needs
+ * the target's CPU (docs/benchmarks.md has both). The memory belongs to the
+ * pool (pd_kvx_pool_base), its contents are unspecified, and it goes with
+ * pd_kvx_pool_free. In containers the shared memory limits (docker
+ * --shm-size, kernel.shmmax) must allow it.
+ * Errors: PD_ERR_INVALID (zero bytes), PD_ERR_NOMEM (UCX could not allocate),
+ * PD_ERR_IO (ucp_mem_query or ucp_rkey_pack failed). */
+pd_status pd_kvx_alloc_pool(pd_kvx_agent *a, size_t bytes, pd_kvx_pool **pool_p, pd_err *err);
+
+/** The pool's first byte (the base given to pd_kvx_register_pool, or the
+ * memory pd_kvx_alloc_pool allocated). */
+void *pd_kvx_pool_base(const pd_kvx_pool *pool);
+
 /** The remote-key blob the decode replica sends to each writer: a framed
  * header (magic, version, pool bytes) and the packed UCX rkey. Borrowed:
  * owned by the pool. Never fails. */
@@ -250,9 +279,12 @@ typedef struct {
  * reused. It does NOT mean the data is visible remotely — that is what
  * pd_kvx_flush is for. local is borrowed until cb. tag is the caller's
  * (e.g. a request tag) and comes back in cb.
- * Errors (cb will not fire): PD_ERR_INVALID (no rkey yet, zero bytes, or
- * [remote_offset, +bytes) outside the remote pool), PD_ERR_IO (the peer has
- * failed or is closing, or UCX refused the put at once). */
+ * Errors (cb will not fire): PD_ERR_INVALID (no rkey yet, zero bytes, no
+ * cb, or [remote_offset, +bytes) outside the remote pool), PD_ERR_IO (the
+ * peer has failed or is closing, or UCX refused the put at once).
+ * Speed: puts into a pool from pd_kvx_alloc_pool on the same host are one
+ * memcpy; into malloc'd memory over shm or TCP UCX 1.13 emulates them with
+ * active messages (the target's progress does the copy). */
 pd_status pd_kvx_put(pd_kvx_peer *peer, const void *local, size_t bytes, uint64_t remote_offset,
                      uint64_t tag, pd_kvx_done_cb cb, void *user, pd_err *err);
 
@@ -260,17 +292,18 @@ pd_status pd_kvx_put(pd_kvx_peer *peer, const void *local, size_t bytes, uint64_
  * together); cb fires once when all are locally complete, with the first
  * error if any failed. The array is borrowed for the call, the local
  * buffers until cb. Every piece is checked before any is issued.
- * Errors (cb will not fire): those of pd_kvx_put, for any piece; n == 0. */
+ * Errors (cb will not fire): those of pd_kvx_put, for any piece; n == 0;
+ * no cb. If UCX refuses a piece after earlier ones were issued, the call
+ * returns PD_OK (err says which piece) and cb reports PD_ERR_IO. */
 pd_status pd_kvx_put_batch(pd_kvx_peer *peer, const pd_kvx_iov *iov, size_t n, uint64_t tag,
                            pd_kvx_done_cb cb, void *user, pd_err *err);
 
 /** Flushes the endpoint (ucp_ep_flush_nbx): cb fires with PD_OK once every
  * put issued on this peer before the call is complete at the target —
  * visible in its memory. Only then may "KV complete" be sent.
- * Errors (cb will not fire): PD_ERR_IO (the peer has failed or is closing,
- * or UCX refused the flush). */
-pd_status pd_kvx_flush(pd_kvx_peer *peer, uint64_t tag, pd_kvx_done_cb cb, void *user,
-                       pd_err *err);
+ * Errors (cb will not fire): PD_ERR_INVALID (no cb), PD_ERR_IO (the peer
+ * has failed or is closing, or UCX refused the flush). */
+pd_status pd_kvx_flush(pd_kvx_peer *peer, uint64_t tag, pd_kvx_done_cb cb, void *user, pd_err *err);
 
 /* ------------------------------------------------------------------ */
 /* 4. reservations (decode side)                                       */
@@ -308,14 +341,16 @@ typedef struct {
      * RELEASED or EXPIRED and its writer quiescent). Called exactly once
      * per such reservation; blocks borrowed for the call. Must not call
      * into the table. Required. */
-    void (*blocks_free)(void *user, const char *request_id, uint64_t resv_id,
-                        const int32_t *blocks, size_t n_blocks);
+    void (*blocks_free)(void *user, const char *request_id, uint64_t resv_id, const int32_t *blocks,
+                        size_t n_blocks);
     /* A receiver-validated (AM) write or claim was refused, or a claim was
-     * accepted (v == PD_KVX_ACCEPTED: the reservation is COMPLETE). From
-     * pd_kvx_agent_progress. detail borrowed. Must not call into the table.
-     * May be NULL. */
-    void (*on_am_event)(void *user, const char *request_id, uint64_t resv_id,
-                        pd_kvx_verdict v, const char *detail);
+     * accepted (v == PD_KVX_ACCEPTED: the reservation is COMPLETE). Called
+     * from pd_kvx_agent_progress, or from pd_kvx_resv_release / _expire /
+     * _writer_gone / _complete / _check_write when they end an AM claim that
+     * was waiting for its bytes. detail borrowed. Must not call into the
+     * table. May be NULL. */
+    void (*on_am_event)(void *user, const char *request_id, uint64_t resv_id, pd_kvx_verdict v,
+                        const char *detail);
     void *user;
     size_t block_bytes; /* bytes of one KV block (AM path: block index → offset); >0 */
     size_t remembered;  /* finished reservations remembered so that a late claim is
@@ -325,7 +360,7 @@ typedef struct {
 /** Counters, for metrics and tests. */
 typedef struct {
     size_t live, complete, quarantined; /* quarantined: released/expired, writer not yet quiet */
-    uint64_t refused;                    /* refusals of every kind since init */
+    uint64_t refused;                   /* refusals of every kind since init */
 } pd_kvx_resv_stats;
 
 /** Flags of pd_kvx_resv_create. */
@@ -335,8 +370,7 @@ enum {
 
 /** Creates an empty table. The caller owns it (pd_kvx_resv_free).
  * Errors: PD_ERR_INVALID (cfg NULL, no blocks_free, block_bytes 0). */
-pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **t_p,
-                           pd_err *err);
+pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **t_p, pd_err *err);
 
 /** Frees the table and sets *t_p to NULL. Blocks still held are not handed
  * back (the pool goes with it). NULL is a no-op. */
@@ -406,8 +440,7 @@ size_t pd_kvx_resv_expire(pd_kvx_reservations *t, double now_s);
  * until the table changes) through blocks_p / n_blocks_p, each optional.
  * Errors: PD_ERR_NOTFOUND (unknown, or forgotten). */
 pd_status pd_kvx_resv_get(const pd_kvx_reservations *t, const char *request_id, uint64_t resv_id,
-                          pd_kvx_resv_state *state_p, const int32_t **blocks_p,
-                          size_t *n_blocks_p);
+                          pd_kvx_resv_state *state_p, const int32_t **blocks_p, size_t *n_blocks_p);
 
 /** Current counters. */
 pd_kvx_resv_stats pd_kvx_resv_stats_get(const pd_kvx_reservations *t);

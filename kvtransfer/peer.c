@@ -56,16 +56,18 @@ void kvx_op_req_done(void *request, ucs_status_t status, void *user_data) {
     if (status != UCS_OK && op->st == PD_OK) {
         op->st = PD_ERR_IO;
         if (!op->orphan)
-            PD_LOGD(KVX_LOG, "%s: operation %llu: %s", op->agent->name,
-                    (unsigned long long)op->tag, ucs_status_string(status));
+            PD_LOGD(KVX_LOG, "%s: operation %llu: %s", op->agent->name, (unsigned long long)op->tag,
+                    ucs_status_string(status));
     }
     PD_ASSERT(op->pending > 0);
-    if (--op->pending == 0 && !op->issuing) op_finish(op);
+    if (--op->pending == 0 && !op->issuing)
+        op_finish(op);
 }
 
 bool kvx_op_posted(kvx_op *op) {
     op->issuing = false;
-    if (op->pending > 0) return true;
+    if (op->pending > 0)
+        return true;
     if (op->posted == 0 && op->st != PD_OK) {
         kvx_op_unlink(op);
         op_free(op);
@@ -78,12 +80,14 @@ bool kvx_op_posted(kvx_op *op) {
 /* ---- failure -------------------------------------------------------------- */
 
 void kvx_peer_mark_failed(pd_kvx_peer *p, pd_status st, const char *reason) {
-    if (p->state == KVX_PEER_FAILED) return; /* the first reason stands */
+    if (p->state == KVX_PEER_FAILED)
+        return; /* the first reason stands */
     p->state = KVX_PEER_FAILED;
     p->fail_pending = true;
     p->fail_st = st;
     snprintf(p->fail_reason, sizeof p->fail_reason, "%s", reason);
-    if (!p->user_closed) PD_LOGW(KVX_LOG, "%s: peer failed: %s", p->agent->name, reason);
+    if (!p->user_closed)
+        PD_LOGW(KVX_LOG, "%s: peer failed: %s", p->agent->name, reason);
     kvx_agent_kick(p->agent);
 }
 
@@ -99,15 +103,18 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
  * otherwise); without it the close flushes first, which for a dead peer
  * never finishes — the request then waits for ucp_worker_destroy. */
 static void peer_close_ep(pd_kvx_peer *p, bool force) {
-    if (p->ep_gone || p->close_req) return;
+    if (p->ep_gone || p->close_req)
+        return;
     ucp_request_param_t prm = {0};
     if (force && p->err_mode == UCP_ERR_HANDLING_MODE_PEER) {
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
     }
     void *r = ucp_ep_close_nbx(p->ep, &prm);
-    if (r == NULL || UCS_PTR_IS_ERR(r)) p->ep_gone = true;
-    else p->close_req = r;
+    if (r == NULL || UCS_PTR_IS_ERR(r))
+        p->ep_gone = true;
+    else
+        p->close_req = r;
 }
 
 static void peer_orphan_ops(pd_kvx_peer *p) {
@@ -124,7 +131,8 @@ static void peer_orphan_ops(pd_kvx_peer *p) {
 }
 
 static void peer_unwatch(pd_kvx_peer *p) {
-    if (p->pidfd < 0) return;
+    if (p->pidfd < 0)
+        return;
     epoll_ctl(p->agent->epfd, EPOLL_CTL_DEL, p->pidfd, NULL);
     close(p->pidfd);
     p->pidfd = -1;
@@ -132,9 +140,12 @@ static void peer_unwatch(pd_kvx_peer *p) {
 
 static void peer_free(pd_kvx_peer *p) {
     pd_kvx_agent *a = p->agent;
-    if (p->prev) p->prev->next = p->next;
-    else a->peers = p->next;
-    if (p->next) p->next->prev = p->prev;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        a->peers = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
     peer_unwatch(p);
     free(p);
 }
@@ -159,7 +170,8 @@ void kvx_peers_progress(pd_kvx_agent *a) {
             p->ep_gone = true;
         }
         if (p->user_closed && p->ep_gone && kvx_op_list_empty(&p->ops)) {
-            if (p->rkey) ucp_rkey_destroy(p->rkey);
+            if (p->rkey)
+                ucp_rkey_destroy(p->rkey);
             peer_free(p);
         }
     }
@@ -190,7 +202,8 @@ void kvx_peers_shutdown(pd_kvx_agent *a) {
 }
 
 void kvx_peers_free(pd_kvx_agent *a) {
-    while (a->peers) peer_free(a->peers);
+    while (a->peers)
+        peer_free(a->peers);
 }
 
 /* ---- connect ------------------------------------------------------------- */
@@ -204,8 +217,8 @@ static void peer_watch_process(pd_kvx_peer *p, uint32_t pid) {
             snprintf(why, sizeof why, "peer process %u is not running", pid);
             kvx_peer_mark_failed(p, PD_ERR_IO, why);
         } else {
-            PD_LOGD(KVX_LOG, "%s: pidfd_open(%u): %s; peer liveness left to the service",
-                    a->name, pid, strerror(errno));
+            PD_LOGD(KVX_LOG, "%s: pidfd_open(%u): %s; peer liveness left to the service", a->name,
+                    pid, strerror(errno));
         }
         return;
     }
@@ -224,7 +237,8 @@ pd_status pd_kvx_peer_connect(pd_kvx_agent *a, const void *addr_blob, size_t len
     uint32_t pid;
     uint64_t host, pidns;
     pd_status st = kvx_parse_addr(addr_blob, len, &ucx, &pid, &host, &pidns, err);
-    if (st != PD_OK) return st;
+    if (st != PD_OK)
+        return st;
     pd_kvx_peer *p = pd_xcalloc(1, sizeof *p);
     p->agent = a;
     p->pidfd = -1;
@@ -259,7 +273,8 @@ pd_status pd_kvx_peer_connect(pd_kvx_agent *a, const void *addr_blob, size_t len
     }
     p->err_mode = ep.err_mode;
     p->next = a->peers;
-    if (a->peers) a->peers->prev = p;
+    if (a->peers)
+        a->peers->prev = p;
     a->peers = p;
     if (host == a->host_id_hash && pidns == a->pidns && pid != 0 && (pid_t)pid != getpid())
         peer_watch_process(p, pid);
@@ -271,9 +286,11 @@ pd_status pd_kvx_peer_add_rkey(pd_kvx_peer *p, const void *blob, size_t len, pd_
     const void *rkey;
     uint64_t base, bytes;
     pd_status st = kvx_parse_rkey(blob, len, &rkey, &base, &bytes, err);
-    if (st != PD_OK) return st;
-    if (p->rkey) return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer already has a remote key",
-                                   p->agent->name);
+    if (st != PD_OK)
+        return st;
+    if (p->rkey)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer already has a remote key",
+                          p->agent->name);
     if (p->state != KVX_PEER_UP)
         return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer is %s", p->agent->name,
                           p->state == KVX_PEER_FAILED ? p->fail_reason : "closing");
@@ -301,7 +318,8 @@ void pd_kvx_peer_fail(pd_kvx_peer *p, const char *reason) {
 }
 
 void pd_kvx_peer_close(pd_kvx_peer **peer_p) {
-    if (!peer_p || !*peer_p) return;
+    if (!peer_p || !*peer_p)
+        return;
     pd_kvx_peer *p = *peer_p;
     *peer_p = NULL;
     p->user_closed = true;
@@ -317,7 +335,8 @@ void pd_kvx_peer_close(pd_kvx_peer **peer_p) {
 
 /* Refuses work on a peer that cannot take it; err says why. */
 pd_status kvx_peer_usable(const pd_kvx_peer *p, pd_err *err) {
-    if (p->state == KVX_PEER_UP) return PD_OK;
+    if (p->state == KVX_PEER_UP)
+        return PD_OK;
     return pd_err_set(err, PD_ERR_IO, "kvx %s: peer %s", p->agent->name,
                       p->state == KVX_PEER_FAILED ? p->fail_reason : "is closing");
 }
@@ -346,13 +365,12 @@ pd_status pd_kvx_put_batch(pd_kvx_peer *p, const pd_kvx_iov *iov, size_t n, uint
                            pd_kvx_done_cb cb, void *user, pd_err *err) {
     pd_kvx_agent *a = p->agent;
     if (!iov || n == 0 || !cb)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: put needs pieces and a callback",
-                          a->name);
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: put needs pieces and a callback", a->name);
     pd_status st = kvx_peer_usable(p, err);
-    if (st != PD_OK) return st;
+    if (st != PD_OK)
+        return st;
     if (!p->rkey)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: put before the peer's remote key",
-                          a->name);
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: put before the peer's remote key", a->name);
     for (size_t i = 0; i < n; i++) {
         uint64_t off = iov[i].remote_offset, len = iov[i].bytes;
         if (!iov[i].local || len == 0 || off > p->remote_bytes || len > p->remote_bytes - off)
@@ -378,9 +396,11 @@ pd_status pd_kvx_put_batch(pd_kvx_peer *p, const pd_kvx_iov *iov, size_t n, uint
                        ucs_status_string(UCS_PTR_STATUS(r)));
             break;
         }
-        if (r == NULL) op->pending--; /* done at once, no callback */
+        if (r == NULL)
+            op->pending--; /* done at once, no callback */
     }
-    if (!kvx_op_posted(op)) return PD_ERR_IO;
+    if (!kvx_op_posted(op))
+        return PD_ERR_IO;
     kvx_agent_kick(a);
     return PD_OK;
 }
@@ -391,26 +411,29 @@ pd_status pd_kvx_put(pd_kvx_peer *p, const void *local, size_t bytes, uint64_t r
     return pd_kvx_put_batch(p, &one, 1, tag, cb, user, err);
 }
 
-pd_status pd_kvx_flush(pd_kvx_peer *p, uint64_t tag, pd_kvx_done_cb cb, void *user,
-                       pd_err *err) {
+pd_status pd_kvx_flush(pd_kvx_peer *p, uint64_t tag, pd_kvx_done_cb cb, void *user, pd_err *err) {
     pd_kvx_agent *a = p->agent;
-    if (!cb) return pd_err_set(err, PD_ERR_INVALID, "kvx %s: flush needs a callback", a->name);
+    if (!cb)
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: flush needs a callback", a->name);
     pd_status st = kvx_peer_usable(p, err);
-    if (st != PD_OK) return st;
+    if (st != PD_OK)
+        return st;
     kvx_op *op = kvx_op_new(p, tag, cb, user);
     ucp_request_param_t prm;
     kvx_req_param(a, op, NULL, 0, &prm);
     op->pending = op->posted = 1;
     /* UCX 1.13 ignores NO_IMM_CMPL here: NULL means flushed already. */
     void *r = ucp_ep_flush_nbx(p->ep, &prm);
-    if (r == NULL) op->pending = 0;
+    if (r == NULL)
+        op->pending = 0;
     if (UCS_PTR_IS_ERR(r)) {
         op->pending = op->posted = 0;
         op->st = PD_ERR_IO;
         pd_err_set(err, PD_ERR_IO, "kvx %s: ucp_ep_flush_nbx: %s", a->name,
                    ucs_status_string(UCS_PTR_STATUS(r)));
     }
-    if (!kvx_op_posted(op)) return PD_ERR_IO;
+    if (!kvx_op_posted(op))
+        return PD_ERR_IO;
     kvx_agent_kick(a);
     return PD_OK;
 }

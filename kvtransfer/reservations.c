@@ -51,24 +51,36 @@ struct pd_kvx_reservations {
 
 const char *pd_kvx_verdict_str(pd_kvx_verdict v) {
     switch (v) {
-    case PD_KVX_ACCEPTED: return "accepted";
-    case PD_KVX_REFUSED_UNKNOWN: return "unknown reservation";
-    case PD_KVX_REFUSED_EXPIRED: return "reservation expired";
-    case PD_KVX_REFUSED_RELEASED: return "reservation released";
-    case PD_KVX_REFUSED_COMPLETED: return "reservation already complete";
-    case PD_KVX_REFUSED_WRITER: return "not the granted writer";
-    case PD_KVX_REFUSED_RANGE: return "outside the reservation";
-    case PD_KVX_REFUSED_INCOMPLETE: return "claimed bytes have not landed";
+    case PD_KVX_ACCEPTED:
+        return "accepted";
+    case PD_KVX_REFUSED_UNKNOWN:
+        return "unknown reservation";
+    case PD_KVX_REFUSED_EXPIRED:
+        return "reservation expired";
+    case PD_KVX_REFUSED_RELEASED:
+        return "reservation released";
+    case PD_KVX_REFUSED_COMPLETED:
+        return "reservation already complete";
+    case PD_KVX_REFUSED_WRITER:
+        return "not the granted writer";
+    case PD_KVX_REFUSED_RANGE:
+        return "outside the reservation";
+    case PD_KVX_REFUSED_INCOMPLETE:
+        return "claimed bytes have not landed";
     }
     return "unknown verdict";
 }
 
 const char *pd_kvx_resv_state_str(pd_kvx_resv_state s) {
     switch (s) {
-    case PD_KVX_RESV_LIVE: return "live";
-    case PD_KVX_RESV_COMPLETE: return "complete";
-    case PD_KVX_RESV_RELEASED: return "released";
-    case PD_KVX_RESV_EXPIRED: return "expired";
+    case PD_KVX_RESV_LIVE:
+        return "live";
+    case PD_KVX_RESV_COMPLETE:
+        return "complete";
+    case PD_KVX_RESV_RELEASED:
+        return "released";
+    case PD_KVX_RESV_EXPIRED:
+        return "expired";
     }
     return "unknown state";
 }
@@ -90,14 +102,14 @@ static uint64_t random_u64(void) {
     return v;
 }
 
-pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **t_p,
-                           pd_err *err) {
+pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **t_p, pd_err *err) {
     if (!cfg || !cfg->blocks_free || cfg->block_bytes == 0)
         return pd_err_set(err, PD_ERR_INVALID,
                           "kvx reservations: config needs blocks_free and block_bytes > 0");
     pd_kvx_reservations *t = pd_xcalloc(1, sizeof *t);
     t->cfg = *cfg;
-    if (t->cfg.remembered == 0) t->cfg.remembered = 4096;
+    if (t->cfg.remembered == 0)
+        t->cfg.remembered = 4096;
     t->n_buckets = 256;
     t->buckets = pd_xcalloc(t->n_buckets, sizeof *t->buckets);
     /* 32 random high bits: ids of a restarted decode replica never repeat
@@ -113,7 +125,8 @@ static void resv_free_entry(kvx_resv *r) {
 }
 
 void pd_kvx_resv_free(pd_kvx_reservations **t_p) {
-    if (!t_p || !*t_p) return;
+    if (!t_p || !*t_p)
+        return;
     pd_kvx_reservations *t = *t_p;
     for (size_t i = 0; i < t->n_buckets; i++) {
         kvx_resv *r = t->buckets[i];
@@ -152,7 +165,8 @@ static void hash_grow(pd_kvx_reservations *t) {
 
 static kvx_resv *find_id(const pd_kvx_reservations *t, uint64_t id) {
     for (kvx_resv *r = t->buckets[bucket_of(t, id)]; r; r = r->hnext)
-        if (r->id == id) return r;
+        if (r->id == id)
+            return r;
     return NULL;
 }
 
@@ -160,13 +174,15 @@ static kvx_resv *find_id(const pd_kvx_reservations *t, uint64_t id) {
  * is as unknown as one that never existed. */
 kvx_resv *kvx_resv_find(pd_kvx_reservations *t, const char *request_id, uint64_t resv_id) {
     kvx_resv *r = find_id(t, resv_id);
-    if (!r || !request_id || strcmp(r->request_id, request_id) != 0) return NULL;
+    if (!r || !request_id || strcmp(r->request_id, request_id) != 0)
+        return NULL;
     return r;
 }
 
 static void hash_remove(pd_kvx_reservations *t, kvx_resv *r) {
     kvx_resv **pp = &t->buckets[bucket_of(t, r->id)];
-    while (*pp != r) pp = &(*pp)->hnext;
+    while (*pp != r)
+        pp = &(*pp)->hnext;
     *pp = r->hnext;
     t->n_entries--;
 }
@@ -177,7 +193,8 @@ static void forget_excess(pd_kvx_reservations *t) {
     while (t->n_finished > t->cfg.remembered) {
         kvx_resv *r = t->fifo_head;
         t->fifo_head = r->fnext;
-        if (!t->fifo_head) t->fifo_tail = NULL;
+        if (!t->fifo_head)
+            t->fifo_tail = NULL;
         t->n_finished--;
         hash_remove(t, r);
         resv_free_entry(r);
@@ -185,17 +202,25 @@ static void forget_excess(pd_kvx_reservations *t) {
 }
 
 static void stats_leave(pd_kvx_reservations *t, const kvx_resv *r) {
-    if (r->finished) return;
-    if (r->state == PD_KVX_RESV_LIVE) t->stats.live--;
-    else if (r->state == PD_KVX_RESV_COMPLETE) t->stats.complete--;
-    else t->stats.quarantined--;
+    if (r->finished)
+        return;
+    if (r->state == PD_KVX_RESV_LIVE)
+        t->stats.live--;
+    else if (r->state == PD_KVX_RESV_COMPLETE)
+        t->stats.complete--;
+    else
+        t->stats.quarantined--;
 }
 
 static void stats_enter(pd_kvx_reservations *t, const kvx_resv *r) {
-    if (r->finished) return;
-    if (r->state == PD_KVX_RESV_LIVE) t->stats.live++;
-    else if (r->state == PD_KVX_RESV_COMPLETE) t->stats.complete++;
-    else t->stats.quarantined++;
+    if (r->finished)
+        return;
+    if (r->state == PD_KVX_RESV_LIVE)
+        t->stats.live++;
+    else if (r->state == PD_KVX_RESV_COMPLETE)
+        t->stats.complete++;
+    else
+        t->stats.quarantined++;
 }
 
 static void report_dropped_claim(pd_kvx_reservations *t, kvx_resv *r);
@@ -212,9 +237,12 @@ static void set_state(pd_kvx_reservations *t, kvx_resv *r, pd_kvx_resv_state s) 
  * still write into them: no validated write in flight and, for one-sided
  * puts, a quiescent writer. */
 static void maybe_finish(pd_kvx_reservations *t, kvx_resv *r) {
-    if (r->finished || r->inflight > 0) return;
-    if (r->state != PD_KVX_RESV_RELEASED && r->state != PD_KVX_RESV_EXPIRED) return;
-    if (!r->was_complete && !(r->flags & PD_KVX_RESV_AM) && !r->quiescent) return;
+    if (r->finished || r->inflight > 0)
+        return;
+    if (r->state != PD_KVX_RESV_RELEASED && r->state != PD_KVX_RESV_EXPIRED)
+        return;
+    if (!r->was_complete && !(r->flags & PD_KVX_RESV_AM) && !r->quiescent)
+        return;
     stats_leave(t, r);
     r->finished = true;
     if (!r->was_complete) {
@@ -223,8 +251,10 @@ static void maybe_finish(pd_kvx_reservations *t, kvx_resv *r) {
         t->in_cb = false;
     }
     r->fnext = NULL;
-    if (t->fifo_tail) t->fifo_tail->fnext = r;
-    else t->fifo_head = r;
+    if (t->fifo_tail)
+        t->fifo_tail->fnext = r;
+    else
+        t->fifo_head = r;
     t->fifo_tail = r;
     t->n_finished++;
 }
@@ -243,8 +273,8 @@ pd_status pd_kvx_resv_create(pd_kvx_reservations *t, const char *request_id, uin
         return pd_err_set(err, PD_ERR_INVALID, "kvx reservation %s: ttl %g s is not positive",
                           request_id, ttl_s);
     if (flags & ~(unsigned)PD_KVX_RESV_AM)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx reservation %s: unknown flags 0x%x",
-                          request_id, flags);
+        return pd_err_set(err, PD_ERR_INVALID, "kvx reservation %s: unknown flags 0x%x", request_id,
+                          flags);
     for (size_t i = 0; i < n_blocks; i++)
         if (blocks[i] < 0)
             return pd_err_set(err, PD_ERR_INVALID, "kvx reservation %s: block id %d is negative",
@@ -260,7 +290,8 @@ pd_status pd_kvx_resv_create(pd_kvx_reservations *t, const char *request_id, uin
     r->n_blocks = n_blocks;
     r->state = PD_KVX_RESV_LIVE;
     stats_enter(t, r);
-    if (t->n_entries + 1 > t->n_buckets) hash_grow(t);
+    if (t->n_entries + 1 > t->n_buckets)
+        hash_grow(t);
     size_t k = bucket_of(t, r->id);
     r->hnext = t->buckets[k];
     t->buckets[k] = r;
@@ -280,15 +311,24 @@ static pd_kvx_verdict judge(pd_kvx_reservations *t, kvx_resv *r, const char *req
                    request_id ? request_id : "(null)", (unsigned long long)resv_id);
         return PD_KVX_REFUSED_UNKNOWN;
     }
-    if (r->state == PD_KVX_RESV_LIVE && now_s > r->deadline) set_state(t, r, PD_KVX_RESV_EXPIRED);
+    if (r->state == PD_KVX_RESV_LIVE && now_s > r->deadline)
+        set_state(t, r, PD_KVX_RESV_EXPIRED);
     pd_kvx_verdict v = PD_KVX_ACCEPTED;
     switch (r->state) {
-    case PD_KVX_RESV_LIVE: break;
-    case PD_KVX_RESV_COMPLETE: v = PD_KVX_REFUSED_COMPLETED; break;
-    case PD_KVX_RESV_RELEASED: v = PD_KVX_REFUSED_RELEASED; break;
-    case PD_KVX_RESV_EXPIRED: v = PD_KVX_REFUSED_EXPIRED; break;
+    case PD_KVX_RESV_LIVE:
+        break;
+    case PD_KVX_RESV_COMPLETE:
+        v = PD_KVX_REFUSED_COMPLETED;
+        break;
+    case PD_KVX_RESV_RELEASED:
+        v = PD_KVX_REFUSED_RELEASED;
+        break;
+    case PD_KVX_RESV_EXPIRED:
+        v = PD_KVX_REFUSED_EXPIRED;
+        break;
     }
-    if (v == PD_KVX_ACCEPTED && writer != r->writer) v = PD_KVX_REFUSED_WRITER;
+    if (v == PD_KVX_ACCEPTED && writer != r->writer)
+        v = PD_KVX_REFUSED_WRITER;
     if (v != PD_KVX_ACCEPTED) {
         pd_err_set(err, PD_ERR_INVALID,
                    "kvx: request %s reservation %016llx from writer %llu: %s (state %s, "
@@ -301,7 +341,8 @@ static pd_kvx_verdict judge(pd_kvx_reservations *t, kvx_resv *r, const char *req
 }
 
 static pd_kvx_verdict refused(pd_kvx_reservations *t, pd_kvx_verdict v) {
-    if (v != PD_KVX_ACCEPTED) t->stats.refused++;
+    if (v != PD_KVX_ACCEPTED)
+        t->stats.refused++;
     return v;
 }
 
@@ -339,7 +380,8 @@ pd_kvx_verdict pd_kvx_resv_check_write(pd_kvx_reservations *t, const char *reque
     PD_ASSERT(!t->in_cb);
     kvx_resv *r = kvx_resv_find(t, request_id, resv_id);
     pd_kvx_verdict v = judge(t, r, request_id, resv_id, writer, now_s, err);
-    if (v != PD_KVX_ACCEPTED) return refused(t, v);
+    if (v != PD_KVX_ACCEPTED)
+        return refused(t, v);
     size_t bb = t->cfg.block_bytes;
     if (block_index >= r->n_blocks || bytes == 0 || offset > bb || bytes > bb - offset) {
         pd_err_set(err, PD_ERR_INVALID,
@@ -362,7 +404,8 @@ pd_status pd_kvx_resv_release(pd_kvx_reservations *t, const char *request_id, ui
                           "kvx: release of request %s reservation %016llx: %s",
                           request_id ? request_id : "(null)", (unsigned long long)resv_id,
                           r ? "already released" : "no such reservation");
-    if (r->state != PD_KVX_RESV_EXPIRED) set_state(t, r, PD_KVX_RESV_RELEASED);
+    if (r->state != PD_KVX_RESV_EXPIRED)
+        set_state(t, r, PD_KVX_RESV_RELEASED);
     maybe_finish(t, r);
     forget_excess(t);
     return PD_OK;
@@ -393,12 +436,15 @@ size_t pd_kvx_resv_writer_gone(pd_kvx_reservations *t, uint64_t writer) {
     size_t handed = 0;
     for (size_t i = 0; i < t->n_buckets; i++) {
         for (kvx_resv *r = t->buckets[i]; r; r = r->hnext) {
-            if (r->writer != writer || r->finished) continue;
-            if (r->state == PD_KVX_RESV_LIVE) set_state(t, r, PD_KVX_RESV_EXPIRED);
+            if (r->writer != writer || r->finished)
+                continue;
+            if (r->state == PD_KVX_RESV_LIVE)
+                set_state(t, r, PD_KVX_RESV_EXPIRED);
             r->quiescent = true;
             bool before = r->finished;
             maybe_finish(t, r);
-            if (!before && r->finished && !r->was_complete) handed++;
+            if (!before && r->finished && !r->was_complete)
+                handed++;
         }
     }
     forget_excess(t);
@@ -410,7 +456,8 @@ size_t pd_kvx_resv_expire(pd_kvx_reservations *t, double now_s) {
     size_t n = 0;
     for (size_t i = 0; i < t->n_buckets; i++) {
         for (kvx_resv *r = t->buckets[i]; r; r = r->hnext) {
-            if (r->state != PD_KVX_RESV_LIVE || !(now_s > r->deadline)) continue;
+            if (r->state != PD_KVX_RESV_LIVE || !(now_s > r->deadline))
+                continue;
             set_state(t, r, PD_KVX_RESV_EXPIRED);
             maybe_finish(t, r);
             n++;
@@ -424,10 +471,14 @@ pd_status pd_kvx_resv_get(const pd_kvx_reservations *t, const char *request_id, 
                           pd_kvx_resv_state *state_p, const int32_t **blocks_p,
                           size_t *n_blocks_p) {
     kvx_resv *r = kvx_resv_find((pd_kvx_reservations *)t, request_id, resv_id);
-    if (!r) return PD_ERR_NOTFOUND;
-    if (state_p) *state_p = r->state;
-    if (blocks_p) *blocks_p = r->blocks;
-    if (n_blocks_p) *n_blocks_p = r->n_blocks;
+    if (!r)
+        return PD_ERR_NOTFOUND;
+    if (state_p)
+        *state_p = r->state;
+    if (blocks_p)
+        *blocks_p = r->blocks;
+    if (n_blocks_p)
+        *n_blocks_p = r->n_blocks;
     return PD_OK;
 }
 
@@ -439,7 +490,8 @@ pd_kvx_resv_stats pd_kvx_resv_stats_get(const pd_kvx_reservations *t) {
 
 void kvx_resv_report(pd_kvx_reservations *t, const char *request_id, uint64_t resv_id,
                      pd_kvx_verdict v, const char *detail) {
-    if (!t->cfg.on_am_event) return;
+    if (!t->cfg.on_am_event)
+        return;
     t->in_cb = true;
     t->cfg.on_am_event(t->cfg.user, request_id, resv_id, v, detail);
     t->in_cb = false;
@@ -457,7 +509,8 @@ static void am_claim_judge(pd_kvx_reservations *t, kvx_resv *r, uint64_t writer,
     memcpy(id, r->request_id, sizeof id);
     uint64_t rid = r->id;
     pd_kvx_verdict v = pd_kvx_resv_complete(t, id, rid, writer, bytes, now_s, &e);
-    if (v != PD_KVX_ACCEPTED) PD_LOGW(KVX_LOG, "refused AM claim: %s", e.msg);
+    if (v != PD_KVX_ACCEPTED)
+        PD_LOGW(KVX_LOG, "refused AM claim: %s", e.msg);
     kvx_resv_report(t, id, rid, v, v == PD_KVX_ACCEPTED ? "complete" : e.msg);
 }
 
@@ -465,9 +518,11 @@ static void am_claim_judge(pd_kvx_reservations *t, kvx_resv *r, uint64_t writer,
  * LIVE: it is refused now, or nobody would ever answer it. */
 static void report_dropped_claim(pd_kvx_reservations *t, kvx_resv *r) {
     char detail[200];
-    snprintf(detail, sizeof detail, "claim of %llu bytes pending (%llu landed) when the "
-             "reservation became %s", (unsigned long long)r->claimed_bytes,
-             (unsigned long long)r->landed_bytes, pd_kvx_resv_state_str(r->state));
+    snprintf(detail, sizeof detail,
+             "claim of %llu bytes pending (%llu landed) when the "
+             "reservation became %s",
+             (unsigned long long)r->claimed_bytes, (unsigned long long)r->landed_bytes,
+             pd_kvx_resv_state_str(r->state));
     r->claimed_bytes = 0;
     t->stats.refused++;
     PD_LOGW(KVX_LOG, "refused AM claim: request %s reservation %016llx: %s", r->request_id,

@@ -74,7 +74,8 @@ static pd_kvx_agent *agent_new(const tport *t, const char *name, pd_kvx_peer_fai
 static pd_kvx_pool *pool_register(pd_kvx_agent *a, void *base, size_t bytes) {
     pd_err e = {{0}};
     pd_kvx_pool *p = NULL;
-    if (pd_kvx_register_pool(a, base, bytes, &p, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_register_pool(a, base, bytes, &p, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     return p;
 }
 
@@ -86,10 +87,12 @@ static pd_kvx_peer *connect_to(pd_kvx_agent *from, const pd_kvx_agent *to, const
     pd_err e = {{0}};
     pd_kvx_peer *p = NULL;
     pd_kvx_agent_worker_address(to, &addr, &alen);
-    if (pd_kvx_peer_connect(from, addr, alen, user, &p, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_peer_connect(from, addr, alen, user, &p, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     if (pool) {
         pd_kvx_pool_rkey(pool, &rk, &rkl);
-        if (pd_kvx_peer_add_rkey(p, rk, rkl, &e) != PD_OK) fail_msg("%s", e.msg);
+        if (pd_kvx_peer_add_rkey(p, rk, rkl, &e) != PD_OK)
+            fail_msg("%s", e.msg);
     }
     return p;
 }
@@ -102,15 +105,19 @@ static void pump(pd_kvx_agent **as, int n, cond_fn done, void *arg, double timeo
     double until = pd_now_s() + timeout_s;
     for (;;) {
         bool more = false;
-        for (int i = 0; i < n; i++) more |= pd_kvx_agent_progress(as[i]);
-        if (done && done(arg)) return;
+        for (int i = 0; i < n; i++)
+            more |= pd_kvx_agent_progress(as[i]);
+        if (done && done(arg))
+            return;
         if (pd_now_s() > until) {
-            if (!done) return;
+            if (!done)
+                return;
             fail_msg("timed out after %.1f s waiting for %s", timeout_s, what);
         }
         if (!more) {
             struct pollfd pfd[4];
-            for (int i = 0; i < n; i++) pfd[i] = (struct pollfd){pd_kvx_agent_event_fd(as[i]), POLLIN, 0};
+            for (int i = 0; i < n; i++)
+                pfd[i] = (struct pollfd){pd_kvx_agent_event_fd(as[i]), POLLIN, 0};
             poll(pfd, (nfds_t)n, 20);
         }
     }
@@ -133,7 +140,8 @@ static void on_done(void *user, uint64_t tag, pd_status st) {
     assert_true(tag < NB + 8);
     c->calls[tag]++;
     c->total++;
-    if (st != PD_OK) c->errors++;
+    if (st != PD_OK)
+        c->errors++;
 }
 
 static void on_flush(void *user, uint64_t tag, pd_status st) {
@@ -155,7 +163,8 @@ static void put_ok(pd_kvx_peer *p, comp *c, const void *local, size_t bytes, uin
     c->in_call = true;
     pd_status st = pd_kvx_put(p, local, bytes, off, tag, on_done, c, &e);
     c->in_call = false;
-    if (st != PD_OK) fail_msg("put: %s", e.msg);
+    if (st != PD_OK)
+        fail_msg("put: %s", e.msg);
 }
 
 static void flush_ok(pd_kvx_peer *p, comp *c) {
@@ -163,7 +172,8 @@ static void flush_ok(pd_kvx_peer *p, comp *c) {
     c->in_call = true;
     pd_status st = pd_kvx_flush(p, NB + 1, on_flush, c, &e);
     c->in_call = false;
-    if (st != PD_OK) fail_msg("flush: %s", e.msg);
+    if (st != PD_OK)
+        fail_msg("flush: %s", e.msg);
 }
 
 /* ---- in-process: puts ------------------------------------------------------- */
@@ -179,7 +189,8 @@ static void test_put_blocks(void **state) {
 
     /* Source block i goes to destination block (i * 7) % NB: a permutation. */
     comp c = {0};
-    for (int i = 0; i < NB; i++) put_ok(peer, &c, src + i * BB, BB, (uint64_t)((i * 7) % NB) * BB, i);
+    for (int i = 0; i < NB; i++)
+        put_ok(peer, &c, src + i * BB, BB, (uint64_t)((i * 7) % NB) * BB, i);
     flush_ok(peer, &c);
     /* The event fd is readable at once: the agent asked to be progressed. */
     struct pollfd pfd = {pd_kvx_agent_event_fd(P), POLLIN, 0};
@@ -189,8 +200,9 @@ static void test_put_blocks(void **state) {
     pump(both, 2, flushed, &c, 10, "the flush");
     assert_int_equal(c.flush_st, PD_OK);
     assert_int_equal(c.puts_seen_by_flush, NB); /* every put completed before the flush */
-    pump(both, 2, NULL, NULL, 0.05, "");      /* nothing fires twice */
-    for (int i = 0; i < NB; i++) assert_int_equal(c.calls[i], 1);
+    pump(both, 2, NULL, NULL, 0.05, "");        /* nothing fires twice */
+    for (int i = 0; i < NB; i++)
+        assert_int_equal(c.calls[i], 1);
     assert_int_equal(c.flushes, 1);
     assert_int_equal(c.errors, 0);
     for (int i = 0; i < NB; i++)
@@ -223,7 +235,8 @@ static void test_put_batch(void **state) {
     c.in_call = true;
     pd_status st = pd_kvx_put_batch(peer, iov, NB, 3, on_done, &c, &e);
     c.in_call = false;
-    if (st != PD_OK) fail_msg("%s", e.msg);
+    if (st != PD_OK)
+        fail_msg("%s", e.msg);
     flush_ok(peer, &c);
     pd_kvx_agent *both[] = {P, D};
     pump(both, 2, flushed, &c, 10, "the flush after a batch");
@@ -232,15 +245,15 @@ static void test_put_batch(void **state) {
     assert_int_equal(c.total, 1);
     assert_int_equal(c.puts_seen_by_flush, 1);
     assert_int_equal(c.errors, 0);
-    for (int i = 0; i < NB; i++) assert_memory_equal(dst + (size_t)(NB - 1 - i) * BB, src + i * BB, BB);
+    for (int i = 0; i < NB; i++)
+        assert_memory_equal(dst + (size_t)(NB - 1 - i) * BB, src + i * BB, BB);
 
     /* Arguments are checked before anything is issued; no callback fires. */
     iov[5].remote_offset = NB * BB - 100; /* runs off the end */
     assert_int_equal(pd_kvx_put_batch(peer, iov, NB, 4, on_done, &c, &e), PD_ERR_INVALID);
     assert_non_null(strstr(e.msg, "outside"));
     assert_int_equal(pd_kvx_put(peer, src, 0, 0, 4, on_done, &c, &e), PD_ERR_INVALID);
-    assert_int_equal(pd_kvx_put(peer, src, 16, UINT64_MAX - 8, 4, on_done, &c, &e),
-                     PD_ERR_INVALID);
+    assert_int_equal(pd_kvx_put(peer, src, 16, UINT64_MAX - 8, 4, on_done, &c, &e), PD_ERR_INVALID);
     pd_kvx_peer *nokey = connect_to(P, D, NULL, NULL);
     assert_int_equal(pd_kvx_put(nokey, src, 16, 0, 4, on_done, &c, &e), PD_ERR_INVALID);
     pump(both, 2, NULL, NULL, 0.05, "");
@@ -248,6 +261,96 @@ static void test_put_batch(void **state) {
 
     pd_kvx_peer_close(&nokey);
     pd_kvx_peer_close(&peer);
+    pd_kvx_pool_free(&dpool);
+    pd_kvx_agent_free(&P);
+    pd_kvx_agent_free(&D);
+    free(dst);
+    free(src);
+}
+
+typedef struct {
+    int failed;
+    pd_status st;
+    char reason[160];
+    pd_kvx_peer *peer;
+} fail_log;
+
+static void on_peer_failed(void *user, pd_kvx_peer *peer, pd_status st, const char *reason) {
+    fail_log *f = user;
+    f->failed++;
+    f->st = st;
+    f->peer = peer;
+    snprintf(f->reason, sizeof f->reason, "%s", reason);
+}
+
+static bool peer_failed(void *arg) {
+    return ((fail_log *)arg)->failed > 0;
+}
+
+/* A pool allocated by UCX (shared memory on one host): puts land in it. */
+static void test_alloc_pool(void **state) {
+    const tport *t = *state;
+    pd_kvx_agent *D = agent_new(t, "decode", NULL, NULL), *P = agent_new(t, "prefill", NULL, NULL);
+    pd_kvx_pool *dpool = NULL;
+    pd_err e = {{0}};
+    assert_int_equal(pd_kvx_alloc_pool(D, 0, &dpool, &e), PD_ERR_INVALID);
+    if (pd_kvx_alloc_pool(D, 16 * BB, &dpool, &e) != PD_OK)
+        fail_msg("%s", e.msg);
+    uint8_t *dst = pd_kvx_pool_base(dpool), *src = pool_alloc(16 * BB);
+    assert_non_null(dst);
+    memset(dst, 0, 16 * BB);
+    fill_pattern(src, 16 * BB, 11);
+    pd_kvx_peer *peer = connect_to(P, D, dpool, NULL);
+    comp c = {0};
+    for (int i = 0; i < 16; i++)
+        put_ok(peer, &c, src + i * BB, BB, (uint64_t)(15 - i) * BB, i);
+    flush_ok(peer, &c);
+    pd_kvx_agent *both[] = {P, D};
+    pump(both, 2, flushed, &c, 10, "the flush into an allocated pool");
+    assert_int_equal(c.flush_st, PD_OK);
+    assert_int_equal(c.puts_seen_by_flush, 16);
+    for (int i = 0; i < 16; i++)
+        assert_memory_equal(dst + (size_t)(15 - i) * BB, src + i * BB, BB);
+    pd_kvx_peer_close(&peer);
+    pd_kvx_pool_free(&dpool);
+    pd_kvx_agent_free(&P);
+    pd_kvx_agent_free(&D);
+    free(src);
+}
+
+/* The service declares a peer dead (heartbeats): outstanding work is
+ * answered once, on_peer_failed runs once, later writes are refused. */
+static void test_peer_fail_declared(void **state) {
+    const tport *t = *state;
+    fail_log f = {0};
+    pd_kvx_agent *D = agent_new(t, "decode", NULL, NULL);
+    pd_kvx_agent *P = agent_new(t, "prefill", on_peer_failed, &f);
+    uint8_t *dst = pool_alloc(NB * BB), *src = pool_alloc(NB * BB);
+    pd_kvx_pool *dpool = pool_register(D, dst, NB * BB);
+    pd_kvx_peer *peer = connect_to(P, D, dpool, (void *)&f);
+    assert_ptr_equal(pd_kvx_peer_user(peer), &f);
+    pd_kvx_iov iov[NB];
+    for (int i = 0; i < NB; i++)
+        iov[i] = (pd_kvx_iov){src + i * BB, (uint64_t)i * BB, BB};
+    comp c = {0};
+    pd_err e = {{0}};
+    if (pd_kvx_put_batch(peer, iov, NB, 2, on_done, &c, &e) != PD_OK)
+        fail_msg("%s", e.msg);
+    pd_kvx_peer_fail(peer, "heartbeats stopped");
+    pd_kvx_peer_fail(peer, "again"); /* idempotent: the first reason stands */
+    assert_true(pd_kvx_peer_failed(peer));
+    assert_int_equal(pd_kvx_put(peer, src, BB, 0, 3, on_done, &c, &e), PD_ERR_IO);
+    assert_non_null(strstr(e.msg, "heartbeats stopped"));
+    pd_kvx_agent *both[] = {P, D};
+    pump(both, 2, peer_failed, &f, 5, "on_peer_failed");
+    pump(both, 2, NULL, NULL, 0.1, "");
+    assert_int_equal(f.failed, 1);
+    assert_string_equal(f.reason, "heartbeats stopped");
+    assert_int_equal(c.calls[2], 1); /* the batch: answered exactly once */
+    assert_int_equal(c.calls[3], 0);
+    pd_kvx_peer_close(&peer);
+    pump(both, 2, NULL, NULL, 0.05, "");
+    assert_int_equal(f.failed, 1);
     pd_kvx_pool_free(&dpool);
     pd_kvx_agent_free(&P);
     pd_kvx_agent_free(&D);
@@ -273,7 +376,8 @@ static void on_blocks_free(void *user, const char *request_id, uint64_t resv_id,
     resv_log *l = user;
     l->freed_calls++;
     l->last_resv = resv_id;
-    for (size_t i = 0; i < n && l->n_freed < 64; i++) l->freed[l->n_freed++] = blocks[i];
+    for (size_t i = 0; i < n && l->n_freed < 64; i++)
+        l->freed[l->n_freed++] = blocks[i];
 }
 
 static void on_am_event(void *user, const char *request_id, uint64_t resv_id, pd_kvx_verdict v,
@@ -295,7 +399,8 @@ static pd_kvx_reservations *table_new(resv_log *l, size_t remembered) {
                               .remembered = remembered};
     pd_kvx_reservations *t = NULL;
     pd_err e = {{0}};
-    if (pd_kvx_resv_init(&cfg, &t, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_resv_init(&cfg, &t, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     return t;
 }
 
@@ -385,8 +490,7 @@ static void test_resv_table(void **state) {
     /* Only `remembered` (2) finished reservations are kept: older ones are
      * forgotten and then unknown. */
     assert_int_equal(pd_kvx_resv_complete(t, "req-a", a, 1, 0, now, &e), PD_KVX_REFUSED_UNKNOWN);
-    assert_int_equal(pd_kvx_resv_complete(t, "req-d2", d2, 5, 0, now, &e),
-                     PD_KVX_REFUSED_RELEASED);
+    assert_int_equal(pd_kvx_resv_complete(t, "req-d2", d2, 5, 0, now, &e), PD_KVX_REFUSED_RELEASED);
 
     /* Write checks: index and byte range inside the reservation. */
     uint64_t w = resv_new(t, "req-w", 1, b, 2, 10, now, PD_KVX_RESV_AM);
@@ -420,7 +524,8 @@ typedef struct {
 static void write_blocks(pd_kvx_agent **both, writer *w, const uint8_t *src, const int32_t *blocks,
                          size_t n) {
     memset(&w->c, 0, sizeof w->c);
-    for (size_t i = 0; i < n; i++) put_ok(w->peer, &w->c, src + i * BB, BB, (uint64_t)blocks[i] * BB, i);
+    for (size_t i = 0; i < n; i++)
+        put_ok(w->peer, &w->c, src + i * BB, BB, (uint64_t)blocks[i] * BB, i);
     flush_ok(w->peer, &w->c);
     pump(both, 2, flushed, &w->c, 10, "the writer's flush");
     assert_int_equal(w->c.flush_st, PD_OK);
@@ -521,7 +626,8 @@ static void am_send_ok(pd_kvx_peer *p, comp *c, const char *req, uint64_t resv, 
     c->in_call = true;
     pd_status st = pd_kvx_am_write(p, req, resv, writer, bw, n, tag, on_done, c, &e);
     c->in_call = false;
-    if (st != PD_OK) fail_msg("am write: %s", e.msg);
+    if (st != PD_OK)
+        fail_msg("am write: %s", e.msg);
 }
 
 static void am_claim_ok(pd_kvx_peer *p, comp *c, const char *req, uint64_t resv, uint64_t writer,
@@ -544,15 +650,15 @@ static void test_am_writes(void **state) {
     resv_log l = {0};
     pd_kvx_reservations *tab = table_new(&l, 0);
     pd_err e = {{0}};
-    if (pd_kvx_agent_accept_writes(D, tab, dpool, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_agent_accept_writes(D, tab, dpool, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     assert_int_equal(pd_kvx_agent_accept_writes(D, tab, dpool, &e), PD_ERR_INVALID);
     pd_kvx_peer *peer = connect_to(P, D, NULL, NULL);
     comp c = {0};
     double now = pd_now_s();
     const uint64_t WR = 3;
     /* Two whole blocks (rendezvous) and 1 KiB of a third (eager). */
-    pd_kvx_block_write bw[3] = {
-        {src, 0, 0, BB}, {src + BB, 1, 0, BB}, {src + 2 * BB, 2, 0, 1024}};
+    pd_kvx_block_write bw[3] = {{src, 0, 0, BB}, {src + BB, 1, 0, BB}, {src + 2 * BB, 2, 0, 1024}};
     const uint64_t total = 2 * BB + 1024;
 
     int32_t ok_blocks[] = {10, 3, 33};
@@ -602,12 +708,23 @@ static void test_am_writes(void **state) {
     int n_unknown = 0, n_rel = 0, n_exp = 0, n_wr = 0, n_rg = 0;
     for (int i = base; i < l.events; i++) {
         switch (l.verdicts[i]) {
-        case PD_KVX_REFUSED_UNKNOWN: n_unknown++; break;
-        case PD_KVX_REFUSED_RELEASED: n_rel++; break;
-        case PD_KVX_REFUSED_EXPIRED: n_exp++; break;
-        case PD_KVX_REFUSED_WRITER: n_wr++; break;
-        case PD_KVX_REFUSED_RANGE: n_rg++; break;
-        default: fail_msg("unexpected verdict %s", pd_kvx_verdict_str(l.verdicts[i]));
+        case PD_KVX_REFUSED_UNKNOWN:
+            n_unknown++;
+            break;
+        case PD_KVX_REFUSED_RELEASED:
+            n_rel++;
+            break;
+        case PD_KVX_REFUSED_EXPIRED:
+            n_exp++;
+            break;
+        case PD_KVX_REFUSED_WRITER:
+            n_wr++;
+            break;
+        case PD_KVX_REFUSED_RANGE:
+            n_rg++;
+            break;
+        default:
+            fail_msg("unexpected verdict %s", pd_kvx_verdict_str(l.verdicts[i]));
         }
     }
     assert_int_equal(n_unknown, 4);
@@ -686,10 +803,13 @@ static void *child_expect(child *c, uint32_t type, uint32_t *len_p, const char *
     uint32_t ty = 0, len = 0;
     void *buf = NULL;
     int r = kvx_sock_recv(c->fd, &ty, &buf, &len, 10000);
-    if (r) fail_msg("child %s: %s (its stderr above says why)", what,
-                    r == -2 ? "no answer within 10 s" : "connection closed");
-    if (ty != type) fail_msg("child %s: message %u, expected %u", what, ty, type);
-    if (len_p) *len_p = len;
+    if (r)
+        fail_msg("child %s: %s (its stderr above says why)", what,
+                 r == -2 ? "no answer within 10 s" : "connection closed");
+    if (ty != type)
+        fail_msg("child %s: message %u, expected %u", what, ty, type);
+    if (len_p)
+        *len_p = len;
     return buf;
 }
 
@@ -716,11 +836,13 @@ static pd_kvx_peer *child_connect(pd_kvx_agent *a, child *c, bool want_rkey, voi
     void *addr = child_expect(c, MSG_ADDR, &len, "worker address");
     pd_err e = {{0}};
     pd_kvx_peer *p = NULL;
-    if (pd_kvx_peer_connect(a, addr, len, user, &p, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_peer_connect(a, addr, len, user, &p, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     free(addr);
     if (want_rkey) {
         void *rk = child_expect(c, MSG_RKEY, &len, "remote key");
-        if (pd_kvx_peer_add_rkey(p, rk, len, &e) != PD_OK) fail_msg("%s", e.msg);
+        if (pd_kvx_peer_add_rkey(p, rk, len, &e) != PD_OK)
+            fail_msg("%s", e.msg);
         free(rk);
     }
     return p;
@@ -741,10 +863,12 @@ static void test_fork_put(void **state) {
     pd_kvx_peer *peer = child_connect(P, &ch, true, NULL);
     size_t n = FORK_POOL / BB;
     pd_kvx_iov *iov = calloc(n, sizeof *iov);
-    for (size_t i = 0; i < n; i++) iov[i] = (pd_kvx_iov){src + i * BB, i * BB, BB};
+    for (size_t i = 0; i < n; i++)
+        iov[i] = (pd_kvx_iov){src + i * BB, i * BB, BB};
     comp c = {0};
     pd_err e = {{0}};
-    if (pd_kvx_put_batch(peer, iov, n, 0, on_done, &c, &e) != PD_OK) fail_msg("%s", e.msg);
+    if (pd_kvx_put_batch(peer, iov, n, 0, on_done, &c, &e) != PD_OK)
+        fail_msg("%s", e.msg);
     flush_ok(peer, &c);
     pump(&P, 1, flushed, &c, 20, "the flush to the child");
     assert_int_equal(c.flush_st, PD_OK);
@@ -752,7 +876,9 @@ static void test_fork_put(void **state) {
     assert_int_equal(c.puts_seen_by_flush, 1);
     kvx_sock_send(ch.fd, MSG_VERIFY, &seed, sizeof seed);
     uint64_t *res = child_expect(&ch, MSG_RESULT, NULL, "verify");
-    if (*res) fail_msg("child's pool differs from the source at byte %llu", (unsigned long long)(*res - 1));
+    if (*res)
+        fail_msg("child's pool differs from the source at byte %llu",
+                 (unsigned long long)(*res - 1));
     free(res);
     kvx_sock_send(ch.fd, MSG_EXIT, NULL, 0);
     pd_kvx_peer_close(&peer);
@@ -763,25 +889,6 @@ static void test_fork_put(void **state) {
     pd_kvx_agent_free(&P);
     free(iov);
     free(src);
-}
-
-typedef struct {
-    int failed;
-    pd_status st;
-    char reason[160];
-    pd_kvx_peer *peer;
-} fail_log;
-
-static void on_peer_failed(void *user, pd_kvx_peer *peer, pd_status st, const char *reason) {
-    fail_log *f = user;
-    f->failed++;
-    f->st = st;
-    f->peer = peer;
-    snprintf(f->reason, sizeof f->reason, "%s", reason);
-}
-
-static bool peer_failed(void *arg) {
-    return ((fail_log *)arg)->failed > 0;
 }
 
 /* The target dies (SIGKILL) while puts to it are in flight: the writer
@@ -798,18 +905,22 @@ static void test_fork_target_killed(void **state) {
     pd_kvx_peer *peer = child_connect(P, &ch, true, NULL);
     size_t n = FORK_POOL / BB;
     pd_kvx_iov *iov = calloc(n, sizeof *iov);
-    for (size_t i = 0; i < n; i++) iov[i] = (pd_kvx_iov){src + i * BB, i * BB, BB};
+    for (size_t i = 0; i < n; i++)
+        iov[i] = (pd_kvx_iov){src + i * BB, i * BB, BB};
     comp c = {0};
     pd_err e = {{0}};
     int issued = 0;
     bool killed = false;
     double until = pd_now_s() + 10;
     while (!f.failed) {
-        if (pd_now_s() > until) fail_msg("the writer did not notice its target die within 10 s");
+        if (pd_now_s() > until)
+            fail_msg("the writer did not notice its target die within 10 s");
         if (issued - c.total < 2 && !pd_kvx_peer_failed(peer)) {
             pd_status st = pd_kvx_put_batch(peer, iov, n, 0, on_done, &c, &e);
-            if (st == PD_OK) issued++;
-            else assert_int_equal(st, PD_ERR_IO);
+            if (st == PD_OK)
+                issued++;
+            else
+                assert_int_equal(st, PD_ERR_IO);
         }
         if (!killed && c.total >= 1) { /* one batch landed: kill mid-transfer */
             kill(ch.pid, SIGKILL);
@@ -868,7 +979,8 @@ static void test_fork_writer_killed(void **state) {
     double until = pd_now_s() + 10;
     struct pollfd pfd = {ch.fd, POLLIN, 0};
     while (poll(&pfd, 1, 0) == 0) {
-        if (pd_now_s() > until) fail_msg("the writer child made no progress in 10 s");
+        if (pd_now_s() > until)
+            fail_msg("the writer child made no progress in 10 s");
         pump(&D, 1, NULL, NULL, 0.01, "");
     }
     free(child_expect(&ch, MSG_PROGRESS, NULL, "progress"));
@@ -877,7 +989,8 @@ static void test_fork_writer_killed(void **state) {
     assert_int_equal(f.failed, 1);
     assert_ptr_equal(f.peer, to_writer);
     /* The service maps the failed peer to its writer id and tells the table. */
-    assert_int_equal(pd_kvx_resv_writer_gone(tab, (uint64_t)(uintptr_t)pd_kvx_peer_user(f.peer)), 1);
+    assert_int_equal(pd_kvx_resv_writer_gone(tab, (uint64_t)(uintptr_t)pd_kvx_peer_user(f.peer)),
+                     1);
     assert_int_equal(l.freed_calls, 1);
     assert_int_equal(l.last_resv, r);
     assert_int_equal(l.n_freed, 4);
@@ -924,10 +1037,12 @@ static int child_target(const tport *t, size_t bytes) {
         }
         struct pollfd pfd[2] = {{pd_kvx_agent_event_fd(a), POLLIN, 0}, {fd, POLLIN, 0}};
         poll(pfd, 2, 1000);
-        if (!(pfd[1].revents & (POLLIN | POLLHUP))) continue;
+        if (!(pfd[1].revents & (POLLIN | POLLHUP)))
+            continue;
         uint32_t ty, len;
         void *buf;
-        if (kvx_sock_recv(fd, &ty, &buf, &len, 5000) != 0) break;
+        if (kvx_sock_recv(fd, &ty, &buf, &len, 5000) != 0)
+            break;
         if (ty == MSG_VERIFY) {
             uint64_t seed;
             memcpy(&seed, buf, sizeof seed);
@@ -943,7 +1058,8 @@ static int child_target(const tport *t, size_t bytes) {
             kvx_sock_send(fd, MSG_RESULT, &res, sizeof res);
         }
         free(buf);
-        if (ty == MSG_EXIT) break;
+        if (ty == MSG_EXIT)
+            break;
     }
     pd_kvx_pool_free(&p);
     pd_kvx_agent_free(&a);
@@ -981,7 +1097,8 @@ static int child_writer(const tport *t) {
         }
         struct pollfd pfd[2] = {{pd_kvx_agent_event_fd(a), POLLIN, 0}, {fd, POLLIN, 0}};
         poll(pfd, 2, 100);
-        if ((pfd[1].revents & POLLIN) && kvx_sock_recv(fd, &ty[got], &buf[got], &len[got], 5000) == 0)
+        if ((pfd[1].revents & POLLIN) &&
+            kvx_sock_recv(fd, &ty[got], &buf[got], &len[got], 5000) == 0)
             got++;
     }
     pd_kvx_peer *p = NULL;
@@ -994,13 +1111,16 @@ static int child_writer(const tport *t) {
     uint8_t *src = aligned_alloc(4096, 4 * BB);
     fill_pattern(src, 4 * BB, 77);
     pd_kvx_iov iov[4];
-    for (int i = 0; i < 4; i++) iov[i] = (pd_kvx_iov){src + i * BB, (uint64_t)(1 + i) * BB, BB};
+    for (int i = 0; i < 4; i++)
+        iov[i] = (pd_kvx_iov){src + i * BB, (uint64_t)(1 + i) * BB, BB};
     int done = 0, issued = 0;
     bool told = false;
     for (;;) {
         if (issued - done < 2) {
-            if (pd_kvx_put_batch(p, iov, 4, 0, child_on_done, &done, &e) == PD_OK) issued++;
-            if (pd_kvx_flush(p, 0, child_on_done, &done, &e) == PD_OK) issued++;
+            if (pd_kvx_put_batch(p, iov, 4, 0, child_on_done, &done, &e) == PD_OK)
+                issued++;
+            if (pd_kvx_flush(p, 0, child_on_done, &done, &e) == PD_OK)
+                issued++;
         }
         while (pd_kvx_agent_progress(a)) {
         }
@@ -1014,30 +1134,40 @@ static int child_writer(const tport *t) {
 }
 
 static int child_main(int argc, char **argv) {
-    if (argc < 6) return 2;
+    if (argc < 6)
+        return 2;
     tport t = {argv[3], strcmp(argv[4], "-") ? argv[4] : NULL};
-    if (!strcmp(argv[2], "target")) return child_target(&t, strtoull(argv[5], NULL, 10));
-    if (!strcmp(argv[2], "writer")) return child_writer(&t);
+    if (!strcmp(argv[2], "target"))
+        return child_target(&t, strtoull(argv[5], NULL, 10));
+    if (!strcmp(argv[2], "writer"))
+        return child_writer(&t);
     return 2;
 }
 
 /* Each transport-dependent test runs once per transport, named test/tls. */
 #define BOTH(f)                                                                                    \
-    {#f "/shm", f, NULL, NULL, &T_SHM}, { #f "/tcp", f, NULL, NULL, &T_TCP }
+    {#f "/shm", f, NULL, NULL, &T_SHM}, {                                                          \
+#f "/tcp", f, NULL, NULL, &T_TCP                                                           \
+    }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--kvx-child")) _exit(child_main(argc, argv));
+    if (argc > 1 && !strcmp(argv[1], "--kvx-child"))
+        _exit(child_main(argc, argv));
     signal(SIGPIPE, SIG_IGN);
     /* Refusals are logged as warnings by design; keep the test output to
      * errors unless PDSERVE_LOG_LEVEL asks for more. */
-    if (!getenv("PDSERVE_LOG_LEVEL")) pd_log_set_level(PD_LOG_ERROR);
+    if (!getenv("PDSERVE_LOG_LEVEL"))
+        pd_log_set_level(PD_LOG_ERROR);
     /* KVX_TEST_FILTER="test_put*" runs a subset (cmocka glob). */
-    if (getenv("KVX_TEST_FILTER")) cmocka_set_test_filter(getenv("KVX_TEST_FILTER"));
+    if (getenv("KVX_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("KVX_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resv_table),
         cmocka_unit_test(test_bad_blobs),
         BOTH(test_put_blocks),
         BOTH(test_put_batch),
+        BOTH(test_alloc_pool),
+        BOTH(test_peer_fail_declared),
         BOTH(test_one_sided_protocol),
         BOTH(test_am_writes),
         BOTH(test_fork_put),
