@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pd_bench.h"
 #include "pd_cli.h"
 #include "pd_decode.h"
 #include "pd_prefill.h"
@@ -20,6 +21,7 @@ static const pd_command commands[] = {
     {"gateway", pd_gateway_main, "run the HTTP gateway and router"},
     {"prefill", pd_prefill_main, "run one prefill replica (chunked prefill, KV export over UCX)"},
     {"decode", pd_decode_main, "run one decode replica (continuous batching)"},
+    {"bench", pd_bench_main, "load-test an OpenAI-compatible server"},
 };
 
 static void usage(FILE *f) {
