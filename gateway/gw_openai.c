@@ -499,13 +499,15 @@ static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max
     const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
     int64_t L = cfg->max_model_len, P = out->n_prompt;
     if (explicit_max) {
-        if (P + max_tokens > L)
+        /* max_tokens may be any int64: compare without forming P + max_tokens */
+        if (max_tokens > L - P)
             return fail(e, 400, kind == GW_KIND_CHAT ? "max_tokens" : "max_tokens",
                         "This model's maximum context length is %lld tokens. However, you "
                         "requested %lld tokens (%lld in the %s, %lld for the completion: "
                         "max_tokens). Please reduce the length of the %s or max_tokens.",
-                        (long long)L, (long long)(P + max_tokens), (long long)P, what,
-                        (long long)max_tokens, what);
+                        (long long)L,
+                        (long long)(max_tokens > INT64_MAX - P ? INT64_MAX : P + max_tokens),
+                        (long long)P, what, (long long)max_tokens, what);
         out->max_tokens = (int)max_tokens;
         return 0;
     }

@@ -78,6 +78,11 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":-1}", 400, "max_tokens"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":\"5\"}", 400, "max_tokens"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":1.5}", 400, "max_tokens"},
+    /* found by tests/fuzz/fuzz_openai: prompt + max_tokens overflowed int64 */
+    {GW_KIND_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":9223372036854775807}", 400,
+     "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":9223372036854775807}", 400,
+     "max_tokens"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5.0}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":null}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
