@@ -282,6 +282,8 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
                                                     c->last_failure));
         }
         json_object_set_new(root, "checks", checks);
+        tot_req = run->fn_requests, tot_ok = run->fn_successes;
+        memcpy(tot_fail, run->fn_failures, sizeof tot_fail);
     }
     json_object_set_new(root, "totals",
                         json_pack("{s:i,s:i,s:o}", "requests", tot_req, "successes", tot_ok,

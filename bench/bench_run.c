@@ -153,6 +153,13 @@ static void write_failed(pd_bench_run *run, const pd_bench_req *r) {
 static void record(pd_bench_run *run, pd_bench_req *reqs, int n) {
     for (int i = 0; i < n; i++) {
         pd_bench_req *r = &reqs[i];
+        if (run->cfg->mode == PD_BENCH_FUNCTIONAL) {
+            run->fn_requests++;
+            if (r->outcome == PD_BENCH_SUCCESS)
+                run->fn_successes++;
+            else
+                run->fn_failures[r->outcome]++;
+        }
         if (r->outcome != PD_BENCH_SUCCESS) {
             write_failed(run, r);
             if (r->round > 0)
@@ -486,6 +493,28 @@ static bool contains_ci(const char *hay, const char *needle) {
     return false;
 }
 
+/* s cut to at most cap - 1 bytes on a character boundary, invalid UTF-8 and
+ * control characters replaced, into buf (for messages that end up in JSON). */
+static const char *clip(char *buf, size_t cap, const char *s) {
+    size_t j = 0;
+    for (size_t i = 0; s && s[i];) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+        bool ok = strnlen(s + i, k) == k && pd_tok_utf8_valid(s + i, k);
+        if (!ok)
+            k = 1;
+        if (j + (ok ? k : 1) + 1 > cap)
+            break;
+        if (!ok || c < 0x20)
+            buf[j++] = ok ? ' ' : '?';
+        else
+            memcpy(buf + j, s + i, k), j += k;
+        i += k;
+    }
+    buf[j] = 0;
+    return buf;
+}
+
 /* True when r succeeded; else why says how it failed. */
 static bool req_ok(const pd_bench_req *r, char *why, size_t cap) {
     if (r->outcome == PD_BENCH_SUCCESS)
@@ -500,7 +529,7 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
     pd_bench_req_init(&a);
     pd_bench_req_init(&b);
     pd_status st = PD_OK;
-    char t[256];
+    char t[256], c1[96], c2[40];
     why[0] = 0;
 #define REQ_OK(r) req_ok(r, why, cap)
     switch (ck) {
@@ -511,7 +540,7 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
         if (st == PD_OK && REQ_OK(&a)) {
             trimmed(a.text.data, t, sizeof t);
             if (strcmp(t, "42"))
-                snprintf(why, cap, "expected 42, got '%.80s'", t);
+                snprintf(why, cap, "expected 42, got '%s'", clip(c1, 80, t));
         }
         break;
     case CK_JSON:
@@ -525,7 +554,7 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
             json_t *o = first_object(a.text.data);
             json_t *name = json_object_get(o, "name"), *age = json_object_get(o, "age");
             if (!o)
-                snprintf(why, cap, "no JSON object in '%.80s'", a.text.data);
+                snprintf(why, cap, "no JSON object in '%s'", clip(c1, 80, a.text.data));
             else if (!json_is_string(name) || strcmp(json_string_value(name), "Alice Martin"))
                 snprintf(why, cap, "name is not \"Alice Martin\"");
             else if (!json_is_integer(age) || json_integer_value(age) != 34)
@@ -543,7 +572,8 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
                                "content", "What is my favourite colour? Reply with one word.");
         st = chat_once(run, ck, rep, 1, ms, true, NULL, &b, err);
         if (st == PD_OK && REQ_OK(&b) && !contains_ci(b.text.data, "teal"))
-            snprintf(why, cap, "the second turn does not say teal: '%.80s'", b.text.data);
+            snprintf(why, cap, "the second turn does not say teal: '%s'",
+                     clip(c1, 80, b.text.data));
         break;
     }
     case CK_STREAM: {
@@ -582,12 +612,12 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
         json_t *ao = args ? json_loads(args, 0, &je) : NULL;
         const char *city = json_string_value(json_object_get(ao, "city"));
         if (!tc)
-            snprintf(why, cap, "no tool call (finish_reason '%s', text '%.60s')", a.finish_reason,
-                     a.text.data ? a.text.data : "");
+            snprintf(why, cap, "no tool call (finish_reason '%s', text '%s')",
+                     clip(c2, 32, a.finish_reason), clip(c1, 60, a.text.data));
         else if (!name || strcmp(name, "get_weather"))
-            snprintf(why, cap, "tool call names '%.40s', not get_weather", name ? name : "");
+            snprintf(why, cap, "tool call names '%s', not get_weather", clip(c1, 40, name));
         else if (!city || !contains_ci(city, "paris"))
-            snprintf(why, cap, "tool arguments '%.80s' have no city Paris", args ? args : "");
+            snprintf(why, cap, "tool arguments '%s' have no city Paris", clip(c1, 80, args));
         if (why[0]) {
             json_decref(ao);
             json_decref(tools2);
@@ -603,8 +633,8 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
         json_decref(ao);
         st = chat_once(run, ck, rep, 1, ms, false, tools2, &b, err);
         if (st == PD_OK && REQ_OK(&b) && !strstr(b.text.data ? b.text.data : "", "18"))
-            snprintf(why, cap, "the answer after the tool result does not say 18: '%.60s'",
-                     b.text.data ? b.text.data : "");
+            snprintf(why, cap, "the answer after the tool result does not say 18: '%s'",
+                     clip(c1, 60, b.text.data));
         break;
     }
     }

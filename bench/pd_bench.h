@@ -380,6 +380,8 @@ typedef struct {
     pd_bench_group *groups;     /* owned */
     int n_checks;
     pd_bench_check checks[8];
+    int fn_requests, fn_successes;           /* functional: every request's outcome */
+    int fn_failures[PD_BENCH_N_OUTCOMES];
     int failed_files;           /* raw answers written under failed/ */
     char host_info[320];        /* the client machine, for the report */
     int n_notes;                /* the first failures, for the report */
