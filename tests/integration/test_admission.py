@@ -7,36 +7,13 @@ on 127.0.0.1 with the tiny model:
 - fairness: 16 long + 16 short prompts arriving together; the short
   requests' TTFT p95 stays within 3x of the same 16 short requests alone
   (the figures are printed for docs/benchmarks.md)."""
-import http.client, json, os, socket, subprocess, sys, tempfile, threading, time
+import http.client, json, os, subprocess, sys, threading, time
 
-BIN = os.environ.get("PD_BIN", "build/pdserve")
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-    return cond
-
-
-def free_ports():
-    while True:
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-        try:
-            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
-            return p
-        except OSError:
-            pass
+from pdtest import BIN, check, failures, finish, free_port_pair, request, tiny_model
 
 
 def post(port, body, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, dict(r.getheaders()), data
+    return request(port, "POST", "/v1/completions", body, timeout)
 
 
 def ttft_stream(port, prompt, max_tokens, out, i):
@@ -66,7 +43,7 @@ def p95(xs):
 
 class Stack:
     def __init__(self, tmp, model, gw_args, replicas):
-        self.port = free_ports()
+        self.port = free_port_pair()
         self.ctrl = f"tcp://127.0.0.1:{self.port + 1}"
         self.procs = []
         log = open(os.path.join(tmp, f"stack-{self.port}.log"), "w")
@@ -104,9 +81,7 @@ class Stack:
 
 
 def main():
-    tmp = tempfile.mkdtemp()
-    model = os.path.join(tmp, "tiny")
-    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True, capture_output=True)
+    tmp, model = tiny_model()
     # ---- no replica -> 503 ----
     st = Stack(tmp, model, [], [])
     try:
@@ -176,8 +151,7 @@ def main():
             check(l95 <= 3 * b95, f"short TTFT p95 under load within 3x of unloaded ({l95 / b95:.2f}x)")
     finally:
         st.stop()
-    print("failures:", len(failures))
-    sys.exit(1 if failures else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -5,28 +5,9 @@ package (chat and completions, streaming and not), over both routes (short
 prompts straight to decode, long ones through prefill + UCX). Every SSE
 event must be strict UTF-8 JSON, the concatenated stream must equal the
 non-streamed text, and usage must agree."""
-import http.client, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import http.client, json, os, shutil, signal, subprocess, sys, time
 
-BIN = os.environ.get("PD_BIN", "build/pdserve")
-SRC = os.environ.get("PD_SOURCE_DIR", ".")
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def free_port():
-    while True:
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-        try:
-            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
-            return p
-        except OSError:
-            pass
+from pdtest import BIN, SRC, check, failures, finish, free_port_pair, tiny_model
 
 
 def parse_sse(raw, kind):
@@ -75,10 +56,8 @@ def main():
                            capture_output=True, text=True, timeout=300)
         if not check(r.returncode == 0, f"npm install of the openai client: {r.stderr[-500:]}"):
             sys.exit(1)
-    tmp = tempfile.mkdtemp()
-    model = os.path.join(tmp, "tiny")
-    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True, capture_output=True)
-    port = free_port()
+    tmp, model = tiny_model()
+    port = free_port_pair()
     log = open(os.path.join(tmp, "up.log"), "w")
     up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--served-model-name", "tiny",
                            "--long-prompt-threshold", "24", "--chunked-prefill-size", "16", "--threads", "1",
@@ -135,8 +114,7 @@ def main():
             os.killpg(up.pid, signal.SIGKILL)
         if failures:
             print(open(os.path.join(tmp, "up.log")).read()[-4000:])
-    print("failures:", len(failures))
-    sys.exit(1 if failures else 0)
+    finish()
 
 
 if __name__ == "__main__":

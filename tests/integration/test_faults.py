@@ -10,36 +10,17 @@
 - killed replicas restarted with the same id rejoin and serve;
 - a restarted gateway gets every replica back (they register again).
 """
-import http.client, json, os, signal, socket, subprocess, sys, tempfile, threading, time
+import http.client, json, os, signal, subprocess, sys, threading, time
 
-BIN = os.environ.get("PD_BIN", "build/pdserve")
+from pdtest import BIN, check, failures, finish, free_port_pair, metrics, tiny_model
+
 HB = 100  # heartbeat interval, ms
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-    else:
-        print("ok:", what, flush=True)
-    return cond
-
-
-def free_ports():
-    while True:
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-        try:
-            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
-            return p
-        except OSError:
-            pass
 
 
 class Stack:
     def __init__(self, tmp, model):
         self.tmp, self.model = tmp, model
-        self.port = free_ports()
+        self.port = free_port_pair()
         self.ctrl = f"tcp://127.0.0.1:{self.port + 1}"
         self.procs = {}
 
@@ -73,16 +54,7 @@ class Stack:
                 p.kill()
 
     def metrics(self):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        c.request("GET", "/metrics")
-        data = c.getresponse().read().decode()
-        c.close()
-        out = {}
-        for line in data.splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+        return metrics(self.port)
 
     def alive(self, role):
         try:
@@ -149,9 +121,7 @@ def post(port, prompt, max_tokens=4):
 
 
 def main():
-    tmp = tempfile.mkdtemp()
-    model = os.path.join(tmp, "tiny")
-    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True, capture_output=True)
+    tmp, model = tiny_model()
     st = Stack(tmp, model)
     try:
         st.gateway()
@@ -230,8 +200,7 @@ def main():
             for f in sorted(os.listdir(tmp)):
                 if f.endswith(".log"):
                     print(f"---- {f}\n" + open(os.path.join(tmp, f)).read()[-3000:])
-    print("failures:", len(failures))
-    sys.exit(1 if failures else 0)
+    finish()
 
 
 if __name__ == "__main__":

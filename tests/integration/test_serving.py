@@ -13,66 +13,22 @@ Checks (issue 3 acceptance):
   to baseline within 1 s.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import http.client, json, os, random, re, signal, socket, subprocess, sys, tempfile, time
+import http.client, json, os, random, signal, socket, subprocess, sys, time
 
-BIN = os.environ.get("PD_BIN", "build/pdserve")
+from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, tiny_model
+
 CHUNK = 8
 THRESHOLD = 12
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-    return cond
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def post(port, path, body, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
+    st, _, data = request(port, "POST", path, body, timeout)
+    return st, data
 
 
 def get(port, path):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", path)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
-
-
-def metrics(port):
-    st, data = get(port, "/metrics")
-    out = {}
-    for line in data.decode().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
-
-
-def metric(m, name, **labels):
-    tot = 0.0
-    for k, v in m.items():
-        if not k.startswith(name):
-            continue
-        if all(f'{a}="{b}"' in k for a, b in labels.items()):
-            tot += v
-    return tot
+    st, _, data = request(port, "GET", path, timeout=10)
+    return st, data
 
 
 def stream(port, body):
@@ -111,17 +67,8 @@ def generate_text(model, ids, n):
 
 
 def main():
-    tmp = tempfile.mkdtemp()
-    model = os.path.join(tmp, "tiny")
-    subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True,
-                   capture_output=True)
-    port = free_port()
-    while True:
-        cport = port + 1
-        try:
-            s = socket.socket(); s.bind(("127.0.0.1", cport)); s.close(); break
-        except OSError:
-            port = free_port()
+    tmp, model = tiny_model()
+    port = free_port_pair()
     log = open(os.path.join(tmp, "up.log"), "w")
     up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
                            "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
@@ -217,8 +164,7 @@ def main():
         log.close()
         if failures:
             print(open(os.path.join(tmp, "up.log")).read()[-6000:])
-    print("failures:", len(failures))
-    sys.exit(1 if failures else 0)
+    finish()
 
 
 if __name__ == "__main__":
