@@ -6,6 +6,10 @@
 #include <math.h>
 #include <string.h>
 
+/* Upper bound of every dimension field, so that a sum of two fits an int
+ * and a product of two an int64. */
+#define PD_CONFIG_MAX_DIM (1 << 20)
+
 typedef struct {
     json_t *root;
     const char *path;
@@ -244,6 +248,18 @@ pd_status pd_config_parse(const char *text, const char *path, pd_model_config *c
                               "%s: hidden_size, num_hidden_layers, num_attention_heads, vocab_size, kv_lora_rank, "
                               "v_head_dim must be positive and qk_rope_head_dim positive and even",
                               path);
+        /* found by tests/fuzz/fuzz_config: int sums of two dimensions
+         * (qk_nope + qk_rope, kv_lora + qk_rope) overflowed downstream.
+         * DeepSeek-V3's largest is vocab_size 129280. */
+        else if (c.hidden_size > PD_CONFIG_MAX_DIM || c.num_hidden_layers > PD_CONFIG_MAX_DIM ||
+                 c.num_attention_heads > PD_CONFIG_MAX_DIM || c.q_lora_rank > PD_CONFIG_MAX_DIM ||
+                 c.kv_lora_rank > PD_CONFIG_MAX_DIM || c.qk_nope_head_dim > PD_CONFIG_MAX_DIM ||
+                 c.qk_rope_head_dim > PD_CONFIG_MAX_DIM || c.v_head_dim > PD_CONFIG_MAX_DIM ||
+                 c.intermediate_size > PD_CONFIG_MAX_DIM || c.moe_intermediate_size > PD_CONFIG_MAX_DIM ||
+                 c.n_routed_experts > PD_CONFIG_MAX_DIM || c.n_shared_experts > PD_CONFIG_MAX_DIM ||
+                 c.vocab_size > PD_CONFIG_MAX_DIM)
+            r.st = pd_err_set(err, PD_ERR_FORMAT, "%s: a dimension (sizes, ranks, heads, layers, experts, "
+                              "vocab_size) is above %d", path, PD_CONFIG_MAX_DIM);
         else if (c.n_routed_experts > 0 &&
                  (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.n_routed_experts ||
                   c.n_routed_experts % c.n_group != 0 || c.topk_group > c.n_group))
