@@ -1,15 +1,17 @@
 /* Connections: the listener, one gw_conn per accepted socket, timers,
  * back-pressure and deferred close, and the choice of protocol handler.
  *
- * A new connection starts without a protocol. Its first bytes are compared,
- * as they arrive, with the 24-octet HTTP/2 client preface (h2c with prior
- * knowledge, RFC 9113 §3.4); on the first mismatch the connection is handed
- * to the HTTP/1.1 handler with the bytes still in its input buffer (nghttpx
- * and h2o do the same). A full match would go to the h2 handler, which comes
- * with issue "Gateway completeness"; until then such a connection is closed.
- * Under TLS the choice will come from ALPN instead, in the event callback
- * that sees BEV_EVENT_CONNECTED; everything above the bufferevent is the
- * same.
+ * A new cleartext connection starts without a protocol. Its first bytes are
+ * compared, as they arrive, with the 24-octet HTTP/2 client preface (h2c
+ * with prior knowledge, RFC 9113 §3.4): a full match goes to the h2 handler
+ * with the preface still in the input (nghttp2 reads it as the client
+ * magic); on the first mismatch the connection goes to the HTTP/1.1 handler
+ * with the bytes still in its input buffer (which may later switch to h2
+ * with `Upgrade: h2c`). nghttpx and h2o do the same. Under TLS the choice
+ * comes from ALPN once the handshake finished (BEV_EVENT_CONNECTED, or the
+ * first read, whichever the bufferevent reports first); a client without
+ * ALPN is sniffed as in cleartext. Everything above the bufferevent is the
+ * same for both.
  *
  * Lifetime: a connection is freed only from one of its own event callbacks
  * (EOF, error, timeout, output drained after gw_conn_close, the deferred
@@ -21,6 +23,9 @@
 #include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
+
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
 
 #include "gw_internal.h"
 
@@ -110,12 +115,29 @@ static bool conn_sniff(gw_conn *c) {
     }
     if (m < GW_H2_PREFACE_LEN)
         return false;
-    /* The h2 handler (nghttp2) slots in here. */
-    PD_LOGW(GW_MOD, "conn %llu (%s): HTTP/2 prior knowledge is not supported yet; closing",
-            (unsigned long long)c->id, c->peer);
-    evbuffer_drain(in, n);
-    gw_conn_close(c);
-    return false;
+    c->proto = &gw_proto_h2; /* the preface stays: nghttp2 checks it as the client magic */
+    return true;
+}
+
+/* Starts c->proto. Returns false when it failed and c was freed. */
+static bool conn_start_proto(gw_conn *c) {
+    PD_LOGD(GW_MOD, "conn %llu (%s): %s%s", (unsigned long long)c->id, c->peer, c->proto->name,
+            c->tls ? " over TLS" : "");
+    if (c->proto->init(c) != PD_OK) {
+        PD_LOGE(GW_MOD, "conn %llu: cannot start %s", (unsigned long long)c->id, c->proto->name);
+        c->proto = NULL;
+        gw_conn_free(c);
+        return false;
+    }
+    return true;
+}
+
+/* TLS: the handshake is done; ALPN may name the protocol. Returns false
+ * when c was freed. */
+static bool conn_tls_ready(gw_conn *c) {
+    c->tls_ready = true;
+    c->proto = gw_tls_alpn_proto(c->bev);
+    return !c->proto || conn_start_proto(c);
 }
 
 static void conn_read_cb(struct bufferevent *bev, void *arg) {
@@ -124,16 +146,13 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
         evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
         return;
     }
+    if (c->tls && !c->tls_ready && !conn_tls_ready(c))
+        return;
     if (!c->proto) {
         if (!conn_sniff(c))
             return;
-        if (c->proto->init(c) != PD_OK) {
-            PD_LOGE(GW_MOD, "conn %llu: cannot start %s", (unsigned long long)c->id,
-                    c->proto->name);
-            c->proto = NULL;
-            gw_conn_free(c);
+        if (!conn_start_proto(c))
             return;
-        }
     }
     c->proto->on_read(c);
 }
@@ -153,10 +172,25 @@ static void conn_write_cb(struct bufferevent *bev, void *arg) {
         if (c->proto && evbuffer_get_length(bufferevent_get_input(bev)) > 0)
             gw_conn_defer(c);
     }
+    if (c->proto && c->proto->on_write)
+        c->proto->on_write(c); /* may free c */
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
     gw_conn *c = arg;
+    if (what & BEV_EVENT_CONNECTED) { /* TLS handshake done */
+        if (c->tls && !c->tls_ready && !c->closing)
+            conn_tls_ready(c);
+        return;
+    }
+    if (c->tls && (what & BEV_EVENT_ERROR)) {
+        unsigned long e;
+        while ((e = bufferevent_get_openssl_error(bev)) != 0) {
+            char buf[256];
+            ERR_error_string_n(e, buf, sizeof buf);
+            PD_LOGD(GW_MOD, "conn %llu (%s): TLS: %s", (unsigned long long)c->id, c->peer, buf);
+        }
+    }
     if (what & BEV_EVENT_TIMEOUT)
         PD_LOGD(GW_MOD, "conn %llu (%s): write timed out", (unsigned long long)c->id, c->peer);
     else if (what & BEV_EVENT_ERROR)
@@ -199,7 +233,10 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE latency */
     gw_conn *c = calloc(1, sizeof *c);
-    struct bufferevent *bev = c ? bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    struct bufferevent *bev = !c ? NULL
+                              : s->ssl_ctx
+                                  ? gw_tls_bev_new(s, fd)
+                                  : bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
     struct event *timer = c ? evtimer_new(s->base, conn_timer_cb, c) : NULL;
     struct event *deferred = c ? event_new(s->base, -1, 0, conn_deferred_cb, c) : NULL;
     if (!c || !bev || !timer || !deferred) {
@@ -217,6 +254,7 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     }
     c->srv = s;
     c->bev = bev;
+    c->tls = s->ssl_ctx != NULL;
     c->timer = timer;
     c->deferred = deferred;
     c->id = ++s->next_conn_id;

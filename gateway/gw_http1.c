@@ -18,9 +18,14 @@
  *
  * Responses: Content-Length, or chunked transfer encoding for streamed
  * bodies (an HTTP/1.0 client gets the body unframed and the connection
- * closes at the end). `Upgrade: h2c` is where the h2 handler will take over
- * (101 Switching Protocols); until then the upgrade is ignored, as RFC 9110
- * §7.8 allows.
+ * closes at the end).
+ *
+ * `Upgrade: h2c` (RFC 7540 §3.2, as curl --http2 sends it) on a cleartext
+ * HTTP/1.1 request with exactly one valid HTTP2-Settings header: once the
+ * request (body included) has arrived, the connection goes to the h2
+ * handler (gw_h2_upgrade: 101 Switching Protocols, the request becomes
+ * stream 1). Any other Upgrade (websocket, h2c under TLS, bad settings) is
+ * ignored and the request served here, as RFC 9110 §7.8 allows.
  */
 #include <http_parser.h>
 #include <limits.h>
@@ -353,13 +358,113 @@ static void h1_fail(h1_conn *h, int status, const char *msg) {
     gw_conn_close(c);
 }
 
-static void h1_dispatch(h1_conn *h) {
+/* True when the comma-separated list holds token (case-insensitive). */
+static bool has_token(const char *list, const char *token) {
+    size_t tl = strlen(token);
+    const char *p = list;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        const char *b = p;
+        while (*p && *p != ',')
+            p++;
+        const char *e = p;
+        while (e > b && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if ((size_t)(e - b) == tl && strncasecmp(b, token, tl) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* base64url without padding (RFC 4648 §5; '=' tolerated), as the
+ * HTTP2-Settings header carries the SETTINGS payload. Heap result. */
+static int base64url_decode(const char *in, uint8_t **out_p, size_t *len_p) {
+    size_t n = strlen(in);
+    while (n && in[n - 1] == '=')
+        n--;
+    uint8_t *out = malloc(n * 3 / 4 + 3);
+    if (!out)
+        return -1;
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)in[i];
+        int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
+                : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+                : ch >= '0' && ch <= '9' ? ch - '0' + 52
+                : ch == '-'              ? 62
+                : ch == '_'              ? 63
+                                         : -1;
+        if (v < 0) {
+            free(out);
+            return -1;
+        }
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[len++] = (uint8_t)(acc >> bits);
+        }
+    }
+    if (n % 4 == 1) { /* 6 bits cannot end a byte string */
+        free(out);
+        return -1;
+    }
+    *out_p = out;
+    *len_p = len;
+    return 0;
+}
+
+static void h1_state_free(h1_conn *h) {
+    free(h->url.p);
+    free(h->hname.p);
+    free(h->hval.p);
+    free(h);
+}
+
+/* The complete request h->cur asked for an upgrade: switch to h2c when it
+ * is one we take. Returns true when the connection now belongs to the h2
+ * handler (h was freed). */
+static bool h1_try_h2c(h1_conn *h) {
+    gw_conn *c = h->c;
     gw_stream *s = h->cur;
-    s->state = GW_STREAM_DISPATCHED;
+    const char *up = gw_stream_header(s, "Upgrade");
+    if (c->tls || s->http_major != 1 || s->http_minor != 1 || !up || !has_token(up, "h2c"))
+        return false;
+    const char *settings = NULL;
+    int n_settings = 0;
+    for (int i = 0; i < s->n_hdrs; i++)
+        if (strcasecmp(s->hdrs[i].name, "HTTP2-Settings") == 0) {
+            settings = s->hdrs[i].value;
+            n_settings++;
+        }
+    uint8_t *payload = NULL;
+    size_t len = 0;
+    if (n_settings != 1 || base64url_decode(settings, &payload, &len) != 0)
+        return false;
+    pd_status rc = gw_h2_upgrade(c, s, payload, len);
+    free(payload);
+    if (rc != PD_OK)
+        return false;
+    h1_state_free(h); /* c->proto_data is the h2 handler's now */
+    return true;
+}
+
+/* Hands the complete request to the application. Returns true when the
+ * connection switched to h2 (h was freed). */
+static bool h1_dispatch(h1_conn *h) {
+    gw_stream *s = h->cur;
     gw_conn_set_timer(h->c, 0); /* no read deadline while the application works */
-    if (h->parser.upgrade)
-        h->parser.upgrade = 0; /* h2c Upgrade: ignored for now */
+    if (h->parser.upgrade) {
+        h->parser.upgrade = 0;
+        if (h1_try_h2c(h))
+            return true;
+    }
+    s->state = GW_STREAM_DISPATCHED;
     gw_server_dispatch(s);
+    return false;
 }
 
 /* Parses buffered input until a request is complete and dispatched (and
@@ -379,7 +484,8 @@ static void h1_process(gw_conn *c) {
         evbuffer_drain(in, n);
         if (e == HPE_PAUSED) {
             http_parser_pause(&h->parser, 0);
-            h1_dispatch(h);
+            if (h1_dispatch(h))
+                return; /* now h2: h is gone */
             continue;
         }
         if (e != HPE_OK) {
@@ -437,10 +543,7 @@ static void h1_on_close(gw_conn *c) {
     h->cur = NULL;
     if (s)
         gw_stream_free(s); /* runs the application's close callback if dispatched */
-    free(h->url.p);
-    free(h->hname.p);
-    free(h->hval.p);
-    free(h);
+    h1_state_free(h);
 }
 
 const gw_proto_i gw_proto_http1 = {

@@ -1,12 +1,17 @@
 /* gateway internals shared by its .c files. Not a public header.
  *
  * Layers, bottom up:
- *   gw_conn.c     listener, one gw_conn per TCP connection (a bufferevent),
- *                 timers, back-pressure, deferred close; picks the protocol
- *                 handler for a new connection (sniffing the HTTP/2 preface).
+ *   gw_conn.c     listener, one gw_conn per TCP connection (a bufferevent,
+ *                 OpenSSL under TLS), timers, back-pressure, deferred close;
+ *                 picks the protocol handler for a new connection (ALPN under
+ *                 TLS, else sniffing the HTTP/2 preface).
+ *   gw_tls.c      the server's SSL_CTX: certificate, key, ALPN (h2, http/1.1).
  *   gw_http1.c    the HTTP/1.1 protocol handler (libhttp-parser): requests in
  *                 order, keep-alive, chunked bodies, limits; one gw_stream at a
- *                 time per connection (pipelined requests wait parsed-later).
+ *                 time per connection (pipelined requests wait parsed-later);
+ *                 `Upgrade: h2c` hands the connection to gw_http2.c.
+ *   gw_http2.c    the HTTP/2 protocol handler (nghttp2): many streams per
+ *                 connection, flow control, back-pressure, RST_STREAM.
  *   gw_stream.c   the protocol-neutral exchange: request fields, response
  *                 start / write / end, close callback.
  *   gw_server.c   server object, routing, built-in GET endpoints.
@@ -149,6 +154,9 @@ typedef struct {
     void (*on_read)(gw_conn *c);
     /** Work scheduled with gw_conn_defer (e.g. the next pipelined request). */
     void (*on_deferred)(gw_conn *c);
+    /** Optional: the output buffer drained below half the high-water mark
+     * (a protocol that stopped producing output above it resumes here). */
+    void (*on_write)(gw_conn *c);
     /** The connection's timer fired (gw_conn_set_timer). */
     void (*on_timeout)(gw_conn *c);
     /** The peer closed its side (read returned 0). The handler decides
@@ -168,6 +176,17 @@ typedef struct {
 } gw_proto_i;
 
 extern const gw_proto_i gw_proto_http1;
+extern const gw_proto_i gw_proto_h2;
+
+/** HTTP/1.1 `Upgrade: h2c` (RFC 7540 §3.2): st is the complete HTTP/1.1
+ * request that asked for it (not yet dispatched) and settings the decoded
+ * HTTP2-Settings payload. On success the connection belongs to the h2
+ * handler: "101 Switching Protocols" and the server preface are queued, st
+ * became stream 1 and was dispatched; the caller must drop st and free its
+ * own protocol state without touching c->proto_data. On failure (bad
+ * settings, no memory) nothing changed and the caller serves st on
+ * HTTP/1.1 as if there had been no Upgrade. */
+pd_status gw_h2_upgrade(gw_conn *c, gw_stream *st, const uint8_t *settings, size_t len);
 
 /* The 24-octet HTTP/2 client connection preface (RFC 9113 §3.4). */
 #define GW_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -186,6 +205,8 @@ struct gw_conn {
     bool bp_paused;   /* reading stopped by back-pressure */
     bool read_paused; /* reading stopped by the protocol (gw_conn_pause_read) */
     bool defer_proto; /* the deferred event should run proto->on_deferred */
+    bool tls;         /* bev is an OpenSSL bufferevent */
+    bool tls_ready;   /* the handshake finished and ALPN was looked at */
     gw_conn *prev, *next;
 };
 
@@ -211,6 +232,23 @@ void gw_conn_free(gw_conn *c);
 void gw_conn_set_timer(gw_conn *c, double seconds);
 /** Runs proto->on_deferred(c) from the event loop soon. */
 void gw_conn_defer(gw_conn *c);
+
+/* ------------------------------------------------------------------ */
+/* TLS (gw_tls.c)                                                      */
+/* ------------------------------------------------------------------ */
+
+/** Loads cfg.ssl_certfile (PEM chain) and cfg.ssl_keyfile into s->ssl_ctx
+ * with ALPN h2 then http/1.1. Errors: PD_ERR_IO (unreadable or mismatched
+ * files; err holds OpenSSL's reason), PD_ERR_NOMEM. */
+pd_status gw_tls_init(gw_server *s, pd_err *err);
+void gw_tls_free(gw_server *s);
+/** The protocol ALPN chose on a finished handshake: &gw_proto_h2,
+ * &gw_proto_http1, or NULL when the client offered neither (then the first
+ * bytes decide, as in cleartext). */
+const gw_proto_i *gw_tls_alpn_proto(struct bufferevent *bev);
+/** A bufferevent that runs the server side of a TLS handshake on fd (owned:
+ * closed with it), or NULL. */
+struct bufferevent *gw_tls_bev_new(gw_server *s, evutil_socket_t fd);
 
 /* ------------------------------------------------------------------ */
 /* OpenAI request preparation (gw_openai.c): runs on worker threads    */
@@ -330,12 +368,14 @@ typedef struct {
 struct pd_gw_server {
     struct event_base *base;
     pd_gw_config cfg; /* strings point at the copies below */
-    char *host, *model_name, *tokenizer_path;
+    char *host, *model_name, *tokenizer_path, *certfile, *keyfile;
     pd_tokenizer *tok_owned;
     const pd_tokenizer *tok;
     pd_gw_engine_i engine;
+    pd_gw_abort_choice_fn abort_choice; /* optional */
     void *engine_ctx;
     struct evconnlistener *listener;
+    struct ssl_ctx_st *ssl_ctx; /* NULL: cleartext */
     int port;
     gw_conn *conns; /* doubly linked */
     uint64_t next_conn_id;

@@ -19,6 +19,20 @@
  * choice carrying its finish_reason (null on all others); with
  * stream_options.include_usage one usage chunk (choices: []) before
  * "data: [DONE]" and "usage": null on every other chunk.
+ *
+ * Text and token counts agree (issue "Gateway completeness"): every token
+ * the engine reports for a choice counts towards usage until the choice
+ * ends, and a token that shows no text is accounted for on the choice's
+ * final object: a special token skipped by skip_special_tokens counts in
+ * "skipped_special_tokens" (present when > 0); a token of stop_token_ids
+ * that ended the choice is "stop_reason" (an integer, as in vLLM) and shows
+ * no text unless include_stop_str_in_output; a stop string is "stop_reason"
+ * (a string), its text shown only with include_stop_str_in_output. So a 200
+ * whose text is empty while completion_tokens > 0 always says why.
+ *
+ * Logs: every line about a request starts with its id ("cmpl-…" /
+ * "chatcmpl-…", the response id and the engine's request_id); the line that
+ * accepts the request also names the client's X-Request-Id when one came.
  */
 #include <ctype.h>
 #include <string.h>
@@ -39,10 +53,15 @@ typedef struct {
     struct evbuffer *text; /* visible text not yet sent (stream) or all of it */
     int n_tokens;          /* counted for usage */
     bool finished;
-    bool engine_finished; /* the engine reported on_finish for it */
+    bool engine_finished; /* the engine reported on_finish for it (or abort_choice ran) */
+    bool abort_pending;   /* ended on a stop string; abort_choice is due */
     const char *finish_reason;
-    int stop_index; /* matched stop string, or -1 */
-    gw_tok_lp *lp;  /* logprobs of tokens not yet sent (stream) or all */
+    int stop_index;        /* matched stop string, or -1 */
+    int32_t held_stop_id;  /* a stop_token_ids token not yet shown: it ends the choice if
+                              on_finish("stop") comes next, else it is text; -1 none */
+    int32_t stop_token;    /* the stop_token_ids token that ended the choice, or -1 */
+    int n_skipped_special; /* special tokens that showed no text (skip_special_tokens) */
+    gw_tok_lp *lp;         /* logprobs of tokens not yet sent (stream) or all */
     int n_lp, cap_lp;
     size_t text_offset; /* completions logprobs: bytes of text before the next token */
 } gw_choice;
@@ -73,6 +92,7 @@ struct pd_gw_request {
     int n_engine_unfinished; /* choices the engine has not finished */
     struct event *ev_complete;
     struct event *ev_ping;
+    struct event *ev_abort_choice; /* runs srv->abort_choice for abort_pending choices */
 };
 
 static void req_complete_cb(evutil_socket_t fd, short what, void *arg);
@@ -236,6 +256,25 @@ static json_t *take_text(gw_choice *ch) {
     return t;
 }
 
+/* vLLM's stop_reason: the stop string, the stop token id, or null (EOS,
+ * length, or an engine reason). */
+static json_t *stop_reason_json(const pd_gw_request *req, const gw_choice *ch) {
+    if (ch->stop_index >= 0)
+        return json_string(req->r.stop[ch->stop_index]);
+    if (ch->stop_token >= 0)
+        return json_integer(ch->stop_token);
+    return json_null();
+}
+
+/* The fields that end a choice object: finish_reason, stop_reason and the
+ * count of special tokens that showed no text (when any). */
+static void set_final_fields(const pd_gw_request *req, const gw_choice *ch, json_t *c) {
+    json_object_set_new(c, "finish_reason", json_string(ch->finish_reason));
+    json_object_set_new(c, "stop_reason", stop_reason_json(req, ch));
+    if (ch->n_skipped_special > 0)
+        json_object_set_new(c, "skipped_special_tokens", json_integer(ch->n_skipped_special));
+}
+
 /* Stream: one chunk for choice i with its pending text; finish_reason set
  * on the choice's last chunk. */
 static void send_choice_chunk(pd_gw_request *req, int i, bool final) {
@@ -251,11 +290,10 @@ static void send_choice_chunk(pd_gw_request *req, int i, bool final) {
     }
     json_object_set_new(c, "logprobs", logprobs_json(req, ch));
     ch->n_lp = 0;
-    json_object_set_new(c, "finish_reason", final ? json_string(ch->finish_reason) : json_null());
     if (final)
-        json_object_set_new(c, "stop_reason",
-                            ch->stop_index >= 0 ? json_string(req->r.stop[ch->stop_index])
-                                                : json_null());
+        set_final_fields(req, ch, c);
+    else
+        json_object_set_new(c, "finish_reason", json_null());
     json_t *j = chunk_base(req);
     json_t *choices = json_array();
     json_array_append_new(choices, c);
@@ -307,10 +345,37 @@ static void finish_choice(pd_gw_request *req, int i, const char *reason) {
     ch->finished = true;
     ch->finish_reason = reason;
     req->n_unfinished--;
+    size_t shown = evbuffer_get_length(ch->text); /* not yet sent: all of it when not streamed */
+    if (!req->r.stream && shown == 0 && ch->n_tokens > 0 && ch->stop_index < 0 &&
+        ch->stop_token < 0 && ch->n_skipped_special == 0 && !(req->r.echo && req->r.echo_len))
+        PD_LOGW(GW_MOD, "%s: choice %d: %d tokens and no text, with no reason", req->id, i,
+                ch->n_tokens);
     if (req->r.stream && req->st)
         send_choice_chunk(req, i, true);
-    if (req->n_unfinished == 0)
+    if (req->n_unfinished == 0) {
         schedule_complete(req);
+    } else if (!ch->engine_finished && req->srv->abort_choice) {
+        ch->abort_pending = true; /* the engine is still generating it for nothing */
+        event_active(req->ev_abort_choice, 0, 0);
+    }
+}
+
+static bool is_stop_token(const pd_gw_request *req, int32_t id) {
+    for (int i = 0; i < req->r.n_stop_token_ids; i++)
+        if (req->r.stop_token_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Detokenizes one token of ch into its text. Returns true when a stop
+ * string matched. */
+static bool push_token(pd_gw_request *req, gw_choice *ch, int32_t id) {
+    if (req->r.skip_special && pd_tok_is_special(req->srv->tok, id))
+        ch->n_skipped_special++;
+    const char *piece;
+    size_t len;
+    pd_detok_push(ch->dt, id, &piece, &len);
+    return feed_text(req, ch, piece, len, false);
 }
 
 /* ---- the engine's calls ------------------------------------------------- */
@@ -350,6 +415,14 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
     }
     bool stopped = false;
     for (int i = 0; i < n && !stopped; i++) {
+        if (ch->held_stop_id >= 0) { /* more came: it was not the last token, so it is text */
+            int32_t held = ch->held_stop_id;
+            ch->held_stop_id = -1;
+            if (push_token(req, ch, held)) {
+                stopped = true;
+                break; /* ids[i] comes after the stop string: dropped, not counted */
+            }
+        }
         ch->n_tokens++;
         if (req->r.logprobs >= 0) {
             if (ch->n_lp == ch->cap_lp) {
@@ -360,10 +433,11 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
             }
             ch->lp[ch->n_lp++] = (gw_tok_lp){ids[i], logprobs ? logprobs[i] : 0, logprobs != NULL};
         }
-        const char *piece;
-        size_t len;
-        pd_detok_push(ch->dt, ids[i], &piece, &len);
-        stopped = feed_text(req, ch, piece, len, false);
+        if (is_stop_token(req, ids[i])) {
+            ch->held_stop_id = ids[i];
+            continue;
+        }
+        stopped = push_token(req, ch, ids[i]);
     }
     if (stopped) {
         finish_choice(req, choice, "stop");
@@ -386,10 +460,23 @@ void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) 
     if (--req->n_engine_unfinished == 0)
         req->engine_done = true;
     if (!ch->finished) {
+        bool stop = !finish_reason || strcmp(finish_reason, "stop") == 0;
+        bool stopped = false;
+        if (ch->held_stop_id >= 0) {
+            int32_t held = ch->held_stop_id;
+            ch->held_stop_id = -1;
+            if (stop)
+                ch->stop_token = held; /* it ended the choice */
+            if (!stop || req->r.include_stop_str)
+                stopped = push_token(req, ch, held);
+        }
         const char *piece;
         size_t len;
         pd_detok_flush(ch->dt, &piece, &len);
-        bool stopped = feed_text(req, ch, piece, len, true);
+        if (!stopped)
+            stopped = feed_text(req, ch, piece, len, true);
+        if (stopped)
+            ch->stop_token = -1; /* a stop string came first */
         const char *reason = "stop";
         if (!stopped) {
             if (finish_reason && strcmp(finish_reason, "length") == 0)
@@ -449,6 +536,8 @@ static void req_free(pd_gw_request *req) {
         gw_pool_cancel(req->job);
     if (req->ev_complete)
         event_free(req->ev_complete);
+    if (req->ev_abort_choice)
+        event_free(req->ev_abort_choice);
     if (req->ev_ping)
         event_free(req->ev_ping);
     for (int i = 0; req->ch && i < req->gp.n; i++) {
@@ -511,10 +600,7 @@ static void respond_full(pd_gw_request *req) {
             json_object_set_new(c, "text", take_text(ch));
         }
         json_object_set_new(c, "logprobs", logprobs_json(req, ch));
-        json_object_set_new(c, "finish_reason", json_string(ch->finish_reason));
-        json_object_set_new(c, "stop_reason",
-                            ch->stop_index >= 0 ? json_string(req->r.stop[ch->stop_index])
-                                                : json_null());
+        set_final_fields(req, ch, c);
         json_array_append_new(choices, c);
     }
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", req->id, "object",
@@ -564,6 +650,24 @@ static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
     PD_LOGD(GW_MOD, "%s: done, %d prompt + %lld completion tokens%s", req->id, req->r.n_prompt,
             (long long)c, req->failed ? " (failed)" : "");
     req_free(req);
+}
+
+/* Choices that ended on a stop string while others go on: tell the engine
+ * (srv->abort_choice), from the loop rather than inside its callback. */
+static void req_abort_choice_cb(evutil_socket_t fd, short what, void *arg) {
+    pd_gw_request *req = arg;
+    for (int i = 0; i < req->gp.n && !req->engine_done; i++) {
+        gw_choice *ch = &req->ch[i];
+        if (!ch->abort_pending || ch->engine_finished)
+            continue;
+        ch->abort_pending = false;
+        if (req->n_engine_unfinished <= 1)
+            break; /* the last one: the whole request ends, and abort covers it */
+        ch->engine_finished = true;
+        req->n_engine_unfinished--;
+        PD_LOGD(GW_MOD, "%s: choice %d ended on a stop string; aborting it", req->id, i);
+        req->srv->abort_choice(req->srv->engine_ctx, req, i);
+    }
 }
 
 static void req_ping_cb(evutil_socket_t fd, short what, void *arg) {
@@ -623,8 +727,8 @@ static void req_prepared(gw_job *job, void *ud) {
     pd_gw_request *req = ud;
     req->job = NULL;
     if (job->rc != 0) {
-        PD_LOGD(GW_MOD, "conn %llu: %d %s (param %s)", (unsigned long long)req->st->conn->id,
-                job->err.status, job->err.message, job->err.param);
+        PD_LOGD(GW_MOD, "%s: refused: %d %s (param %s)", req->id, job->err.status, job->err.message,
+                job->err.param[0] ? job->err.param : "-");
         respond_error(req, job->err.status ? job->err.status : 400, job->err.message,
                       job->err.param, 0);
         req->st = NULL;
@@ -638,12 +742,15 @@ static void req_prepared(gw_job *job, void *ud) {
 
     gw_oai_req *r = &req->r;
     req->ev_complete = event_new(req->srv->base, -1, 0, req_complete_cb, req);
+    req->ev_abort_choice = event_new(req->srv->base, -1, 0, req_abort_choice_cb, req);
     req->ch = calloc((size_t)r->n, sizeof *req->ch);
-    bool ok = req->ev_complete && req->ch;
+    bool ok = req->ev_complete && req->ev_abort_choice && req->ch;
     for (int i = 0; ok && i < r->n; i++) {
         req->ch[i].dt = pd_detok_new(req->srv->tok, r->skip_special);
         req->ch[i].text = evbuffer_new();
         req->ch[i].stop_index = -1;
+        req->ch[i].held_stop_id = -1;
+        req->ch[i].stop_token = -1;
         req->ch[i].text_offset = r->echo ? r->echo_len : 0;
         ok = req->ch[i].dt && req->ch[i].text;
     }
@@ -690,16 +797,6 @@ static void req_prepared(gw_job *job, void *ud) {
 
 void gw_request_begin(gw_stream *st, gw_kind kind) {
     gw_server *s = st->conn->srv;
-    const char *ct = gw_stream_header(st, "Content-Type");
-    if (!is_json_content_type(ct)) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "Content-Type must be application/json (optionally with charset=utf-8), "
-                 "got '%.80s'",
-                 ct ? ct : "(none)");
-        gw_stream_respond_error(st, 415, msg, NULL, NULL, 0);
-        return;
-    }
     pd_gw_request *req = calloc(1, sizeof *req);
     gw_job *job = calloc(1, sizeof *job);
     struct evbuffer *body = evbuffer_new();
@@ -716,12 +813,32 @@ void gw_request_begin(gw_stream *st, gw_kind kind) {
     req->kind = kind;
     req->created = (int64_t)time(NULL);
     make_id(req);
+    /* X-Request-Id: the client's (printable ASCII, < 136 bytes) or the id */
     const char *xrid = gw_stream_header(st, "X-Request-Id");
     bool sane = xrid && *xrid && strlen(xrid) < sizeof req->xrid;
     for (const char *p = xrid; sane && *p; p++)
         if (!isgraph((unsigned char)*p))
             sane = false;
     snprintf(req->xrid, sizeof req->xrid, "%s", sane ? xrid : req->id);
+    PD_LOGD(GW_MOD, "%s: %s %s on conn %llu (%s)%s%s", req->id, st->method, st->path,
+            (unsigned long long)st->conn->id, st->conn->proto->name, sane ? ", X-Request-Id " : "",
+            sane ? req->xrid : "");
+
+    const char *ct = gw_stream_header(st, "Content-Type");
+    if (!is_json_content_type(ct)) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "Content-Type must be application/json (optionally with charset=utf-8), "
+                 "got '%.80s'",
+                 ct ? ct : "(none)");
+        PD_LOGD(GW_MOD, "%s: refused: 415 %s", req->id, msg);
+        respond_error(req, 415, msg, NULL, 0);
+        req->st = NULL;
+        evbuffer_free(body);
+        gw_job_free(job);
+        req_free(req);
+        return;
+    }
 
     evbuffer_add_buffer(body, st->body); /* moves the chunks, no copy */
     job->kind = kind;

@@ -23,6 +23,7 @@ void pd_gw_config_defaults(pd_gw_config *cfg) {
     cfg->output_high_water_bytes = 1u << 20;
     cfg->tokenizer_pool_size = 2;
     cfg->sse_ping_interval_s = 5;
+    cfg->max_concurrent_streams = 100;
 }
 
 static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/completions",
@@ -53,9 +54,12 @@ static pd_status check_config(const pd_gw_config *c, pd_err *err) {
         return pd_err_set(err, PD_ERR_INVALID, "gateway: output_high_water_bytes must be >= 1024");
     if (c->tokenizer_pool_size < 1 || c->tokenizer_pool_size > 256)
         return pd_err_set(err, PD_ERR_INVALID, "gateway: --tokenizer-pool-size must be 1..256");
-    if (c->ssl_certfile || c->ssl_keyfile)
-        return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                          "gateway: TLS (--ssl-certfile/--ssl-keyfile) is not implemented yet");
+    if ((c->ssl_certfile && *c->ssl_certfile) != (c->ssl_keyfile && *c->ssl_keyfile))
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "gateway: --ssl-certfile and --ssl-keyfile go together (got only %s)",
+                          c->ssl_certfile && *c->ssl_certfile ? "--ssl-certfile" : "--ssl-keyfile");
+    if (c->max_concurrent_streams < 1)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --max-concurrent-streams must be >= 1");
     return PD_OK;
 }
 
@@ -98,9 +102,14 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
     s->host = pd_xstrdup(cfg->host);
     s->model_name = pd_xstrdup(cfg->served_model_name);
     s->tokenizer_path = cfg->tokenizer ? pd_xstrdup(cfg->tokenizer) : NULL;
+    bool tls = cfg->ssl_certfile && *cfg->ssl_certfile;
+    s->certfile = tls ? pd_xstrdup(cfg->ssl_certfile) : NULL;
+    s->keyfile = tls ? pd_xstrdup(cfg->ssl_keyfile) : NULL;
     s->cfg.host = s->host;
     s->cfg.served_model_name = s->model_name;
     s->cfg.tokenizer = s->tokenizer_path;
+    s->cfg.ssl_certfile = s->certfile;
+    s->cfg.ssl_keyfile = s->keyfile;
     s->engine = *engine;
     s->engine_ctx = engine_ctx;
     s->ready = true;
@@ -108,9 +117,14 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
     pd_rng_seed(&s->rng, (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
                              (uint64_t)(uintptr_t)s ^ (uint64_t)(pd_now_s() * 1e9));
 
+    if (tls) {
+        rc = gw_tls_init(s, err);
+        if (rc != PD_OK)
+            goto undo_strings;
+    }
     rc = load_tokenizer(s, err);
     if (rc != PD_OK)
-        goto undo_strings;
+        goto undo_tls;
     if (s->cfg.vocab_size == 0)
         s->cfg.vocab_size = pd_tok_vocab_size(s->tok);
     /* libhttp-parser's own limit (a process-wide setting) must not bite
@@ -123,8 +137,9 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
     rc = gw_listener_init(s, err);
     if (rc != PD_OK)
         goto undo_pool;
-    PD_LOGI(GW_MOD, "listening on %s:%d, model %s, max_model_len %d", s->cfg.host, s->port,
-            s->model_name, s->cfg.max_model_len);
+    PD_LOGI(GW_MOD, "listening on %s:%d (%s), model %s, max_model_len %d", s->cfg.host, s->port,
+            tls ? "TLS: h2, http/1.1" : "cleartext: http/1.1, h2c", s->model_name,
+            s->cfg.max_model_len);
     *s_p = s;
     return PD_OK;
 
@@ -132,7 +147,11 @@ undo_pool:
     gw_pool_free(&s->pool);
 undo_tokenizer:
     pd_tok_free(&s->tok_owned);
+undo_tls:
+    gw_tls_free(s);
 undo_strings:
+    free(s->certfile);
+    free(s->keyfile);
     free(s->host);
     free(s->model_name);
     free(s->tokenizer_path);
@@ -153,11 +172,19 @@ void pd_gw_server_free(pd_gw_server **s_p) {
         free(s->routes[i].path);
     free(s->routes);
     pd_tok_free(&s->tok_owned);
+    gw_tls_free(s);
+    free(s->certfile);
+    free(s->keyfile);
     free(s->host);
     free(s->model_name);
     free(s->tokenizer_path);
     free(s);
     *s_p = NULL;
+}
+
+void pd_gw_server_set_abort_choice(pd_gw_server *s, pd_gw_abort_choice_fn fn) {
+    if (s)
+        s->abort_choice = fn;
 }
 
 int pd_gw_server_port(const pd_gw_server *s) {

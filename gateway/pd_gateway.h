@@ -1,5 +1,5 @@
-/* gateway/ — the HTTP front door of pdserve: an HTTP/1.1 server (HTTP/2 on
- * the same port comes next, issue "Gateway completeness") with the OpenAI
+/* gateway/ — the HTTP front door of pdserve: HTTP/1.1 and HTTP/2 on one port
+ * (h2c by prior knowledge or `Upgrade: h2c`; under TLS, ALPN) with the OpenAI
  * endpoints, validation, chat rendering and tokenization (off the event-loop
  * thread), incremental detokenization, stop strings, and OpenAI response
  * shapes (JSON and SSE). What generates tokens is not here: the gateway hands
@@ -7,7 +7,7 @@
  * decode replicas) through a table of two functions, and the engine reports
  * tokens back through three calls. Read this header first.
  *
- *   client ──HTTP──▶ connection (protocol handler: HTTP/1.1 today, h2 later)
+ *   client ──HTTP──▶ connection (protocol handler: HTTP/1.1 or h2)
  *                      └─ stream (one request/response exchange)
  *                           └─ route: GET /health, /v1/models, handlers added
  *                              with pd_gw_server_add_get; POST /v1/completions
@@ -20,6 +20,8 @@
  * to pd_gw_server_init ("the loop thread"), except the tokenizer workers,
  * which touch nothing of this API. The engine's submit/abort are called on
  * the loop thread, and the engine calls pd_gw_on_* on the loop thread only.
+ * The process should ignore SIGPIPE (a peer that resets a connection while
+ * a response is written, plain or TLS, raises it).
  *
  * Errors answered to clients are OpenAI error bodies
  * {"error":{"message","type","param","code"}} (code: the HTTP status).
@@ -72,8 +74,12 @@ typedef struct {
     int tokenizer_pool_size;        /* --tokenizer-pool-size: worker threads; default 2 */
     double sse_ping_interval_s;     /* ": ping" while a stream waits for its first token;
                                        default 5; 0 = never */
-    const char *ssl_certfile;       /* --ssl-certfile / --ssl-keyfile: TLS (with ALPN) comes with */
-    const char *ssl_keyfile; /* HTTP/2; non-NULL is refused with PD_ERR_UNSUPPORTED for now */
+    const char *ssl_certfile;       /* --ssl-certfile: PEM certificate chain; with ssl_keyfile the
+                                       port speaks TLS only, ALPN choosing h2 or http/1.1 */
+    const char *ssl_keyfile;        /* --ssl-keyfile: PEM private key of ssl_certfile */
+    int max_concurrent_streams;     /* --max-concurrent-streams: HTTP/2 streams a client may open
+                                       at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS);
+                                       default 100 */
 } pd_gw_config;
 
 /** Fills cfg with the defaults above (served_model_name, tokenizer and
@@ -125,6 +131,17 @@ typedef struct {
     void (*abort)(void *engine, pd_gw_request *req);
 } pd_gw_engine_i;
 
+/** Optional third engine call, registered with pd_gw_server_set_abort_choice
+ * (kept out of pd_gw_engine_i so that existing tables stay as they are).
+ * With n > 1, one choice ended early (a stop string matched) while others go
+ * on: stop generating it and free what it holds. After this call the engine
+ * makes no pd_gw_on_* call for that choice (neither tokens nor on_finish);
+ * req stays valid for the other choices. Called on the loop thread, never
+ * from inside a pd_gw_on_* call, never for a choice the engine already
+ * finished, and never when no other choice is left (abort is called then).
+ * Without it, such a choice runs to its end and its tokens are dropped. */
+typedef void (*pd_gw_abort_choice_fn)(void *engine, pd_gw_request *req, int choice);
+
 /** Inside submit, before returning < 0: the status the client gets (429
  * queue full, 503 no replica; anything else is answered 503), a Retry-After
  * in seconds (<= 0: no header) and a message (copied; NULL: a default). */
@@ -173,8 +190,9 @@ typedef struct pd_gw_server pd_gw_server;
  * is untouched and nothing is left running.
  * Errors (err says which setting or call): PD_ERR_INVALID (NULL argument, no
  * served_model_name, max_model_len <= 0, a limit out of range, engine without
- * submit or abort), PD_ERR_UNSUPPORTED (ssl_certfile/ssl_keyfile set),
- * PD_ERR_IO (tokenizer unreadable, host unresolvable, bind or listen failed),
+ * submit or abort, only one of ssl_certfile / ssl_keyfile), PD_ERR_IO
+ * (tokenizer unreadable, certificate or key unreadable or not matching, host
+ * unresolvable, bind or listen failed),
  * PD_ERR_FORMAT (tokenizer.json refused), PD_ERR_NOMEM. */
 pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
                             const pd_gw_engine_i *engine, void *engine_ctx, pd_gw_server **s_p,
@@ -185,6 +203,9 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
  * *s_p to NULL. Call on the loop thread, with the loop not running a
  * gateway callback. NULL or *s_p NULL is a no-op. */
 void pd_gw_server_free(pd_gw_server **s_p);
+
+/** Registers the engine's per-choice abort (NULL: none, the default). */
+void pd_gw_server_set_abort_choice(pd_gw_server *s, pd_gw_abort_choice_fn fn);
 
 /** The TCP port actually bound (useful with cfg->port = 0). */
 int pd_gw_server_port(const pd_gw_server *s);

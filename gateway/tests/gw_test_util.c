@@ -94,6 +94,7 @@ typedef struct {
     int n_choices, max_tokens;
     int pos[128];
     bool done[128];
+    bool aborted[128]; /* abort_choice ran: no more calls for it */
     int emitted0;
 } fake_req;
 
@@ -106,11 +107,16 @@ static void fake_free(fake_req *f) {
 static void fake_tick(evutil_socket_t fd, short what, void *arg) {
     fake_req *f = arg;
     for (int c = 0; c < f->n_choices; c++) {
+        if (f->aborted[c] && !f->done[c]) {
+            f->done[c] = true; /* the engine drops it: no call at all */
+            continue;
+        }
         if (f->done[c])
             continue;
         int k = f->s.batch;
+        int start = f->s.choice_skip * c < f->s.n_ids ? f->s.choice_skip * c : f->s.n_ids;
         int avail_script = f->s.n_ids - f->pos[c];
-        int avail_len = f->max_tokens - f->pos[c];
+        int avail_len = f->max_tokens - (f->pos[c] - start);
         if (k > avail_script)
             k = avail_script;
         if (k > avail_len)
@@ -134,7 +140,7 @@ static void fake_tick(evutil_socket_t fd, short what, void *arg) {
             return;
         }
         const char *reason = NULL;
-        if (f->pos[c] >= f->max_tokens)
+        if (f->pos[c] - start >= f->max_tokens)
             reason = "length";
         else if (f->pos[c] >= f->s.n_ids)
             reason = f->s.finish ? f->s.finish : "stop";
@@ -142,7 +148,7 @@ static void fake_tick(evutil_socket_t fd, short what, void *arg) {
             f->done[c] = true;
             bool last = true;
             for (int d = 0; d < f->n_choices; d++)
-                if (!f->done[d])
+                if (!f->done[d] && !f->aborted[d])
                     last = false;
             atomic_fetch_add(&f->e->n_finished, 1);
             pd_gw_on_finish(f->req, c, reason); /* req is gone after the last one */
@@ -182,6 +188,15 @@ static int fake_submit(void *engine, pd_gw_request *req, const pd_gw_gen_params 
     f->max_tokens = p->max_tokens;
     if (f->s.batch < 1)
         f->s.batch = 1;
+    for (int c = 0; c < f->n_choices && c < 128; c++) {
+        /* choice c reads ids[c*skip ..): emits n_ids - c*skip ids at most */
+        int skip = f->s.choice_skip * c;
+        f->pos[c] = skip < f->s.n_ids ? skip : f->s.n_ids;
+    }
+    int active = atomic_load(&e->n_active);
+    int seen = atomic_load(&e->max_active);
+    while (active > seen && !atomic_compare_exchange_weak(&e->max_active, &seen, active)) {
+    }
     pd_gw_request_set_engine_data(req, f);
     f->timer = evtimer_new(e->base, fake_tick, f);
     double d = f->s.first_delay_s > 0 ? f->s.first_delay_s : f->s.interval_s;
@@ -198,7 +213,19 @@ static void fake_abort(void *engine, pd_gw_request *req) {
         fake_free(f);
 }
 
+static void fake_abort_choice(void *engine, pd_gw_request *req, int choice) {
+    gwt_engine *e = engine;
+    fake_req *f = pd_gw_request_engine_data(req);
+    atomic_fetch_add(&e->n_choice_aborts, 1);
+    if (f && choice >= 0 && choice < 128) {
+        if (f->done[choice])
+            atomic_fetch_add(&e->n_after_choice_abort, 1); /* already finished: not allowed */
+        f->aborted[choice] = true;
+    }
+}
+
 const pd_gw_engine_i gwt_engine_i = {.submit = fake_submit, .abort = fake_abort};
+const pd_gw_abort_choice_fn gwt_engine_abort_choice = fake_abort_choice;
 
 void gwt_engine_set(gwt_engine *e, const gwt_script *s) {
     pthread_mutex_lock(&e->mu);
@@ -265,6 +292,7 @@ int gwt_server_start_setup(gwt_server *h, const pd_gw_config *cfg,
         return -1;
     }
     h->port = pd_gw_server_port(h->srv);
+    pd_gw_server_set_abort_choice(h->srv, gwt_engine_abort_choice);
     if (setup)
         setup(h->srv, ud);
     pthread_create(&h->thread, NULL, loop_main, h);

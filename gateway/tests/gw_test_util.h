@@ -47,6 +47,7 @@ typedef struct {
     int reject_status; /* != 0: submit refuses with this status */
     int reject_retry_after;
     bool with_logprobs; /* report logprob = -0.5 * (k+1) for the k-th id */
+    int choice_skip;    /* choice c starts at ids[c * choice_skip] (choices differ) */
 } gwt_script;
 
 typedef struct {
@@ -55,13 +56,18 @@ typedef struct {
     gwt_script script;
     /* observations */
     atomic_int n_submitted, n_aborted, n_finished, n_errors, n_active;
-    pd_gw_gen_params last; /* scalars of the last submit (pointers cleared) */
+    atomic_int n_choice_aborts;      /* abort_choice calls */
+    atomic_int n_after_choice_abort; /* abort_choice for a finished choice: must stay 0 */
+    atomic_int max_active;           /* highest n_active seen */
+    pd_gw_gen_params last;           /* scalars of the last submit (pointers cleared) */
     int32_t last_prompt[8192];
     int last_n_prompt;
     char last_stop_ids[256];
 } gwt_engine;
 
 extern const pd_gw_engine_i gwt_engine_i;
+/** The fake engine's abort_choice (registered by gwt_server_start). */
+extern const pd_gw_abort_choice_fn gwt_engine_abort_choice;
 
 /** Sets the script (copied under the engine's lock). */
 void gwt_engine_set(gwt_engine *e, const gwt_script *s);

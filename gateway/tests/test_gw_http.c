@@ -977,7 +977,7 @@ static void test_limits_and_timeouts(void **state) {
     assert_int_equal(r.status, 408);
     gwt_resp_free(&r);
     gwt_close(c);
-    /* HTTP/2 prior knowledge: not served yet, closed cleanly */
+    /* HTTP/2 prior knowledge, then nothing: our SETTINGS, GOAWAY when idle, closed */
     c = gwt_open(h.port);
     gwt_send(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
     assert_true(gwt_wait_closed(c, 2));
