@@ -46,6 +46,8 @@ def bench(port, out, *args):
     cmd = [BIN, "bench", *args, "--base-url", f"http://127.0.0.1:{port}", "--tokenizer", TOKENIZER,
            "--out", out, "--quiet"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    check("Sanitizer" not in p.stderr and "runtime error" not in p.stderr,
+          f"sanitizer report from {' '.join(args[:1])}: {p.stderr[-1500:]}")
     summary = None
     if os.path.exists(os.path.join(out, "summary.json")):
         with open(os.path.join(out, "summary.json")) as f:

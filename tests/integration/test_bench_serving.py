@@ -79,10 +79,24 @@ def stop(up):
             pass
 
 
+def speaks_h2c(port):
+    """True when the server answers an HTTP/2 client preface (h2c prior
+    knowledge) with a SETTINGS frame."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sk:
+            sk.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            head = sk.recv(9)
+            return len(head) == 9 and head[3] == 4
+    except OSError:
+        return False
+
+
 def bench(port, model, out, *args):
     cmd = [BIN, "bench", *args, "--base-url", f"http://127.0.0.1:{port}", "--model", model, "--out", out,
            "--quiet"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    check("Sanitizer" not in p.stderr and "runtime error" not in p.stderr,
+          f"sanitizer report from {' '.join(args[:1])}: {p.stderr[-1500:]}")
     s = None
     if os.path.exists(os.path.join(out, "summary.json")):
         with open(os.path.join(out, "summary.json")) as f:
@@ -176,6 +190,17 @@ def main():
             rd = s["groups"][0]["rounds"][0]
             check(rd["prompt_tokens_server"] == 40 and rd["prompt_tokens_mismatch"] == 0,
                   f"chat prompt tokens {rd['prompt_tokens_server']}")
+
+        # ---- HTTP/2 (h2c prior knowledge), when the gateway speaks it ----
+        if speaks_h2c(port):
+            out = os.path.join(tmp, "h2")
+            p, s = bench(port, model, out, "matrix", "--http2", "--shapes", "32/6", "--concurrency", "4",
+                         "--requests", "8", "--rounds", "1", "--warmup", "0")
+            if s:
+                check(p.returncode == 0 and s["http"] == "2", f"http2 rc {p.returncode}")
+                all_ok(s, "http2")
+        else:
+            print("gateway does not speak h2c: --http2 not exercised", flush=True)
 
         # ---- rate scan ----
         out = os.path.join(tmp, "rate")
