@@ -546,6 +546,262 @@ static void test_stop_strings(void **state) {
     json_decref(j);
 }
 
+/* Sets a script of explicit ids. */
+static void script_ids(const int32_t *ids, int n, int batch) {
+    gwt_script s = gwt_script_ids(ids, n);
+    s.batch = batch;
+    gwt_engine_set(&g_srv.engine, &s);
+}
+
+/* ids of text spelled byte by byte, then extra ids, into out (returns n). */
+static int ids_text_plus(const char *text, const int32_t *extra, int n_extra, int32_t *out) {
+    int n = 0;
+    int32_t *ids = gwt_ids_bytewise(text, &n);
+    memcpy(out, ids, (size_t)n * sizeof *ids);
+    free(ids);
+    memcpy(out + n, extra, (size_t)n_extra * sizeof *extra);
+    return n + n_extra;
+}
+
+/* The contract: a choice whose text is empty while it generated tokens says
+ * why (stop_reason, or skipped_special_tokens). */
+static void check_text_explained(json_t *c, const char *text, json_int_t n_tokens) {
+    if (text[0] || n_tokens == 0)
+        return;
+    bool why = !json_is_null(json_object_get(c, "stop_reason")) ||
+               json_integer_value(json_object_get(c, "skipped_special_tokens")) > 0;
+    assert_true(why);
+}
+
+/* skip_special_tokens: special tokens show no text and are counted in
+ * skipped_special_tokens; usage counts them; never a silent empty 200. */
+static void test_special_tokens_accounted(void **state) {
+    const pd_tokenizer *t = gwt_tokenizer();
+    int32_t bos = pd_tok_find(t, PD_TOK_DSV3_BOS), eos = pd_tok_find(t, PD_TOK_DSV3_EOS);
+    assert_true(bos >= 0 && eos >= 0);
+    int32_t ids[64];
+    /* all special: empty text, 2 tokens, explained */
+    int32_t sp[2] = {bos, eos};
+    script_ids(sp, 2, 1);
+    json_t *j = post_json("/v1/completions", "{\"prompt\":\"q\"}", 200);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "");
+    assert_int_equal(json_integer_value(json_object_get(c, "skipped_special_tokens")), 2);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 2);
+    check_text_explained(c, "", 2);
+    json_decref(j);
+    /* the same streamed (chat): the final chunk says it, usage agrees */
+    stream_result sr;
+    stream_post("/v1/chat/completions",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stream\":true,"
+                "\"stream_options\":{\"include_usage\":true}}",
+                &sr);
+    assert_string_equal(sr.text[0], "");
+    json_t *fin = NULL;
+    for (int i = 0; i < sr.n_ev; i++) {
+        json_t *ch = choice0(sr.ev[i]);
+        if (ch && json_is_string(json_object_get(ch, "finish_reason")))
+            fin = ch;
+    }
+    assert_non_null(fin);
+    assert_int_equal(json_integer_value(json_object_get(fin, "skipped_special_tokens")), 2);
+    json_t *u = json_object_get(sr.ev[sr.n_ev - 1], "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 2);
+    check_text_explained(fin, sr.text[0], 2);
+    stream_free(&sr);
+    /* skip_special_tokens: false shows them; nothing skipped */
+    j = post_json("/v1/completions", "{\"prompt\":\"q\",\"skip_special_tokens\":false}", 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")),
+                        PD_TOK_DSV3_BOS PD_TOK_DSV3_EOS);
+    assert_null(json_object_get(c, "skipped_special_tokens"));
+    json_decref(j);
+    /* text then EOS: the text, one skipped */
+    int n = ids_text_plus("hi!", &eos, 1, ids);
+    script_ids(ids, n, 2);
+    j = post_json("/v1/completions", "{\"prompt\":\"q\"}", 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "hi!");
+    assert_int_equal(json_integer_value(json_object_get(c, "skipped_special_tokens")), 1);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 4);
+    json_decref(j);
+    /* echo with token ids: skip_special_tokens applies to the echoed prompt too */
+    char body[200];
+    snprintf(body, sizeof body,
+             "{\"prompt\":[%d,%d,%d],\"echo\":true,\"skip_special_tokens\":false,\"max_tokens\":4}",
+             bos, ids[0], ids[1]);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")),
+                        PD_TOK_DSV3_BOS "hihi!" PD_TOK_DSV3_EOS);
+    json_decref(j);
+}
+
+/* stop_token_ids: the token that ended a choice is its stop_reason (an
+ * integer, as vLLM) and shows no text unless include_stop_str_in_output; a
+ * stop token that did not end the choice is ordinary text. */
+static void test_stop_token_ids(void **state) {
+    int n1 = 0;
+    int32_t *hash = gwt_ids_bytewise("#", &n1);
+    int32_t x = hash[0]; /* the byte token for '#' */
+    free(hash);
+    int32_t ids[64];
+    char body[256];
+    int n = ids_text_plus("ab", &x, 1, ids);
+    script_ids(ids, n, 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"q\",\"stop_token_ids\":[%d]}", x);
+    json_t *j = post_json("/v1/completions", body, 200);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "ab");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    assert_int_equal(json_integer_value(json_object_get(c, "stop_reason")), x);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
+    json_decref(j);
+    /* streamed: the same */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"stream\":true,"
+             "\"stop_token_ids\":[%d]}",
+             x);
+    stream_result sr;
+    stream_post("/v1/chat/completions", body, &sr);
+    assert_string_equal(sr.text[0], "ab");
+    json_t *fin = choice0(sr.ev[sr.n_ev - 1]);
+    assert_int_equal(json_integer_value(json_object_get(fin, "stop_reason")), x);
+    stream_free(&sr);
+    /* include_stop_str_in_output shows it */
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"q\",\"stop_token_ids\":[%d],\"include_stop_str_in_output\":true}", x);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "ab#");
+    assert_int_equal(json_integer_value(json_object_get(c, "stop_reason")), x);
+    json_decref(j);
+    /* only the stop token: empty text, explained */
+    script_ids(&x, 1, 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"q\",\"stop_token_ids\":[%d]}", x);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "");
+    check_text_explained(c, "", 1);
+    json_decref(j);
+    /* in the middle (the engine went on, e.g. before min_tokens): text */
+    int32_t mid[3];
+    mid[0] = ids[0];
+    mid[1] = x;
+    mid[2] = ids[1];
+    script_ids(mid, 3, 1);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "a#b");
+    assert_true(json_is_null(json_object_get(c, "stop_reason")));
+    json_decref(j);
+    /* the last token but the choice ended on length: text, no stop_reason */
+    script_ids(ids, n, 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"q\",\"stop_token_ids\":[%d],\"max_tokens\":3}", x);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "ab#");
+    assert_true(json_is_null(json_object_get(c, "stop_reason")));
+    json_decref(j);
+    /* the stop token is checked before stop strings (vLLM's StopChecker):
+     * a stop string it would complete does not match */
+    script_ids(ids, n, 1);
+    snprintf(body, sizeof body, "{\"prompt\":\"q\",\"stop_token_ids\":[%d],\"stop\":\"b#\"}", x);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "ab");
+    assert_int_equal(json_integer_value(json_object_get(c, "stop_reason")), x);
+    json_decref(j);
+    /* a stop string that ends before it: the stop string */
+    snprintf(body, sizeof body, "{\"prompt\":\"q\",\"stop_token_ids\":[%d],\"stop\":\"b\"}", x);
+    j = post_json("/v1/completions", body, 200);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "a");
+    assert_string_equal(json_string_value(json_object_get(c, "stop_reason")), "b");
+    json_decref(j);
+}
+
+/* n > 1: a choice that ends on a stop string is aborted alone
+ * (abort_choice); the others run to their end; the request is not aborted. */
+static void test_choice_abort(void **state) {
+    int n = 0;
+    int32_t *ids = gwt_ids_bytewise("xx STOP yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy", &n);
+    gwt_script s = gwt_script_ids(ids, n);
+    s.choice_skip = 8; /* choice 1 starts after "xx STOP ": no stop string in it */
+    s.interval_s = 0.002;
+    gwt_engine_set(&g_srv.engine, &s);
+    free(ids);
+    int ab0 = atomic_load(&g_srv.engine.n_aborted);
+    int ca0 = atomic_load(&g_srv.engine.n_choice_aborts);
+    json_t *j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\"}", 200);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *c1 = json_array_get(json_object_get(j, "choices"), 1);
+    assert_string_equal(json_string_value(json_object_get(c0, "text")), "xx ");
+    assert_string_equal(json_string_value(json_object_get(c0, "stop_reason")), "STOP");
+    assert_string_equal(json_string_value(json_object_get(c1, "text")),
+                        "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy");
+    assert_true(json_is_null(json_object_get(c1, "stop_reason")));
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+        7 + 40);
+    json_decref(j);
+    assert_int_equal(atomic_load(&g_srv.engine.n_choice_aborts), ca0 + 1);
+    assert_int_equal(atomic_load(&g_srv.engine.n_after_choice_abort), 0);
+    assert_int_equal(atomic_load(&g_srv.engine.n_aborted), ab0); /* the engine finished it */
+    /* both choices stop: the whole request is aborted once, no choice abort
+     * for the last one */
+    s.choice_skip = 0;
+    gwt_engine_set(&g_srv.engine, &s);
+    j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\"}", 200);
+    json_decref(j);
+    assert_int_equal(gwt_wait_atomic(&g_srv.engine.n_aborted, ab0 + 1, 2), ab0 + 1);
+    assert_int_equal(atomic_load(&g_srv.engine.n_after_choice_abort), 0);
+}
+
+/* X-Request-Id: the client's is returned (JSON, SSE, errors); without one,
+ * or with one that is not a printable token, the response id is. */
+static void test_x_request_id(void **state) {
+    script_bytes("ok", 1, 0.001);
+    static const struct {
+        const char *hdr, *body, *ctype;
+        int status;
+        const char *want; /* NULL: the response id */
+    } cases[] = {
+        {"X-Request-Id: abc-123\r\n", "{\"prompt\":\"q\"}", "application/json", 200, "abc-123"},
+        {"x-request-id: s1\r\n", "{\"prompt\":\"q\",\"stream\":true}", "application/json", 200,
+         "s1"},
+        {"X-Request-Id: e-1\r\n", "{\"prompt\":\"q\",\"n\":0}", "application/json", 400, "e-1"},
+        {"X-Request-Id: t-1\r\n", "{\"prompt\":\"q\"}", "text/plain", 415, "t-1"},
+        {"", "{\"prompt\":\"q\"}", "application/json", 200, NULL},
+        {"X-Request-Id: has space\r\n", "{\"prompt\":\"q\"}", "application/json", 200, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        gwt_conn *c = gwt_open(g_srv.port);
+        gwt_sendf(c,
+                  "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: %s\r\n%s"
+                  "Content-Length: %zu\r\n\r\n%s",
+                  cases[i].ctype, cases[i].hdr, strlen(cases[i].body), cases[i].body);
+        gwt_resp r;
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_int_equal(r.status, cases[i].status);
+        char v[160];
+        assert_non_null(gwt_header(&r, "X-Request-Id", v, sizeof v));
+        if (cases[i].want) {
+            assert_string_equal(v, cases[i].want);
+        } else {
+            json_t *j = jparse(r.body);
+            assert_string_equal(v, json_string_value(json_object_get(j, "id")));
+            json_decref(j);
+        }
+        gwt_resp_free(&r);
+        gwt_close(c);
+    }
+}
+
 static void test_n_choices(void **state) {
     script_bytes("abc日", 2, 0.001);
     json_t *j = post_json("/v1/chat/completions",
@@ -1120,6 +1376,10 @@ int main(void) {
         cmocka_unit_test(test_completion_stream_and_echo),
         cmocka_unit_test(test_utf8_never_split),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_special_tokens_accounted),
+        cmocka_unit_test(test_stop_token_ids),
+        cmocka_unit_test(test_choice_abort),
+        cmocka_unit_test(test_x_request_id),
         cmocka_unit_test(test_n_choices),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_engine_errors),

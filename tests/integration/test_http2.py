@@ -267,8 +267,10 @@ def main():
             r = subprocess.run(["h2load", "-n", "60", "-c", "2", "-m", "12", "-d", bodyf, "-H",
                                 "content-type: application/json", base + "/v1/completions"],
                                capture_output=True, text=True, timeout=120)
-            check(r.returncode == 0 and "60 succeeded, 0 failed, 0 errored" in r.stdout
-                  and "status codes: 60 2xx" in r.stdout, f"h2load: {r.stdout[-600:]}")
+            good = r.returncode == 0 and "60 succeeded, 0 failed, 0 errored" in r.stdout \
+                and "status codes: 60 2xx" in r.stdout
+            check(good, "h2load: 60 requests, 12 concurrent streams per connection, all 200"
+                  + ("" if good else f": {r.stdout[-600:]}"))
         else:
             check(False, "h2load (nghttp2-client) is required (deploy/install-deps.sh installs it)")
 
