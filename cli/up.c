@@ -63,7 +63,8 @@ static bool is_gateway_flag(const char *a) {
     static const char *names[] = {"--max-concurrent-requests-short", "--max-concurrent-requests-long",
                                   "--max-queued-requests-short", "--max-queued-requests-long", "--request-timeout",
                                   "--max-model-len", "--max-stop-strings", "--max-logprobs", "--tokenizer-pool-size",
-                                  "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer"};
+                                  "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer",
+                                  "--max-request-body-mib", "--timeout-keep-alive"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) return true;
     return false;

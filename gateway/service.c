@@ -13,7 +13,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 
 int pd_gateway_main(int argc, char **argv) {
     const char *model = NULL, *host = "0.0.0.0", *control = "tcp://127.0.0.1:8001", *served = NULL;
-    const char *tokenizer = NULL;
+    const char *tokenizer = NULL, *ssl_cert = NULL, *ssl_key = NULL;
+    int max_streams = 0, max_body_mib = 0;
+    double keep_alive = 0;
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
     int run_short = 256, run_long = 16, q_short = 1024, q_long = 256;
@@ -36,6 +38,11 @@ int pd_gateway_main(int argc, char **argv) {
         {"max-queued-requests-short", PD_FLAG_INT, &q_short, "short prompts waiting; more -> 429 (1024)"},
         {"max-queued-requests-long", PD_FLAG_INT, &q_long, "long prompts waiting; more -> 429 (256)"},
         {"request-timeout", PD_FLAG_FLOAT, &request_timeout, "seconds from arrival to the last token (0: none)"},
+        {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
+        {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
+        {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (default: the gateway's)"},
+        {"max-request-body-mib", PD_FLAG_INT, &max_body_mib, "largest request body, MiB (default: the gateway's)"},
+        {"timeout-keep-alive", PD_FLAG_FLOAT, &keep_alive, "seconds an idle keep-alive connection stays open"},
     };
     int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -80,6 +87,11 @@ int pd_gateway_main(int argc, char **argv) {
     gc.max_stop_strings = max_stop;
     gc.max_logprobs = max_logprobs;
     gc.tokenizer_pool_size = tok_pool;
+    gc.ssl_certfile = ssl_cert;
+    gc.ssl_keyfile = ssl_key;
+    if (max_streams > 0) gc.max_concurrent_streams = max_streams;
+    if (max_body_mib > 0) gc.max_request_body_bytes = (size_t)max_body_mib << 20;
+    if (keep_alive > 0) gc.timeout_keep_alive_s = keep_alive;
     pd_gw_server *gw = NULL;
     if (pd_gw_server_init(base, &gc, pd_router_engine(), router, &gw, &err) != PD_OK) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);
