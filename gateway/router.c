@@ -559,8 +559,11 @@ static void on_tokens(pd_router *r, pd_msg *m) {
         note_tokens(r, q, (int)t->n_ids);
         pd_gw_on_tokens(q->gw, s->choice, t->ids, t->n_logprobs == t->n_ids ? t->logprobs : NULL, (int)t->n_ids);
     }
+    /* pd_gw_on_finish keeps the reason's pointer until the response is
+     * written, after this message is freed: pass static strings only (a
+     * replica's own string was a use-after-free; found by fuzz_msg) */
     if (t->finished)
-        finish_sub(r, s, t->finish_reason && t->finish_reason[0] ? t->finish_reason : "stop");
+        finish_sub(r, s, t->finish_reason && !strcmp(t->finish_reason, "length") ? "length" : "stop");
 }
 
 static void on_reserve_reply(pd_router *r, pd_msg *m) {
