@@ -8,6 +8,7 @@
  * (CURLOPT_PIPEWAIT), prior knowledge for http:// (h2c), ALPN for https://.
  */
 #include <curl/curl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -22,6 +23,11 @@ struct pd_bench_client {
 };
 
 static int curl_refs;
+static volatile sig_atomic_t stop_flag;
+
+void pd_bench_stop_request(void) { stop_flag = 1; }
+
+bool pd_bench_stop_requested(void) { return stop_flag != 0; }
 
 pd_status pd_bench_client_init(const pd_bench_client_opts *o, pd_bench_client **c_p,
                                pd_err *err) {
@@ -210,6 +216,17 @@ pd_status pd_bench_client_run(pd_bench_client *c, pd_bench_req *reqs, int n, int
     int next = 0, inflight = 0, finished = 0, failed = 0;
     double t0 = pd_now_s(), last_progress = 0;
     while (finished < n) {
+        if (stop_flag) {
+            /* abandon what is in flight; what never started is marked below */
+            for (int i = 0; i < next; i++)
+                if (slots[i].easy) {
+                    pd_bench_req_finish(slots[i].r, 2, "interrupted", pd_now_s());
+                    curl_multi_remove_handle(c->multi, slots[i].easy);
+                    curl_easy_cleanup(slots[i].easy);
+                    slots[i].easy = NULL;
+                }
+            break;
+        }
         double now = pd_now_s();
         while (next < n && st == PD_OK) {
             if (open_loop ? t0 + reqs[next].arrival_s > now : inflight >= concurrency)
@@ -252,10 +269,12 @@ pd_status pd_bench_client_run(pd_bench_client *c, pd_bench_req *reqs, int n, int
         }
         curl_multi_poll(c->multi, NULL, 0, wait_ms, NULL);
     }
-    /* requests never started (libcurl refused one) count as transport failures */
+    /* requests never started (libcurl refused one, or a stop) count as
+     * transport failures */
     for (int i = next; i < n; i++) {
         reqs[i].t_start = pd_now_s();
-        pd_bench_req_finish(&reqs[i], 2, "not started: libcurl refused a handle", pd_now_s());
+        pd_bench_req_finish(&reqs[i], 2, stop_flag ? "interrupted" : "not started: libcurl refused a handle",
+                            pd_now_s());
     }
     double t1 = pd_now_s();
     if (fn)

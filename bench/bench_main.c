@@ -237,6 +237,17 @@ static int configure(pd_bench_config *c, int argc, char **argv) {
     return -1; /* go on */
 }
 
+/* The first Ctrl-C stops the run and still writes the report; a second one
+ * kills the process. */
+static void on_signal(int sig) {
+    if (pd_bench_stop_requested()) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    pd_bench_stop_request();
+}
+
 int pd_bench_main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
@@ -262,6 +273,11 @@ int pd_bench_main(int argc, char **argv) {
         return rc;
     join_command(cfg.command, sizeof cfg.command, argc, argv);
     signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
 
     pd_bench_run run = {0};
     run.cfg = &cfg;
@@ -364,8 +380,10 @@ int pd_bench_main(int argc, char **argv) {
         fprintf(stderr, "pdserve bench: wrote %s/report.html, summary.json, rounds.csv, "
                         "requests.csv%s\n",
                 cfg.out_dir, run.failed_files ? ", failed/" : "");
-    rc = st != PD_OK ? 2 : run.any_failure ? 1 : 0;
+    rc = st != PD_OK ? 2 : run.interrupted ? 130 : run.any_failure ? 1 : 0;
 out:
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     if (run.requests_csv)
         fclose(run.requests_csv);
     for (int i = 0; i < run.n_groups; i++)

@@ -273,6 +273,7 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
     }
     json_object_set_new(root, "groups", groups);
     json_object_set_new(root, "not_run", not_run);
+    json_object_set_new(root, "interrupted", json_boolean(run->interrupted));
     if (cfg->mode == PD_BENCH_FUNCTIONAL) {
         json_t *checks = json_array();
         for (int i = 0; i < run->n_checks; i++) {
@@ -311,8 +312,6 @@ static void fmt_num(char *out, size_t cap, double v) {
         snprintf(out, cap, "–");
     else if (fabs(v) >= 100)
         snprintf(out, cap, "%.1f", v);
-    else if (fabs(v) >= 1)
-        snprintf(out, cap, "%.3g", v);
     else
         snprintf(out, cap, "%.3g", v);
 }
@@ -342,17 +341,15 @@ static void svg_chart(FILE *f, const char *title, const char *xlabel, const char
 #define XP(i) (L + pw * ((i) + 0.5) / n)
 #define YP(v) (T + ph - ph * ((v) / top))
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "viewBox=\"0 0 %.0f %.0f\" role=\"img\">\n", W, H, W, H);
+               "viewBox=\"0 0 %.0f %.0f\" role=\"img\" font-family=\"sans-serif\">\n", W, H, W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"20\" text-anchor=\"middle\" font-weight=\"bold\">", W / 2);
     html_esc(f, title);
     fputs("</text>\n", f);
     for (double y = 0; y <= top + step * 1e-6; y += step) {
         fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>", L,
                 L + pw, YP(y), YP(y));
-        char lab[32];
-        fmt_num(lab, sizeof lab, y);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\">%s</text>\n",
-                L - 6, YP(y) + 4, lab);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\">%g</text>\n",
+                L - 6, YP(y) + 4, fabs(y) < step * 1e-6 ? 0.0 : y);
     }
     fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", L,
             L + pw, T + ph, T + ph);
@@ -601,7 +598,9 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
     for (int gi = 0; gi < run->n_groups; gi++)
         for (int r = 0; r < run->groups[gi].n_rounds; r++)
             if (!run->groups[gi].rounds[r].run) {
-                if (!header)
+                if (!header && run->interrupted)
+                    fputs("<h2>rounds not run</h2><p>The run was interrupted:</p><ul>", f);
+                else if (!header)
                     fprintf(f, "<h2>rounds not run</h2><p>Stopped after %d consecutive rounds with "
                                "a failed request:</p><ul>",
                             cfg->stop_after_failed_rounds);

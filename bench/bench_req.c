@@ -384,7 +384,13 @@ static void sse_line(pd_bench_req *r, const char *s, size_t n, double now) {
         memcpy(r->event, v, k);
         r->event[k] = 0;
     }
-    /* id, retry and unknown fields are ignored, as the spec says */
+    else if (!(fl == 2 && !memcmp(s, "id", 2)) && !(fl == 5 && !memcmp(s, "retry", 5))) {
+        /* the spec ignores unknown fields; a server that sends them (a JSON
+         * body where a stream was asked for, say) is not speaking SSE */
+        char ex[96];
+        excerpt(ex, sizeof ex, s, n);
+        violate(r, PD_BENCH_SSE_ERROR, "not an SSE line: %s", ex);
+    }
 }
 
 void pd_bench_req_feed(pd_bench_req *r, const char *p, size_t len, double now) {

@@ -287,7 +287,7 @@ static pd_status run_group(pd_bench_run *run, int gi, int n_req, int warmup, int
     pd_bench_group *g = &run->groups[gi];
     bool open = g->rate > 0;
     int conc = g->concurrency > 0 ? g->concurrency : 1;
-    if (*stopped)
+    if (*stopped || pd_bench_stop_requested())
         return PD_OK; /* every round stays "not run" */
     pd_bench_req *reqs = NULL;
     pd_status st;
@@ -297,10 +297,15 @@ static pd_status run_group(pd_bench_run *run, int gi, int n_req, int warmup, int
         progress_ctx pc = {run, g->name, 0, g->n_rounds};
         st = pd_bench_client_run(run->client, reqs, warmup, conc, false, progress, &pc, NULL, NULL,
                                  err);
-        record(run, reqs, warmup);
+        if (!pd_bench_stop_requested())
+            record(run, reqs, warmup);
         free_reqs(reqs, warmup);
         if (st != PD_OK)
             return st;
+        if (pd_bench_stop_requested()) {
+            run->interrupted = true;
+            return PD_OK;
+        }
     }
     for (int r = 0; r < g->n_rounds; r++) {
         if (*stopped)
@@ -312,6 +317,11 @@ static pd_status run_group(pd_bench_run *run, int gi, int n_req, int warmup, int
         double t0 = 0, t1 = 0;
         st = pd_bench_client_run(run->client, reqs, n_req, conc, open, progress, &pc, &t0, &t1,
                                  err);
+        if (pd_bench_stop_requested()) { /* the round stays "not run" */
+            free_reqs(reqs, n_req);
+            run->interrupted = true;
+            return st;
+        }
         pd_bench_round *rd = &g->rounds[r];
         pd_bench_round_compute(reqs, n_req, t0, t1, open ? cfg->slo_ttft_s : 0,
                                open ? cfg->slo_tpot_s : 0, rd);
@@ -396,8 +406,8 @@ static pd_status run_retrieval(pd_bench_run *run, pd_err *err) {
         g->concurrency = 1;
         snprintf(g->name, sizeof g->name, "retrieval %d", g->in_tokens);
     }
-    for (int gi = 0; gi < run->n_groups; gi++) {
-        for (int r = 0; r < cfg->rounds; r++) {
+    for (int gi = 0; gi < run->n_groups && !pd_bench_stop_requested(); gi++) {
+        for (int r = 0; r < cfg->rounds && !pd_bench_stop_requested(); r++) {
             pd_bench_group *g = &run->groups[gi];
             pd_bench_retrieval rt;
             pd_status st = pd_bench_retrieval_build(&run->tok, &run->rng, g->in_tokens, &rt, err);
@@ -420,6 +430,12 @@ static pd_status run_retrieval(pd_bench_run *run, pd_err *err) {
             progress_ctx pc = {run, g->name, r + 1, g->n_rounds};
             double t0 = 0, t1 = 0;
             st = pd_bench_client_run(run->client, &req, 1, 1, false, progress, &pc, &t0, &t1, err);
+            if (pd_bench_stop_requested()) {
+                pd_bench_req_clear(&req);
+                pd_bench_retrieval_free(&rt);
+                run->interrupted = true;
+                return st;
+            }
             pd_bench_round *rd = &g->rounds[r];
             rd->score = pd_bench_retrieval_score(&rt, req.text.data);
             rd->score_max = 3;
@@ -456,7 +472,8 @@ static pd_status chat_once(pd_bench_run *run, int check, int rep, int idx, json_
         return pd_err_set(err, PD_ERR_NOMEM, "bench: out of memory");
     progress_ctx pc = {run, check_names[check], rep, run->cfg->repeat};
     pd_status st = pd_bench_client_run(run->client, r, 1, 1, false, progress, &pc, NULL, NULL, err);
-    record(run, r, 1);
+    if (!pd_bench_stop_requested())
+        record(run, r, 1);
     return st;
 }
 
@@ -662,6 +679,10 @@ static pd_status run_functional(pd_bench_run *run, pd_err *err) {
             pd_status st = run_check(run, ck, rep, why, sizeof why, err);
             if (st != PD_OK)
                 return st;
+            if (pd_bench_stop_requested()) {
+                run->interrupted = true;
+                return PD_OK;
+            }
             pd_bench_check *c = &run->checks[ck];
             c->runs++;
             if (why[0]) {

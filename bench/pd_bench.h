@@ -39,7 +39,8 @@
 /** `pdserve bench <matrix|rate|retrieval|functional> [flags]`. Returns the
  * process exit status: 0 when every measured request (and every functional
  * check) succeeded, 1 when some failed, 2 on a usage or setup error (bad
- * flag, unreachable server, unreadable tokenizer, unwritable --out). */
+ * flag, unreachable server, unreadable tokenizer, unwritable --out), 130 when
+ * interrupted (SIGINT/SIGTERM: the report of what ran is still written). */
 int pd_bench_main(int argc, char **argv);
 
 /* ------------------------------------------------------------------ */
@@ -193,6 +194,14 @@ void pd_bench_client_free(pd_bench_client **c_p);
  * which), PD_ERR_FORMAT (not JSON). */
 pd_status pd_bench_client_get_json(pd_bench_client *c, const char *path, json_t **json_p,
                                    pd_err *err);
+
+/** Asks the runs to stop (async-signal-safe, for a SIGINT handler): a
+ * running pd_bench_client_run abandons its requests in flight (they end as
+ * disconnect, "interrupted") and returns; the modes then stop, leaving the
+ * rounds not run, and the report is still written. */
+void pd_bench_stop_request(void);
+/** True once pd_bench_stop_request was called. */
+bool pd_bench_stop_requested(void);
 
 /** Called about 5 times a second while a run goes on. */
 typedef void (*pd_bench_progress_fn)(void *arg, int started, int finished, int failed, int n,
@@ -388,6 +397,7 @@ typedef struct {
     char notes[24][320];
     double t_origin;            /* pd_now_s() when the run started */
     bool any_failure;           /* a measured request or a check failed */
+    bool interrupted;           /* stopped by a signal: the rest is not run */
     json_t *extra;              /* --extra-body, parsed; NULL when absent */
 } pd_bench_run;
 

@@ -166,6 +166,11 @@ static void test_rules(void **state) {
                      PD_BENCH_SSE_ERROR);
     assert_int_equal(classify(EV("a") "data: [1,2]\n\n" USAGE_OK(1) DONE, 1, true, 0, 200),
                      PD_BENCH_SSE_ERROR);
+    /* a JSON body where a stream was asked for is not SSE */
+    assert_int_equal(classify("{\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens\":1,"
+                              "\"completion_tokens\":1}}",
+                              1, true, 0, 200),
+                     PD_BENCH_SSE_ERROR);
     /* invalid UTF-8: raw bytes, and a lone surrogate escape */
     assert_int_equal(classify(EV("a\xff") USAGE_OK(1) DONE, 1, true, 0, 200), PD_BENCH_INVALID_UTF8);
     assert_int_equal(classify(EV("a\xc0\xaf") USAGE_OK(1) DONE, 1, true, 0, 200),

@@ -15,8 +15,8 @@ Modes: ok, empty (200, no text), no_done (no data: [DONE]), wrong_length
 error object inside the 200 stream), event_error (an `event: error` SSE
 event), malformed (an event that is not JSON), disconnect (the connection
 drops mid-stream), invalid_utf8 (raw 0xff bytes in the text), timeout (no
-answer for 3 s), http_500, http_429, smart (chat answers that pass
-`pdserve bench functional`).
+answer for 3 s), http_500, http_429, not_sse (a JSON body where a stream
+was asked for), smart (chat answers that pass `pdserve bench functional`).
 
 GET /v1/models lists one model, "fake". Everything is HTTP/1.1 with chunked
 streaming written by hand, so that a dropped connection is a truncated body.
@@ -118,7 +118,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if mode == "bad_usage":
             usage["total_tokens"] += 7
         finish = "tool_calls" if tool_calls else ("stop" if mode == "smart" else "length")
-        if not body.get("stream"):
+        if not body.get("stream") or mode == "not_sse":
             if chat:
                 msg = {"role": "assistant", "content": None if tool_calls else "".join(pieces)}
                 if tool_calls:

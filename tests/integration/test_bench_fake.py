@@ -65,7 +65,7 @@ MIX = [("ok", "success"), ("empty", "empty_text"), ("no_done", "no_done"),
        ("wrong_length", "wrong_length"), ("bad_usage", "bad_usage"), ("no_usage", "bad_usage"),
        ("sse_error", "sse_error"), ("event_error", "sse_error"), ("malformed", "sse_error"),
        ("disconnect", "disconnect"), ("invalid_utf8", "invalid_utf8"), ("timeout", "timeout"),
-       ("http_500", "http_status"), ("http_429", "http_status")]
+       ("http_500", "http_status"), ("http_429", "http_status"), ("not_sse", "sse_error")]
 
 
 def check_mix(port, tmp, endpoint):
