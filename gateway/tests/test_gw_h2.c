@@ -302,6 +302,15 @@ static void test_prior_knowledge(void **state) {
         assert_string_equal(b1, s->body);
         free(b1);
     }
+    /* connection-specific fields are refused in HTTP/2 requests (that
+     * stream only: PROTOCOL_ERROR) */
+    h2c_hdr conn_hdr = {"connection", "keep-alive"};
+    s = h2c_request(c, "GET", "/health", &conn_hdr, 1, NULL, 0);
+    assert_int_equal(h2c_run(c, stream_closed, s, 10), 0);
+    assert_int_equal(s->status, 0);
+    assert_int_equal(s->error_code, NGHTTP2_PROTOCOL_ERROR);
+    s = h2_do(c, "GET", "/health", NULL);
+    assert_int_equal(s->status, 200);
     /* 415 without a JSON content type */
     h2c_hdr ct = {"content-type", "text/plain"};
     s = h2c_request(c, "POST", "/v1/completions", &ct, 1, COMPLETION_BODY, strlen(COMPLETION_BODY));
