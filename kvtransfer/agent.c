@@ -189,11 +189,11 @@ pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err
     };
     s = ucp_init(&params, ucfg, &a->ctx);
     if (s != UCS_OK) {
-        st = pd_err_set(err,
-                        s == UCS_ERR_NO_DEVICE || s == UCS_ERR_UNSUPPORTED ? PD_ERR_UNSUPPORTED
-                                                                           : PD_ERR_IO,
-                        "kvx %s: ucp_init (transports %s): %s", a->name,
-                        cfg->transports ? cfg->transports : "default", ucs_status_string(s));
+        st = pd_err_set(
+            err,
+            s == UCS_ERR_NO_DEVICE || s == UCS_ERR_UNSUPPORTED ? PD_ERR_UNSUPPORTED : PD_ERR_IO,
+            "kvx %s: ucp_init (transports %s): %s (`ucx_info -d` lists this host's)", a->name,
+            cfg->transports ? cfg->transports : "default", ucs_status_string(s));
         goto undo_config;
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
