@@ -9,7 +9,10 @@ CACHE      := $(CURDIR)/.cache
 DEPS_STAMP := $(CACHE)/deps.stamp
 TOKENIZER  := $(CACHE)/tokenizer-deepseek_v3/tokenizer.json
 
-.PHONY: all build deps run generate test test-asan model clean
+FUZZ_SECONDS ?= 60
+BUILD_FUZZ ?= build-fuzz
+
+.PHONY: all build deps run generate test test-asan model clean fuzz
 
 all: build
 
@@ -48,6 +51,11 @@ test-asan: deps
 	@cmake -S . -B $(BUILD_ASAN) -DPD_SANITIZE=ON -DPD_CUDA=OFF -DPD_CACHE_DIR=$(CACHE) >/dev/null
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer harnesses (tests/fuzz/, clang): each runs FUZZ_SECONDS
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD_FUZZ=$(BUILD_FUZZ) PD_CACHE_DIR=$(CACHE) JOBS=$(JOBS) \
+		sh tests/fuzz/run.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,49 @@
+/* Helpers shared by the libFuzzer harnesses in tests/fuzz/ (header only, so
+ * each harness stays one .c file). */
+#ifndef PD_FUZZ_UTIL_H
+#define PD_FUZZ_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pd_common.h"
+#include "pd_tokenizer.h"
+
+/* Fails the run with a message: libFuzzer reports the input (abort). */
+#define FZ_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "fuzz check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* The DeepSeek-V3 tokenizer.json: $PD_CACHE_DIR, else the cache the build
+ * was configured with. Loaded once; exits when missing (a harness without
+ * its tokenizer would fuzz nothing). */
+static inline const pd_tokenizer *fz_tokenizer(void) {
+    static pd_tokenizer *tok;
+    if (tok)
+        return tok;
+    char path[4096];
+    const char *cache = getenv("PD_CACHE_DIR");
+    snprintf(path, sizeof path, "%s/tokenizer-deepseek_v3/tokenizer.json",
+             cache && *cache ? cache : PD_FUZZ_CACHE_DIR);
+    pd_err err = {{0}};
+    if (pd_tok_load(path, &tok, &err) != PD_OK) {
+        fprintf(stderr, "fuzz: cannot load the tokenizer %s: %s\n", path, err.msg);
+        exit(1);
+    }
+    return tok;
+}
+
+/* Harnesses run quietly unless PDSERVE_LOG_LEVEL asks otherwise. */
+static inline void fz_quiet_logs(void) {
+    if (!getenv("PDSERVE_LOG_LEVEL"))
+        pd_log_set_level((pd_log_level)(PD_LOG_ERROR + 1));
+}
+
+#endif
