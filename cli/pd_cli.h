@@ -7,5 +7,7 @@ int pd_cmd_generate(int argc, char **argv);
 int pd_cmd_mkmodel(int argc, char **argv);
 int pd_cmd_tokenize(int argc, char **argv);
 int pd_cmd_up(int argc, char **argv);
+int pd_cmd_verify(int argc, char **argv);
+int pd_cmd_version(int argc, char **argv);
 
 #endif

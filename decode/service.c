@@ -13,6 +13,7 @@
 #include "pd_heartbeat.h"
 #include "pd_kvtransfer.h"
 #include "pd_msg.h"
+#include "pd_version.h"
 
 #define LOGM "decode"
 
@@ -377,6 +378,8 @@ int pd_decode_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
     int heartbeat_ms = 500;
+    bool verify_ckpt = false;
+    const char *ckpt_manifest = NULL;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -390,9 +393,12 @@ int pd_decode_main(int argc, char **argv) {
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
+        {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
+        {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
     };
     int rc = pd_flags_parse("decode", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
+    pd_version_log(LOGM);
     if (!model) {
         fprintf(stderr, "pdserve decode: --model is required\n");
         return 2;
@@ -407,16 +413,26 @@ int pd_decode_main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     decode_svc d = {.replica_id = replica_id, .heartbeat_ms = heartbeat_ms};
     pd_err err = {{0}};
+    double t0 = pd_now_s(), t = t0;
+    if (verify_ckpt || ckpt_manifest) {
+        if (pd_verify_at_start(model, ckpt_manifest, LOGM, &err) != PD_OK) {
+            fprintf(stderr, "pdserve decode: refusing to start: %s\n", err.msg);
+            return 1;
+        }
+        t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
+    }
     pd_backend *be = NULL;
     if (pd_backend_init(device, threads, &be, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         return 1;
     }
+    t = pd_startup_phase_log(LOGM, replica_id, "init backend", t);
     if (pd_model_load(model, be, &d.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         pd_backend_free(&be);
         return 1;
     }
+    t = pd_startup_phase_log(LOGM, replica_id, "load weights", t);
     pd_sched_config sc = {max_num_seqs, max_batched, chunk, block_size, num_blocks};
     pd_sched_callbacks cb = {cb_token, cb_finished, cb_error};
     if (pd_sched_init(d.m, &sc, &cb, &d, &d.sched, &err) != PD_OK) {
@@ -425,6 +441,7 @@ int pd_decode_main(int argc, char **argv) {
         pd_backend_free(&be);
         return 1;
     }
+    t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
     d.reservation_ttl_s = 120.0;
     {
         pd_kv_cache *kv = pd_sched_kv(d.sched);
@@ -444,6 +461,7 @@ int pd_decode_main(int argc, char **argv) {
             return 1;
         }
     }
+    pd_startup_phase_log(LOGM, replica_id, "register KV pool (UCX)", t);
     d.zctx = zmq_ctx_new();
     d.sock = zmq_socket(d.zctx, ZMQ_DEALER);
     int linger = 0, hwm = 100000;
@@ -463,6 +481,7 @@ int pd_decode_main(int argc, char **argv) {
         rc = 1;
         goto out;
     }
+    pd_startup_phase_log(LOGM, replica_id, "total to registration", t0);
     send_register(&d);
     send_heartbeat(&d);
     while (!g_stop) {

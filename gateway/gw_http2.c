@@ -36,10 +36,14 @@
  * output_high_water_bytes; the connection's write callback (on_write)
  * resumes sending below half of it. A client that does not read therefore
  * holds at most the high-water mark in the connection's output; what its
- * streams' windows do not let through waits in the stream's pending buffer,
- * which the engine fills at generation speed; above GW_H2_MAX_PENDING times
- * the high-water mark the stream is reset (CANCEL) and its request aborted,
- * so a stalled reader costs bounded memory.
+ * streams' windows do not let through waits in the streams' pending
+ * buffers, which the engine fills at generation speed. Two bounds keep a
+ * stalled reader cheap: all pending buffers of a connection together stay
+ * under GW_H2_MAX_PENDING times the high-water mark (beyond it the stream
+ * holding the most is reset with CANCEL and its request aborted), and a
+ * stream whose pending data makes no progress for timeout_write_s is reset
+ * the same way (the socket-level write timeout cannot see a stall that flow
+ * control hides).
  *
  * RST_STREAM from the client closes that stream only: its close callback
  * aborts its request (engine->abort) and the other streams go on.
@@ -62,8 +66,8 @@
 /* Connection receive window: 1 MiB, so that a few streams can upload at
  * their full 64 KiB stream window at once. */
 #define GW_H2_CONN_WINDOW (1 << 20)
-/* A stream's unsent response may reach this many times
- * output_high_water_bytes before the stream is reset as a stalled reader. */
+/* The unsent responses of a connection's streams may reach this many times
+ * output_high_water_bytes before the largest is reset as a stalled reader. */
 #define GW_H2_MAX_PENDING 16
 /* Response headers the application may add. */
 #define GW_H2_MAX_APP_HDRS 24
@@ -75,8 +79,9 @@ struct h2_stream {
     h2_conn *h;
     gw_stream *st;
     int32_t id;
-    struct evbuffer *out; /* response body not yet taken by nghttp2 */
-    struct event *timer;  /* the request must arrive whole in timeout_request_s */
+    struct evbuffer *out; /* response body not yet taken by nghttp2 (h2_out_*) */
+    struct event *timer;  /* receiving: the request must arrive whole in timeout_request_s;
+                             responding: out must make progress within timeout_write_s */
     bool eof;             /* the application ended the response */
     bool deferred;        /* the data provider returned NGHTTP2_ERR_DEFERRED */
     bool remote_closed;   /* END_STREAM received */
@@ -93,7 +98,8 @@ struct h2_conn {
     nghttp2_session *ng;
     h2_stream *streams; /* every stream nghttp2 has not closed yet */
     int n_streams;
-    bool freeing; /* on_close: streams are being freed */
+    size_t pending; /* bytes in all streams' out buffers */
+    bool freeing;   /* on_close: streams are being freed */
 };
 
 /* ---- streams ---------------------------------------------------------- */
@@ -143,6 +149,7 @@ static void h2_stream_free(h2_stream *hs) {
     if (hs->next)
         hs->next->prev = hs->prev;
     h->n_streams--;
+    h->pending -= evbuffer_get_length(hs->out);
     event_free(hs->timer);
     evbuffer_free(hs->out);
     gw_stream *st = hs->st;
@@ -175,6 +182,50 @@ static void h2_schedule(h2_conn *h) {
         gw_conn_defer(h->c);
 }
 
+static void h2_arm_timer(h2_stream *hs, double seconds) {
+    if (seconds <= 0)
+        return;
+    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    evtimer_add(hs->timer, &tv);
+}
+
+/* Response bytes for nghttp2 to take: counted in h->pending, and the stall
+ * timer runs while some wait. */
+static int h2_out_add(h2_stream *hs, const void *data, size_t len) {
+    if (evbuffer_add(hs->out, data, len) != 0)
+        return -1;
+    hs->h->pending += len;
+    if (!evtimer_pending(hs->timer, NULL))
+        h2_arm_timer(hs, hs->h->c->srv->cfg.timeout_write_s);
+    return 0;
+}
+
+static size_t h2_out_remove(h2_stream *hs, void *buf, size_t len) {
+    int n = evbuffer_remove(hs->out, buf, len);
+    if (n <= 0)
+        return 0;
+    hs->h->pending -= (size_t)n;
+    if (evbuffer_get_length(hs->out) == 0)
+        evtimer_del(hs->timer);
+    else
+        h2_arm_timer(hs, hs->h->c->srv->cfg.timeout_write_s); /* progress */
+    return (size_t)n;
+}
+
+/* Gives up on a response the client does not take: RST_STREAM(CANCEL); the
+ * close callback then aborts the request, from the event loop. */
+static void h2_reset_stalled(h2_stream *hs, const char *why) {
+    h2_conn *h = hs->h;
+    PD_LOGW(GW_MOD, "conn %llu stream %d: %s (%zu bytes pending); resetting the stream",
+            (unsigned long long)h->c->id, hs->id, why, evbuffer_get_length(hs->out));
+    hs->reset = true;
+    h->pending -= evbuffer_get_length(hs->out);
+    evbuffer_drain(hs->out, evbuffer_get_length(hs->out));
+    evtimer_del(hs->timer);
+    nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, hs->id, NGHTTP2_CANCEL);
+    h2_schedule(h);
+}
+
 static void h2_date(char *buf, size_t n) {
     time_t t = time(NULL);
     struct tm tm;
@@ -195,9 +246,7 @@ static bool is_connection_specific(const char *name) {
 static ssize_t h2_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
                                uint32_t *data_flags, nghttp2_data_source *source, void *ud) {
     h2_stream *hs = source->ptr;
-    int n = evbuffer_remove(hs->out, buf, length);
-    if (n < 0)
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    size_t n = h2_out_remove(hs, buf, length);
     if (evbuffer_get_length(hs->out) == 0) {
         if (hs->eof) {
             *data_flags |= NGHTTP2_DATA_FLAG_EOF;
@@ -206,7 +255,7 @@ static ssize_t h2_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, si
             return NGHTTP2_ERR_DEFERRED;
         }
     }
-    return n;
+    return (ssize_t)n;
 }
 
 /* Submits the response HEADERS of hs; the body then comes from hs->out when
@@ -265,7 +314,7 @@ static void h2_refuse(h2_stream *hs, int status, const char *msg) {
     st->state = GW_STREAM_ENDED;
     char *body = gw_error_json(status, msg, NULL);
     size_t len = strlen(body);
-    evbuffer_add(hs->out, body, len);
+    h2_out_add(hs, body, len);
     free(body);
     hs->eof = true;
     h2_submit(hs, status, "application/json", NULL, 0, (long long)len, true);
@@ -276,7 +325,10 @@ static void h2_refuse(h2_stream *hs, int status, const char *msg) {
 static void h2_stream_timer_cb(evutil_socket_t fd, short what, void *arg) {
     h2_stream *hs = arg;
     h2_conn *h = hs->h;
-    h2_refuse(hs, 408, "the request did not arrive in time");
+    if (hs->st->state == GW_STREAM_RECEIVING)
+        h2_refuse(hs, 408, "the request did not arrive in time");
+    else if (evbuffer_get_length(hs->out) > 0 && !hs->reset)
+        h2_reset_stalled(hs, "no write progress for timeout_write_s");
     h2_flush(h);
 }
 
@@ -301,10 +353,7 @@ static int h2_on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, v
     if (!hs)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* resets the stream */
     nghttp2_session_set_stream_user_data(ng, f->hd.stream_id, hs);
-    double t = h->c->srv->cfg.timeout_request_s;
-    struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
-    if (t > 0)
-        evtimer_add(hs->timer, &tv);
+    h2_arm_timer(hs, h->c->srv->cfg.timeout_request_s);
     return 0;
 }
 
@@ -633,7 +682,7 @@ static int h2_respond(gw_stream *st, int status, const char *ctype, const gw_hdr
     h2_stream *hs = st->proto_data;
     bool with_body = !st->head && len > 0;
     if (with_body)
-        evbuffer_add(hs->out, body, len);
+        h2_out_add(hs, body, len);
     hs->eof = true;
     st->state = GW_STREAM_ENDED;
     h2_submit(hs, status, ctype, hdrs, n_hdrs, (long long)len, with_body);
@@ -660,18 +709,18 @@ static int h2_write(gw_stream *st, const void *data, size_t len) {
         return 0;
     h2_conn *h = hs->h;
     size_t cap = GW_H2_MAX_PENDING * h->c->srv->cfg.output_high_water_bytes;
-    if (evbuffer_get_length(hs->out) + len > cap) {
-        PD_LOGW(GW_MOD,
-                "conn %llu stream %d: the client reads too slowly (%zu bytes pending); "
-                "resetting the stream",
-                (unsigned long long)h->c->id, hs->id, evbuffer_get_length(hs->out) + len);
-        hs->reset = true;
-        evbuffer_drain(hs->out, evbuffer_get_length(hs->out));
-        nghttp2_submit_rst_stream(h->ng, NGHTTP2_FLAG_NONE, hs->id, NGHTTP2_CANCEL);
-        h2_schedule(h); /* the close callback then aborts the request, from the loop */
-        return -1;
+    while (h->pending + len > cap) {
+        /* the connection holds too much that its client does not take: the
+         * stream holding the most goes (this one, or a staller) */
+        h2_stream *big = hs;
+        for (h2_stream *o = h->streams; o; o = o->next)
+            if (!o->reset && evbuffer_get_length(o->out) > evbuffer_get_length(big->out))
+                big = o;
+        h2_reset_stalled(big, "the client reads too slowly");
+        if (big == hs)
+            return -1;
     }
-    if (evbuffer_add(hs->out, data, len) != 0)
+    if (h2_out_add(hs, data, len) != 0)
         return -1;
     if (hs->deferred) {
         hs->deferred = false;

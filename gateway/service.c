@@ -6,6 +6,7 @@
 
 #include "pd_flags.h"
 #include "pd_router.h"
+#include "pd_version.h"
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     event_base_loopbreak(arg);
@@ -46,6 +47,7 @@ int pd_gateway_main(int argc, char **argv) {
     };
     int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
+    pd_version_log("gateway");
     if (!model) {
         fprintf(stderr, "pdserve gateway: --model is required\n");
         return 2;

@@ -286,4 +286,65 @@ int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p);
  * prefill replica) so penalties stay consistent. */
 void pd_sampler_accept(pd_sampler *s, int32_t token);
 
+/* ------------------------------------------------------------------ */
+/* checkpoint verification (pdserve verify, --verify-checkpoint)       */
+/* ------------------------------------------------------------------ */
+
+/** What pd_verify_checkpoint reads and compares. */
+typedef struct {
+    const char *manifest;       /* JSON {"<file>": {"size": N, "sha256": "<hex>"}} to compare
+                                   with; NULL: none */
+    const char *write_manifest; /* written (atomically) when every check holds; NULL: none */
+    bool hash;                  /* SHA-256 every file; implied by manifest / write_manifest */
+    int jobs;                   /* files hashed at once (<= 0: 4) */
+    bool progress;              /* a progress line on stderr while hashing */
+    int max_reported;           /* messages passed on; later ones only counted (<= 0: 50) */
+    /* Each problem (fatal) or note (not fatal: a tensor the config does not
+     * use, a file the manifest does not list) as one message naming the file
+     * and, where there is one, the tensor. NULL: "verify: ..." on stderr. */
+    void (*on_message)(void *user, bool problem, const char *msg);
+    void *user;
+} pd_verify_options;
+
+/** What was checked; filled whatever the outcome. */
+typedef struct {
+    int n_files;            /* regular files in the directory */
+    int n_shards;           /* safetensors files the checkpoint consists of */
+    size_t n_tensors;       /* tensors in those files */
+    size_t n_config_tensors; /* tensors the config implies (FP8 scales not counted) */
+    int n_problems, n_notes;
+    uint64_t bytes_hashed;
+    double hash_seconds;
+    double mb_per_s;        /* read bandwidth while hashing, 1 MB = 1e6 bytes */
+    bool manifest_written;
+} pd_verify_report;
+
+/** Checks checkpoint dir without loading it:
+ *  - config.json parses (pd_config_load);
+ *  - the index (model.safetensors.index.json, when present) is valid JSON,
+ *    names plain files that all exist, maps each tensor to a shard holding
+ *    it, and its metadata.total_size is the sum of the mapped tensors' bytes;
+ *  - every shard's header is valid (pd_st_open_file) and its size is exactly
+ *    8 + header + data (truncated or trailing bytes named as such);
+ *  - every tensor the config implies exists with the implied shape and a
+ *    weight dtype; an F8_E4M3 tensor has its [ceil(rows/block), ceil(cols/
+ *    block)] F32/BF16/F16 weight_scale_inv;
+ *  - with hashing: SHA-256 of every regular file at the top level of dir
+ *    (`jobs` files at once), compared with the manifest: a listed file that is
+ *    missing or differs in size or digest is a problem, an unlisted
+ *    *.safetensors, config.json or index a problem, any other unlisted file a
+ *    note. The manifest files themselves are never hashed.
+ * Returns PD_OK when every check holds; otherwise the status of the first
+ * problem, whose message is also in err (PD_ERR_IO missing/unreadable file,
+ * PD_ERR_FORMAT header/index/manifest contents or a digest, PD_ERR_NOTFOUND
+ * missing tensor or file, PD_ERR_SHAPE shape against the config,
+ * PD_ERR_UNSUPPORTED dtype). rep (optional) is filled in either case. */
+pd_status pd_verify_checkpoint(const char *dir, const pd_verify_options *opt, pd_verify_report *rep,
+                               pd_err *err);
+
+/** A replica's --verify-checkpoint: the structural checks, and SHA-256
+ * against manifest when it is non-NULL; each problem logged under module,
+ * then one summary line. Errors: as pd_verify_checkpoint. */
+pd_status pd_verify_at_start(const char *dir, const char *manifest, const char *module, pd_err *err);
+
 #endif

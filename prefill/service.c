@@ -13,6 +13,7 @@
 #include "pd_kvtransfer.h"
 #include "pd_model.h"
 #include "pd_msg.h"
+#include "pd_version.h"
 
 #define LOGM "prefill"
 
@@ -368,6 +369,8 @@ int pd_prefill_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500;
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
+    bool verify_ckpt = false;
+    const char *ckpt_manifest = NULL;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -381,9 +384,12 @@ int pd_prefill_main(int argc, char **argv) {
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
+        {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
+        {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
     };
     int rc = pd_flags_parse("prefill", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
+    pd_version_log(LOGM);
     if (!model || chunk <= 0) {
         fprintf(stderr, "pdserve prefill: --model is required and --chunked-prefill-size must be positive\n");
         return 2;
@@ -399,12 +405,25 @@ int pd_prefill_main(int argc, char **argv) {
     prefill_svc p = {.replica_id = replica_id, .chunk = chunk, .heartbeat_ms = heartbeat_ms};
     pd_err err = {{0}};
     pd_backend *be = NULL;
+    double t0 = pd_now_s(), t = t0;
+    if (verify_ckpt || ckpt_manifest) {
+        if (pd_verify_at_start(model, ckpt_manifest, LOGM, &err) != PD_OK) {
+            fprintf(stderr, "pdserve prefill: refusing to start: %s\n", err.msg);
+            return 1;
+        }
+        t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
+    }
     rc = 1;
-    if (pd_backend_init(device, threads, &be, &err) != PD_OK || pd_model_load(model, be, &p.m, &err) != PD_OK ||
-        pd_kv_cache_init(p.m, block_size, num_blocks, &p.kv, &err) != PD_OK) {
+    if (pd_backend_init(device, threads, &be, &err) != PD_OK || pd_model_load(model, be, &p.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
         goto out;
     }
+    t = pd_startup_phase_log(LOGM, replica_id, "init backend + load weights", t);
+    if (pd_kv_cache_init(p.m, block_size, num_blocks, &p.kv, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        goto out;
+    }
+    t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
     pd_kvx_config kc = {.name = replica_id};
     if (pd_kvx_agent_init(&kc, &p.agent, &err) != PD_OK ||
         pd_kvx_register_pool(p.agent, pd_kv_cache_block_ptr(p.kv, 0),
@@ -412,6 +431,7 @@ int pd_prefill_main(int argc, char **argv) {
         fprintf(stderr, "pdserve prefill: KV transfer: %s\n", err.msg);
         goto out;
     }
+    pd_startup_phase_log(LOGM, replica_id, "register KV pool (UCX)", t);
     p.logits = pd_xmalloc((size_t)pd_model_config_of(p.m)->vocab_size * sizeof(float));
     p.zctx = zmq_ctx_new();
     p.sock = zmq_socket(p.zctx, ZMQ_DEALER);
@@ -430,6 +450,7 @@ int pd_prefill_main(int argc, char **argv) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
         goto out;
     }
+    pd_startup_phase_log(LOGM, replica_id, "total to registration", t0);
     send_register(&p);
     send_heartbeat(&p);
     rc = 0;

@@ -529,12 +529,14 @@ static void test_upgrade(void **state) {
 /* The client stops reading one stream (its window stays closed) while the
  * engine keeps generating: the gateway holds a bounded amount (16 × the
  * 1 KiB high-water mark here) and then resets that stream (CANCEL) and
- * aborts its request; another stream on the same connection is unaffected. */
+ * aborts its request; another stream on the same connection is unaffected.
+ * A finished response that stops moving is reset after timeout_write_s. */
 static void test_stalled_reader(void **state) {
     gwt_server h;
     pd_gw_config cfg;
     gwt_config(&cfg);
     cfg.output_high_water_bytes = 1024;
+    cfg.timeout_write_s = 0.5;
     assert_int_equal(gwt_server_start(&h, &cfg), 0);
     script_long(&h, 2000, 0.0005);
     gwt_script sc = h.engine.script;
@@ -556,6 +558,21 @@ static void test_stalled_reader(void **state) {
     char *sum = sse_summary(fine->body, fine->len);
     assert_non_null(strstr(sum, "/length"));
     free(sum);
+
+    /* a whole (non-streamed) response that the client stops taking: after
+     * timeout_write_s without progress the stream is reset; the connection
+     * goes on */
+    static const char whole[] = "{\"prompt\":\"p\",\"logprobs\":1,\"n\":4}"; /* ~300 KB */
+    double t0 = pd_now_s();
+    stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, whole, strlen(whole));
+    stalled->stall = true;
+    assert_int_equal(h2c_run(c, stream_closed, stalled, 20), 0);
+    assert_int_equal(stalled->status, 200);
+    assert_int_equal(stalled->error_code, NGHTTP2_CANCEL);
+    assert_true(pd_now_s() - t0 < 5);
+    h2c_stream *after = h2c_request(c, "GET", "/health", NULL, 0, NULL, 0);
+    assert_int_equal(h2c_run(c, stream_closed, after, 5), 0);
+    assert_int_equal(after->status, 200);
     h2c_free(c);
     gwt_server_stop(&h);
 }
