@@ -290,7 +290,11 @@ int pd_kvx_agent_event_fd(const pd_kvx_agent *a) {
 }
 
 void kvx_agent_kick(pd_kvx_agent *a) {
-    if (a->kicked || a->in_progress)
+    if (a->in_progress) {
+        a->rerun = true; /* progress answers "call again" */
+        return;
+    }
+    if (a->kicked)
         return;
     uint64_t one = 1;
     if (write(a->kick_fd, &one, sizeof one) == (ssize_t)sizeof one)
@@ -347,10 +351,11 @@ bool pd_kvx_agent_progress(pd_kvx_agent *a) {
     while (ucp_worker_progress(a->worker) != 0) {
     }
     poll_pidfds(a);
+    a->rerun = false; /* what is marked from here on needs another round */
     kvx_peers_progress(a);
     deliver_done(a);
     a->in_progress = false;
-    if (!kvx_op_list_empty(&a->done))
+    if (a->rerun || !kvx_op_list_empty(&a->done))
         return true;
     ucs_status_t s = ucp_worker_arm(a->worker);
     if (s == UCS_ERR_BUSY)

@@ -97,6 +97,7 @@ struct pd_kvx_agent {
     int kick_fd; /* eventfd: "call progress" (deferred callbacks queued) */
     bool kicked;
     bool in_progress;
+    bool rerun; /* work appeared during progress (a callback failed or closed a peer) */
     bool peer_mode_unsupported; /* PEER err mode failed once: use NONE */
     pd_kvx_peer_failed_cb on_peer_failed;
     void *user;

@@ -358,6 +358,52 @@ static void test_peer_fail_declared(void **state) {
     free(src);
 }
 
+/* A callback that fails its peer: the progress call that ran it says "call
+ * again", and the next one reports the failure — no event is lost. */
+typedef struct {
+    pd_kvx_peer *peer;
+    int fired;
+} fail_in_cb;
+
+static void fail_peer_cb(void *user, uint64_t tag, pd_status st) {
+    (void)tag, (void)st;
+    fail_in_cb *f = user;
+    f->fired++;
+    pd_kvx_peer_fail(f->peer, "failed from a callback");
+}
+
+static void test_fail_from_callback(void **state) {
+    const tport *t = *state;
+    fail_log f = {0};
+    pd_kvx_agent *D = agent_new(t, "decode", NULL, NULL);
+    pd_kvx_agent *P = agent_new(t, "prefill", on_peer_failed, &f);
+    uint8_t *dst = pool_alloc(BB), *src = pool_alloc(BB);
+    pd_kvx_pool *dpool = pool_register(D, dst, BB);
+    fail_in_cb fc = {.peer = connect_to(P, D, dpool, NULL)};
+    pd_err e = {{0}};
+    if (pd_kvx_put(fc.peer, src, BB, 0, 0, fail_peer_cb, &fc, &e) != PD_OK)
+        fail_msg("%s", e.msg);
+    double until = pd_now_s() + 10;
+    bool again = false;
+    while (!fc.fired) {
+        if (pd_now_s() > until)
+            fail_msg("the put never completed");
+        again = pd_kvx_agent_progress(P);
+        pd_kvx_agent_progress(D);
+    }
+    assert_true(again);
+    assert_int_equal(f.failed, 0);
+    pd_kvx_agent_progress(P);
+    assert_int_equal(f.failed, 1);
+    assert_string_equal(f.reason, "failed from a callback");
+    pd_kvx_peer_close(&fc.peer);
+    pd_kvx_pool_free(&dpool);
+    pd_kvx_agent_free(&P);
+    pd_kvx_agent_free(&D);
+    free(dst);
+    free(src);
+}
+
 /* ---- reservations: the table alone ------------------------------------------ */
 
 typedef struct {
@@ -1168,6 +1214,7 @@ int main(int argc, char **argv) {
         BOTH(test_put_batch),
         BOTH(test_alloc_pool),
         BOTH(test_peer_fail_declared),
+        BOTH(test_fail_from_callback),
         BOTH(test_one_sided_protocol),
         BOTH(test_am_writes),
         BOTH(test_fork_put),
