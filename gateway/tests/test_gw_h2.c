@@ -465,6 +465,39 @@ static void test_rst_stream(void **state) {
     gwt_engine_set(&g_srv.engine, &sc);
 }
 
+/* Rapid reset (CVE-2023-44487): a client that sends requests and resets
+ * them at once, hundreds per second, gets GOAWAY(ENHANCE_YOUR_CALM); every
+ * request it started is aborted or never reached the engine. */
+static void test_rapid_reset(void **state) {
+    script_long(&g_srv, 300, 0.005);
+    h2c *c = h2c_connect(g_srv.port, false, NULL, false);
+    assert_int_equal(h2c_run(c, got_settings, NULL, 5), 0);
+    static const char body[] = "{\"prompt\":\"p\",\"stream\":true}";
+    int sent = 0;
+    for (int round = 0; round < 40 && !c->goaway && !c->eof; round++) {
+        h2c_stream *s[8];
+        for (int i = 0; i < 8; i++)
+            s[i] = h2c_request(c, "POST", "/v1/completions", NULL, 0, body, strlen(body));
+        nghttp2_session_send(c->ng);
+        for (int i = 0; i < 8; i++)
+            nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, s[i]->id, NGHTTP2_CANCEL);
+        sent += 8;
+        h2c_run(c, got_goaway, NULL, 0.001);
+    }
+    assert_int_equal(h2c_run(c, got_goaway, NULL, 5), 0);
+    assert_int_equal(c->goaway_code, NGHTTP2_ENHANCE_YOUR_CALM);
+    assert_true(sent >= 2 * 16 + 100); /* gw_http2.c GW_H2_MAX_RESETS(16) */
+    h2c_free(c);
+    /* nothing left running in the engine, and the server is fine */
+    for (int i = 0; i < 500 && atomic_load(&g_srv.engine.n_active) > 0; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&g_srv.engine.n_active), 0);
+    c = h2c_connect(g_srv.port, false, NULL, false);
+    h2c_stream *ok = h2_do(c, "GET", "/health", NULL);
+    assert_int_equal(ok->status, 200);
+    h2c_free(c);
+}
+
 /* Upgrade: h2c from HTTP/1.1 (GET and POST with a body); a bad
  * HTTP2-Settings or another protocol is served on HTTP/1.1. */
 static void test_upgrade(void **state) {
@@ -884,6 +917,7 @@ int main(void) {
         cmocka_unit_test(test_large_bodies),
         cmocka_unit_test(test_many_streams),
         cmocka_unit_test(test_rst_stream),
+        cmocka_unit_test(test_rapid_reset),
         cmocka_unit_test(test_upgrade),
         cmocka_unit_test(test_stalled_reader),
         cmocka_unit_test(test_limits_and_timeouts),
