@@ -352,6 +352,10 @@ bool pd_kvx_agent_progress(pd_kvx_agent *a) {
     }
     poll_pidfds(a);
     a->rerun = false; /* what is marked from here on needs another round */
+    /* Completions first, so that on_peer_failed comes after every callback
+     * of its peer's operations; then failures and closes; then what those
+     * completed. */
+    deliver_done(a);
     kvx_peers_progress(a);
     deliver_done(a);
     a->in_progress = false;

@@ -140,21 +140,24 @@ typedef struct {
      * fall back per endpoint when no transport can give it. */
     bool no_ucx_peer_failure;
     pd_kvx_peer_failed_cb on_peer_failed; /* may be NULL */
-    void *user;                           /* passed to on_peer_failed and AM callbacks */
+    void *user;                           /* passed to on_peer_failed */
 } pd_kvx_config;
 
 /** Creates an agent: a ucp context (RMA | AM | WAKEUP) and one worker in
  * UCS_THREAD_MODE_SINGLE. The caller owns the agent (pd_kvx_agent_free).
- * Errors: PD_ERR_INVALID (cfg NULL), PD_ERR_IO (ucp_config_read, ucp_init,
+ * Errors: PD_ERR_INVALID (cfg NULL, or UCX rejected the transports or
+ * net_devices value), PD_ERR_IO (ucp_config_read, ucp_init,
  * ucp_worker_create, ucp_worker_get_efd, epoll/eventfd failed; err has the
- * UCX status text), PD_ERR_UNSUPPORTED (transports names none that
- * UCX has here). */
+ * UCX status text), PD_ERR_UNSUPPORTED (transports names none that UCX has
+ * here — err says to look at `ucx_info -d`). */
 pd_status pd_kvx_agent_init(const pd_kvx_config *cfg, pd_kvx_agent **a_p, pd_err *err);
 
 /** Closes every peer (forcibly), destroys the worker and the context, and
  * sets *a_p to NULL. Operations still outstanding get their callbacks with
- * PD_ERR_IO first. Every pool of the agent must have been freed. NULL or
- * *a_p NULL is a no-op. */
+ * PD_ERR_IO first (on_peer_failed is not called). Free the pools first;
+ * any left are unmapped here, with a warning. Waits at most about a second
+ * for endpoints to close. Not from a callback. NULL or *a_p NULL is a
+ * no-op. */
 void pd_kvx_agent_free(pd_kvx_agent **a_p);
 
 /** The blob a replica publishes at registration so that peers can connect:
