@@ -163,7 +163,8 @@ static pd_status v_list_dir(v_ctx *v) {
         v->files[v->n_files++] = (v_file){.name = pd_xstrdup(e->d_name), .size = (uint64_t)sb.st_size};
     }
     closedir(d);
-    qsort(v->files, (size_t)v->n_files, sizeof *v->files, v_file_name_cmp);
+    if (v->n_files > 1)
+        qsort(v->files, (size_t)v->n_files, sizeof *v->files, v_file_name_cmp);
     v->rep->n_files = v->n_files;
     return PD_OK;
 }
