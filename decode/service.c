@@ -445,7 +445,9 @@ int pd_decode_main(int argc, char **argv) {
     d.reservation_ttl_s = 120.0;
     {
         pd_kv_cache *kv = pd_sched_kv(d.sched);
-        pd_kvx_config kc = {.name = replica_id};
+        /* One host (no UCX_TLS given): keep shared memory (UCX peer-failure
+         * detection would force TCP); same-host peers are watched by pidfd. */
+        pd_kvx_config kc = {.name = replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
         pd_kvx_resv_config rcfg = {.blocks_free = on_blocks_free, .user = &d, .block_bytes = pd_kv_cache_block_bytes(kv)};
         if (pd_kvx_agent_init(&kc, &d.agent, &err) != PD_OK ||
             pd_kvx_register_pool(d.agent, pd_kv_cache_block_ptr(kv, 0),

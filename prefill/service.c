@@ -424,7 +424,9 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
-    pd_kvx_config kc = {.name = replica_id};
+    /* One host (no UCX_TLS given): keep shared memory (UCX peer-failure
+     * detection would force TCP); same-host peers are watched by pidfd. */
+    pd_kvx_config kc = {.name = replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
     if (pd_kvx_agent_init(&kc, &p.agent, &err) != PD_OK ||
         pd_kvx_register_pool(p.agent, pd_kv_cache_block_ptr(p.kv, 0),
                              pd_kv_cache_block_bytes(p.kv) * (size_t)num_blocks, &p.pool, &err) != PD_OK) {

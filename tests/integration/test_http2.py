@@ -190,103 +190,10 @@ def main():
                           start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.time()
-        while time.time() - t0 < 60:
-            try:
-                m = metrics(port)
-                if (metric(m, "pdserve:replicas_alive", role="prefill") >= 1
-                        and metric(m, "pdserve:replicas_alive", role="decode") >= 1):
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        long_text = "Tell me everything about 東京 and Zürich, émoji 🙂, numbers 1234567 " * 4
-        cases = [
-            {"kind": "completions", "body": {"model": "tiny", "prompt": "Hello, world", "max_tokens": 12,
-                                             "temperature": 0}},
-            {"kind": "chat", "body": {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}],
-                                      "max_tokens": 12, "temperature": 0}},
-            {"kind": "chat", "body": {"model": "tiny", "messages": [{"role": "user", "content": long_text}],
-                                      "max_tokens": 12, "temperature": 0}},
-        ]
-        node = subprocess.run(["node", os.path.join(clients, "openai_client.mjs"), json.dumps(cases), base + "/v1"],
-                              capture_output=True, text=True, timeout=120)
-        check(node.returncode == 0, f"openai npm client: {node.stderr[-800:]}")
-        js = [json.loads(l) for l in node.stdout.splitlines() if l.strip()]
-        hx = httpx.Client(http1=False, http2=True, timeout=60)  # h2c with prior knowledge
-        for i, c in enumerate(cases):
-            kind, body = c["kind"], c["body"]
-            url = base + path_of(kind)
-
-            def via_curl(mode):
-                def f(b):
-                    data, ver = curl(url, b, mode)
-                    want = "1.1" if mode == "--http1.1" else "2"
-                    check(ver == want, f"case {i}: curl {mode} spoke HTTP/{ver}", True)
-                    return data
-                return f
-
-            def via_httpx(b):
-                r = hx.post(url, json=b)
-                check(r.http_version == "HTTP/2" and r.status_code == 200,
-                      f"case {i}: httpx {r.http_version} {r.status_code}", True)
-                return r.content
-
-            fetchers = {"curl-h1": via_curl("--http1.1"), "curl-h2-prior": via_curl("--http2-prior-knowledge"),
-                        "curl-h2-upgrade": via_curl("--http2"), "httpx-h2": via_httpx}
-            ref = one("curl-h1", fetchers["curl-h1"], kind, body, False)
-            check(len(ref[0]) > 0 and ref[1]["completion_tokens"] == 12 and ref[2] == "length",
-                  f"case {i}: HTTP/1.1 answer {ref}")
-            for name, f in fetchers.items():
-                for stream in (False, True):
-                    got = one(name, f, kind, body, stream)
-                    check(got == ref, f"case {i}: {name}{' stream' if stream else ''} {got} == {ref}")
-            if i < len(js):
-                j = js[i]
-                check((j["text"], j["usage"], j["finish"]) == ref and j["stream_text"] == ref[0]
-                      and j["stream_usage"] == ref[1], f"case {i}: openai npm {j} == {ref}")
-
-        # 1 MiB request body (an unknown field is accepted): the same answer
-        kind, body = cases[1]["kind"], dict(cases[1]["body"], padding="x" * (1 << 20))
-        ref = one("curl-h1", lambda b: curl(base + path_of(kind), b, "--http1.1")[0], kind, cases[1]["body"], False)
-        r = hx.post(base + path_of(kind), json=dict(body, stream=False))
-        check(r.http_version == "HTTP/2" and full(r.content, kind) == ref, "1 MiB body over httpx h2: same answer")
-        big = one("curl-h2", lambda b: curl(base + path_of(kind), b, "--http2-prior-knowledge")[0], kind, body, True)
-        check(big == ref, "1 MiB body over curl h2c, streamed: same answer")
-        big = one("curl-h1", lambda b: curl(base + path_of(kind), b, "--http1.1")[0], kind, body, False)
-        check(big == ref, "1 MiB body over HTTP/1.1: same answer")
-        r = hx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "x", "temperature": 3})
-        check(r.status_code == 400 and r.json()["error"]["param"] == "temperature", "validation error over h2")
-        hx.close()
-
-        # h2load: many concurrent streams on two connections
-        if shutil.which("h2load"):
-            bodyf = os.path.join(tmp, "h2load.json")
-            with open(bodyf, "w") as f:
-                json.dump({"model": "tiny", "prompt": "Hi", "max_tokens": 4, "temperature": 0}, f)
-            r = subprocess.run(["h2load", "-n", "60", "-c", "2", "-m", "12", "-d", bodyf, "-H",
-                                "content-type: application/json", base + "/v1/completions"],
-                               capture_output=True, text=True, timeout=120)
-            good = r.returncode == 0 and "60 succeeded, 0 failed, 0 errored" in r.stdout \
-                and "status codes: 60 2xx" in r.stdout
-            check(good, "h2load: 60 requests, 12 concurrent streams per connection, all 200"
-                  + ("" if good else f": {r.stdout[-600:]}"))
-        else:
-            check(False, "h2load (nghttp2-client) is required (deploy/install-deps.sh installs it)")
-
-        rst_stream_test(port)
-        time.sleep(0.5)
-        log.flush()
-        check("client went away" in open(os.path.join(tmp, "up.log")).read(),
-              "RST_STREAM: the gateway logged the aborted request")
-        check(request(port, "GET", "/health")[0] == 200, "healthy after the resets")
-
-        helptext = subprocess.run([BIN, "gateway", "--help"], capture_output=True, text=True).stdout + \
-            subprocess.run([BIN, "gateway", "--help"], capture_output=True, text=True).stderr
-        if "ssl-certfile" in helptext:
-            tls_test(tmp, model)
-        else:
-            print("skip: `pdserve gateway` has no --ssl-certfile yet (TLS is covered by test_gw_h2)")
+        run_all(tmp, model, port, base, clients, log)
+    except Exception:
+        import traceback
+        check(False, "exception: " + traceback.format_exc()[-1500:])
     finally:
         os.killpg(up.pid, signal.SIGTERM)
         try:
@@ -295,8 +202,107 @@ def main():
             os.killpg(up.pid, signal.SIGKILL)
         from pdtest import failures
         if failures:
-            print(open(os.path.join(tmp, "up.log")).read()[-4000:])
+            print(open(os.path.join(tmp, "up.log")).read()[-6000:])
     finish()
+
+
+def run_all(tmp, model, port, base, clients, log):
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        try:
+            m = metrics(port)
+            if (metric(m, "pdserve:replicas_alive", role="prefill") >= 1
+                    and metric(m, "pdserve:replicas_alive", role="decode") >= 1):
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    long_text = "Tell me everything about 東京 and Zürich, émoji 🙂, numbers 1234567 " * 4
+    cases = [
+        {"kind": "completions", "body": {"model": "tiny", "prompt": "Hello, world", "max_tokens": 12,
+                                         "temperature": 0}},
+        {"kind": "chat", "body": {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}],
+                                  "max_tokens": 12, "temperature": 0}},
+        {"kind": "chat", "body": {"model": "tiny", "messages": [{"role": "user", "content": long_text}],
+                                  "max_tokens": 12, "temperature": 0}},
+    ]
+    node = subprocess.run(["node", os.path.join(clients, "openai_client.mjs"), json.dumps(cases), base + "/v1"],
+                          capture_output=True, text=True, timeout=120)
+    check(node.returncode == 0, f"openai npm client: {node.stderr[-800:]}")
+    js = [json.loads(l) for l in node.stdout.splitlines() if l.strip()]
+    hx = httpx.Client(http1=False, http2=True, timeout=60)  # h2c with prior knowledge
+    for i, c in enumerate(cases):
+        kind, body = c["kind"], c["body"]
+        url = base + path_of(kind)
+
+        def via_curl(mode):
+            def f(b):
+                data, ver = curl(url, b, mode)
+                want = "1.1" if mode == "--http1.1" else "2"
+                check(ver == want, f"case {i}: curl {mode} spoke HTTP/{ver}", True)
+                return data
+            return f
+
+        def via_httpx(b):
+            r = hx.post(url, json=b)
+            check(r.http_version == "HTTP/2" and r.status_code == 200,
+                  f"case {i}: httpx {r.http_version} {r.status_code}", True)
+            return r.content
+
+        fetchers = {"curl-h1": via_curl("--http1.1"), "curl-h2-prior": via_curl("--http2-prior-knowledge"),
+                    "curl-h2-upgrade": via_curl("--http2"), "httpx-h2": via_httpx}
+        ref = one("curl-h1", fetchers["curl-h1"], kind, body, False)
+        check(len(ref[0]) > 0 and ref[1]["completion_tokens"] == 12 and ref[2] == "length",
+              f"case {i}: HTTP/1.1 answer {ref}")
+        for name, f in fetchers.items():
+            for stream in (False, True):
+                got = one(name, f, kind, body, stream)
+                check(got == ref, f"case {i}: {name}{' stream' if stream else ''} {got} == {ref}")
+        if i < len(js):
+            j = js[i]
+            check((j["text"], j["usage"], j["finish"]) == ref and j["stream_text"] == ref[0]
+                  and j["stream_usage"] == ref[1], f"case {i}: openai npm {j} == {ref}")
+
+    # 1 MiB request body (an unknown field is accepted): the same answer
+    kind, body = cases[1]["kind"], dict(cases[1]["body"], padding="x" * (1 << 20))
+    ref = one("curl-h1", lambda b: curl(base + path_of(kind), b, "--http1.1")[0], kind, cases[1]["body"], False)
+    r = hx.post(base + path_of(kind), json=dict(body, stream=False))
+    check(r.http_version == "HTTP/2" and full(r.content, kind) == ref, "1 MiB body over httpx h2: same answer")
+    big = one("curl-h2", lambda b: curl(base + path_of(kind), b, "--http2-prior-knowledge")[0], kind, body, True)
+    check(big == ref, "1 MiB body over curl h2c, streamed: same answer")
+    big = one("curl-h1", lambda b: curl(base + path_of(kind), b, "--http1.1")[0], kind, body, False)
+    check(big == ref, "1 MiB body over HTTP/1.1: same answer")
+    r = hx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "x", "temperature": 3})
+    check(r.status_code == 400 and r.json()["error"]["param"] == "temperature", "validation error over h2")
+    hx.close()
+
+    # h2load: many concurrent streams on two connections
+    if shutil.which("h2load"):
+        bodyf = os.path.join(tmp, "h2load.json")
+        with open(bodyf, "w") as f:
+            json.dump({"model": "tiny", "prompt": "Hi", "max_tokens": 4, "temperature": 0}, f)
+        r = subprocess.run(["h2load", "-n", "60", "-c", "2", "-m", "12", "-d", bodyf, "-H",
+                            "content-type: application/json", base + "/v1/completions"],
+                           capture_output=True, text=True, timeout=120)
+        good = r.returncode == 0 and "60 succeeded, 0 failed, 0 errored" in r.stdout \
+            and "status codes: 60 2xx" in r.stdout
+        check(good, "h2load: 60 requests, 12 concurrent streams per connection, all 200"
+              + ("" if good else f": {r.stdout[-600:]}"))
+    else:
+        check(False, "h2load (nghttp2-client) is required (deploy/install-deps.sh installs it)")
+
+    rst_stream_test(port)
+    time.sleep(0.5)
+    log.flush()
+    check("client went away" in open(os.path.join(tmp, "up.log")).read(),
+          "RST_STREAM: the gateway logged the aborted request")
+    check(request(port, "GET", "/health")[0] == 200, "healthy after the resets")
+
+    h = subprocess.run([BIN, "gateway", "--help"], capture_output=True, text=True)
+    if "ssl-certfile" in h.stdout + h.stderr:
+        tls_test(tmp, model)
+    else:
+        print("skip: `pdserve gateway` has no --ssl-certfile yet (TLS is covered by test_gw_h2)")
 
 
 if __name__ == "__main__":
