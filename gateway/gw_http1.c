@@ -18,7 +18,10 @@
  *
  * Responses: Content-Length, or chunked transfer encoding for streamed
  * bodies (an HTTP/1.0 client gets the body unframed and the connection
- * closes at the end).
+ * closes at the end). A streamed response whose client stops reading is
+ * held up to GW_H1_MAX_OUTPUT times output_high_water_bytes; beyond it the
+ * connection is dropped and the request aborted (as HTTP/2 resets the
+ * stream), so a stalled reader costs bounded memory.
  *
  * `Upgrade: h2c` (RFC 7540 §3.2, as curl --http2 sends it) on a cleartext
  * HTTP/1.1 request with exactly one valid HTTP2-Settings header: once the
@@ -35,6 +38,9 @@
 
 #include "gw_internal.h"
 
+/* Unsent output a streamed response may reach, in output_high_water_bytes. */
+#define GW_H1_MAX_OUTPUT 16
+
 typedef struct {
     char *p;
     size_t len, cap;
@@ -48,6 +54,7 @@ typedef struct {
     bool processing;   /* inside h1_process (no re-entry) */
     bool keep_alive;   /* of cur */
     bool chunked;      /* cur's streamed response is chunked */
+    bool overflow;     /* the client stopped reading a streamed response: drop it */
     h1_buf url, hname, hval;
     bool in_value;
     int err_status; /* set by a parser callback that refuses the request */
@@ -322,7 +329,17 @@ static int h1_write(gw_stream *s, const void *data, size_t len) {
         return -1;
     if (s->head)
         return 0;
+    if (h->overflow)
+        return -1;
     struct evbuffer *out = gw_conn_output(s->conn);
+    if (evbuffer_get_length(out) + len >
+        GW_H1_MAX_OUTPUT * s->conn->srv->cfg.output_high_water_bytes) {
+        PD_LOGW(GW_MOD, "conn %llu (%s): the client reads too slowly (%zu bytes unsent); closing",
+                (unsigned long long)s->conn->id, s->conn->peer, evbuffer_get_length(out));
+        h->overflow = true;
+        gw_conn_defer(s->conn); /* freed from the loop: the caller still holds s */
+        return -1;
+    }
     if (h->chunked)
         evbuffer_add_printf(out, "%zx\r\n", len);
     evbuffer_add(out, data, len);
@@ -471,6 +488,10 @@ static bool h1_dispatch(h1_conn *h) {
  * not yet answered), the input runs dry, or the connection closes. */
 static void h1_process(gw_conn *c) {
     h1_conn *h = c->proto_data;
+    if (h->overflow) {
+        gw_conn_free(c); /* aborts the request through the stream's close callback */
+        return;
+    }
     if (h->processing)
         return;
     h->processing = true;

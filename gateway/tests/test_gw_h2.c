@@ -563,7 +563,8 @@ static void test_upgrade(void **state) {
  * engine keeps generating: the gateway holds a bounded amount (16 × the
  * 1 KiB high-water mark here) and then resets that stream (CANCEL) and
  * aborts its request; another stream on the same connection is unaffected.
- * A finished response that stops moving is reset after timeout_write_s. */
+ * A finished response that stops moving is reset after timeout_write_s.
+ * HTTP/1.1 has the same bound (the connection is dropped). */
 static void test_stalled_reader(void **state) {
     gwt_server h;
     pd_gw_config cfg;
@@ -607,6 +608,27 @@ static void test_stalled_reader(void **state) {
     assert_int_equal(h2c_run(c, stream_closed, after, 5), 0);
     assert_int_equal(after->status, 200);
     h2c_free(c);
+
+    /* HTTP/1.1: a streamed response nobody reads (a small receive buffer,
+     * never read) is dropped with its connection once the unsent output
+     * passes the bound; the request is aborted */
+    int ab0 = atomic_load(&h.engine.n_aborted);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small_buf = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small_buf, sizeof small_buf);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)h.port)};
+    sa.sin_addr.s_addr = htonl(0x7f000001);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    static const char big_stream[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1,\"n\":16}";
+    char req[512];
+    int rl =
+        snprintf(req, sizeof req,
+                 "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s",
+                 strlen(big_stream), big_stream);
+    assert_int_equal(send(fd, req, (size_t)rl, MSG_NOSIGNAL), rl);
+    assert_int_equal(gwt_wait_atomic(&h.engine.n_aborted, ab0 + 1, 20), ab0 + 1);
+    close(fd);
     gwt_server_stop(&h);
 }
 
