@@ -158,11 +158,10 @@ static void h2_stream_free(h2_stream *hs) {
         hs->next->prev = hs->prev;
     h->n_streams--;
     h->pending -= evbuffer_get_length(hs->out);
+    gw_stream_free(hs->st); /* its close callback may still look at the stream */
     event_free(hs->timer);
     evbuffer_free(hs->out);
-    gw_stream *st = hs->st;
     free(hs);
-    gw_stream_free(st);
     if (h->n_streams == 0 && !h->freeing && !h->c->closing)
         gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_keep_alive_s);
 }

@@ -95,7 +95,7 @@ typedef enum {
  * closes. */
 struct gw_stream {
     gw_conn *conn;
-    void *proto_data; /* the protocol's per-stream state (h2: stream id) */
+    void *proto_data; /* the protocol's per-stream state (h2: its h2_stream) */
     char *method;     /* "GET", "POST", ... */
     char *path;       /* the request target up to '?' (not percent-decoded) */
     char *query;      /* after '?', or NULL */
@@ -130,7 +130,7 @@ int gw_stream_respond(gw_stream *s, int status, const char *content_type, const 
 /** An OpenAI error response; extra headers (Allow, Retry-After) optional. */
 int gw_stream_respond_error(gw_stream *s, int status, const char *message, const char *param,
                             const gw_hdr *hdrs, int n_hdrs);
-/** Starts a streamed response (HTTP/1.1: chunked transfer encoding). */
+/** Starts a streamed response (HTTP/1.1: chunked transfer encoding; h2: DATA frames). */
 int gw_stream_start(gw_stream *s, int status, const char *content_type, const gw_hdr *hdrs,
                     int n_hdrs);
 int gw_stream_write(gw_stream *s, const void *data, size_t len);

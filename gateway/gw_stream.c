@@ -1,6 +1,6 @@
 /* The protocol-neutral stream: one request/response exchange. The request
  * fields are filled by a protocol handler; the response calls forward to the
- * connection's handler (HTTP/1.1 framing today, HTTP/2 frames later). */
+ * connection's handler (HTTP/1.1 framing or HTTP/2 frames). */
 #include <string.h>
 #include <strings.h>
 
