@@ -176,10 +176,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.chunk(b"")  # the terminating chunk: a clean end
 
 
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # many clients connect at once
+
+
 def main():
     port = int(sys.argv[1])
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    srv.daemon_threads = True
+    srv = Server(("127.0.0.1", port), Handler)
     print("ready", flush=True)
     srv.serve_forever()
 
