@@ -16,12 +16,13 @@ error object inside the 200 stream), event_error (an `event: error` SSE
 event), malformed (an event that is not JSON), disconnect (the connection
 drops mid-stream), invalid_utf8 (raw 0xff bytes in the text), timeout (no
 answer for 3 s), http_500, http_429, not_sse (a JSON body where a stream
-was asked for), smart (chat answers that pass `pdserve bench functional`).
+was asked for), smart (chat answers that pass `pdserve bench functional` and
+score 3/3 in `pdserve bench retrieval`).
 
 GET /v1/models lists one model, "fake". Everything is HTTP/1.1 with chunked
 streaming written by hand, so that a dropped connection is a truncated body.
 """
-import http.server, json, socket, sys, threading, time
+import http.server, json, re, socket, sys, threading, time
 
 counters = {}
 lock = threading.Lock()
@@ -44,6 +45,9 @@ def smart_answer(body):
     text = last.get("content") or ""
     if last.get("role") == "tool":
         return "The weather in Paris is clear, 18 degrees Celsius.", None
+    if "access codes of three projects" in text:
+        codes = re.findall(r"The access code for project (\w+) is ([A-Z0-9]{4}-[A-Z0-9]{4})\.", text)
+        return "```json\n" + json.dumps(dict(codes)) + "\n```", None
     if "17 + 25" in text:
         return "42", None
     if "Alice Martin" in text:

@@ -13,7 +13,9 @@ summary.json counts it under the right reason.
 - a phase stops after --stop-after-failed-rounds consecutive failed rounds
   (matrix and rate), and summary.json lists the rounds not run;
 - functional checks pass against correct answers and fail against wrong
-  ones, with the exit status saying so.
+  ones, with the exit status saying so;
+- retrieval scores 3/3 against a server that reads the codes out of the
+  document and 0/3 against one that does not.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import csv, json, os, socket, subprocess, sys, tempfile, time
@@ -183,6 +185,18 @@ def main():
             passed = {c["name"]: c["passes"] for c in s["checks"]}
             check(passed == {"integer_answer": 0, "json_extraction": 0, "multi_turn_memory": 0,
                              "stream_equals_nonstream": 1, "tool_call_round_trip": 0}, f"{passed}")
+
+        # retrieval: a server that reads the document scores 3/3, one that does not 0/3
+        for model, score in (("smart", 3), ("ok", 0)):
+            out = os.path.join(tmp, "retrieval-" + model)
+            p, s = bench(port, out, "retrieval", "--served-model-name", model, "--tokens", "300,5000",
+                         "--rounds", "2")
+            if check(s is not None and p.returncode == 0, f"retrieval {model}: rc {p.returncode} {p.stderr[-300:]}"):
+                for g, n in zip(s["groups"], (300, 5000)):
+                    for rd in g["rounds"]:
+                        check(rd["retrieval"] == {"score": score, "max": 3} and rd["prompt_tokens_local"] == n,
+                              f"retrieval {model} {n}: {rd.get('retrieval')} {rd['prompt_tokens_local']}")
+                    check(g["median_over_rounds"]["score"] == score, f"retrieval {model} median score")
 
         # no server: setup error, exit 2
         p, s = bench(free_port(), os.path.join(tmp, "down"), "matrix", "--shapes", "16/2")
