@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,8 @@ static pid_t spawn(const char *self, char **args, const char *name) {
     }
     if (pid == 0) {
         setpgid(0, 0); /* our own group: Ctrl-C reaches only the parent, which stops us in order */
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* and if the parent dies (even SIGKILL), we stop too */
+        if (getppid() == 1) _exit(1);    /* the parent died before prctl */
         execv(self, args);
         fprintf(stderr, "pdserve up: exec %s: %s\n", self, strerror(errno));
         _exit(127);
@@ -119,8 +122,13 @@ int pd_cmd_up(int argc, char **argv) {
     snprintf(portbuf, sizeof portbuf, "%d", port);
     snprintf(ctrl, sizeof ctrl, "tcp://127.0.0.1:%d", port + 1);
     snprintf(thr, sizeof thr, "%d", threshold);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    /* no SA_RESTART: the signal must interrupt waitpid below */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 
     char *gw[128] = {"pdserve", "gateway", "--model", (char *)model, "--host", (char *)host, "--port", portbuf,
                     "--control", ctrl, "--long-prompt-threshold", thr};
