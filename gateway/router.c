@@ -430,6 +430,23 @@ static void engine_abort(void *engine, pd_gw_request *gwr) {
     }
 }
 
+/* n > 1: one choice ended on a stop string; stop its sequence on the
+ * replicas. When it was the last open choice the gateway calls abort
+ * instead, so q stays alive here. */
+static void engine_abort_choice(void *engine, pd_gw_request *gwr, int choice) {
+    pd_router *r = engine;
+    gw_req *q = pd_gw_request_engine_data(gwr);
+    if (!q || choice < 0 || choice >= q->p->n) return;
+    gw_sub *s = &q->subs[choice];
+    if (s->state == SUB_DONE) return;
+    send_abort_ex(r, s->decode, s->rid, "stop string", s->state == SUB_RESERVING);
+    if (s->state == SUB_PREFILLING) send_abort(r, s->prefill, s->rid, "stop string");
+    sub_unassign(s);
+    sub_unlink(r, s);
+    s->state = SUB_DONE;
+    q->n_open--;
+}
+
 static const pd_gw_engine_i router_engine = {engine_submit, engine_abort};
 const pd_gw_engine_i *pd_router_engine(void) {
     return &router_engine;
@@ -800,6 +817,7 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
 
 void pd_router_attach(pd_router *r, pd_gw_server *gw) {
     r->gw = gw;
+    pd_gw_server_set_abort_choice(gw, engine_abort_choice);
     count_alive(r);
     pd_err err = {{0}};
     if (pd_gw_server_add_get(gw, "/metrics", metrics_get, r, &err) != PD_OK)
