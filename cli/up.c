@@ -77,6 +77,7 @@ int pd_cmd_up(int argc, char **argv) {
     char *gw_extra[64];
     int n_gw_extra = 0;
     const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL;
+    int metrics_port = 0; /* replica r serves its /metrics on metrics_port + r */
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
     char *passthrough[128];
     int n_pass = 0;
@@ -92,6 +93,7 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--long-prompt-threshold")) threshold = atoi(v);
         else if (TAKE("--served-model-name")) name = v;
         else if (TAKE("--heartbeat-interval-ms")) hb = v;
+        else if (TAKE("--metrics-port")) metrics_port = atoi(v);
         else if (is_gateway_flag(a) && v && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i];
             gw_extra[n_gw_extra++] = argv[++i];
@@ -99,6 +101,7 @@ int pd_cmd_up(int argc, char **argv) {
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
                    "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
+                   "                  [--metrics-port P (replica r serves /metrics on P + r)]\n"
                    "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512]\n"
                    "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes;\n"
                    "Ctrl-C stops everything.\n");
@@ -154,6 +157,12 @@ int pd_cmd_up(int argc, char **argv) {
         if (hb) {
             args[n++] = "--heartbeat-interval-ms";
             args[n++] = (char *)hb;
+        }
+        char mport[16];
+        if (metrics_port > 0) {
+            snprintf(mport, sizeof mport, "%d", metrics_port + r);
+            args[n++] = "--metrics-port";
+            args[n++] = mport;
         }
         for (int i = 0; i < n_pass; i++) args[n++] = passthrough[i];
         args[n] = NULL;

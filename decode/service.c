@@ -11,6 +11,8 @@
 
 #include "pd_flags.h"
 #include "pd_heartbeat.h"
+#include "pd_metrics.h"
+#include "pd_metrics_server.h"
 #include "pd_kvtransfer.h"
 #include "pd_msg.h"
 #include "pd_version.h"
@@ -47,6 +49,8 @@ typedef struct {
     parked *parked;
     bool registered;
     pd_hb *hb;
+    pd_metrics_server *metrics;
+    pd_hist step_seconds;
     double last_heartbeat, last_register;
     int heartbeat_ms;
     pd_kvx_agent *agent;
@@ -208,6 +212,26 @@ static void send_heartbeat(decode_svc *d) {
     h.prefill_tokens_total = st.prefill_tokens_total;
     h.generation_tokens_total = st.generation_tokens_total;
     pd_hb_update(d->hb, &h); /* the heartbeat thread sends it */
+    if (d->metrics) { /* the replica's own /metrics (--metrics-port) */
+        pd_strbuf b = {0};
+        const char *id = d->replica_id;
+        pd_strbuf_printf(&b,
+                         "# TYPE pdserve:num_requests_running gauge\npdserve:num_requests_running{replica=\"%s\",role=\"decode\"} %d\n"
+                         "# TYPE pdserve:num_requests_waiting gauge\npdserve:num_requests_waiting{replica=\"%s\",role=\"decode\"} %d\n"
+                         "# TYPE pdserve:kv_cache_usage_perc gauge\npdserve:kv_cache_usage_perc{replica=\"%s\",role=\"decode\"} %.6f\n"
+                         "# TYPE pdserve:kv_cache_free_blocks gauge\npdserve:kv_cache_free_blocks{replica=\"%s\",role=\"decode\"} %d\n"
+                         "# TYPE pdserve:replica_prefill_tokens_total counter\npdserve:replica_prefill_tokens_total{replica=\"%s\",role=\"decode\"} %llu\n"
+                         "# TYPE pdserve:generation_tokens_total counter\npdserve:generation_tokens_total{replica=\"%s\"} %llu\n"
+                         "# TYPE pdserve:decode_step_seconds histogram\n",
+                         id, st.num_running, id, st.num_waiting, id,
+                         st.total_blocks ? 1.0 - (double)st.free_blocks / st.total_blocks : 0.0, id, st.free_blocks, id,
+                         (unsigned long long)st.prefill_tokens_total, id, (unsigned long long)st.generation_tokens_total);
+        char labels[200];
+        snprintf(labels, sizeof labels, "replica=\"%s\"", id);
+        pd_hist_render(&d->step_seconds, "pdserve:decode_step_seconds", labels, &b);
+        pd_metrics_server_publish(d->metrics, b.data, b.len);
+        pd_strbuf_free(&b);
+    }
     d->last_heartbeat = pd_now_s();
 }
 
@@ -377,7 +401,8 @@ static void handle(decode_svc *d, pd_msg *msg) {
 int pd_decode_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
-    int heartbeat_ms = 500;
+    int heartbeat_ms = 500, metrics_port = 0;
+    const char *metrics_host = "127.0.0.1";
     bool verify_ckpt = false;
     const char *ckpt_manifest = NULL;
     pd_flag flags[] = {
@@ -392,6 +417,8 @@ int pd_decode_main(int argc, char **argv) {
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+        {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
+        {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
         {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
@@ -484,6 +511,12 @@ int pd_decode_main(int argc, char **argv) {
         goto out;
     }
     pd_startup_phase_log(LOGM, replica_id, "total to registration", t0);
+    pd_hist_init(&d.step_seconds, pd_buckets_itl_s, pd_buckets_itl_n);
+    if (pd_metrics_server_start(metrics_host, metrics_port, &d.metrics, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        rc = 1;
+        goto out;
+    }
     send_register(&d);
     send_heartbeat(&d);
     while (!g_stop) {
@@ -509,7 +542,9 @@ int pd_decode_main(int argc, char **argv) {
             handle(&d, &msg);
             pd_msg_clear(&msg);
         }
+        double t_step = pd_now_s();
         if (pd_sched_step(d.sched) > 0) {
+            pd_hist_observe(&d.step_seconds, pd_now_s() - t_step);
             flush_tokens(&d);
             if (g_step_delay_ms > 0) usleep((useconds_t)g_step_delay_ms * 1000);
         }
@@ -537,6 +572,7 @@ out:
     pd_kvx_agent_free(&d.agent);
     flush_tokens(&d);
     pd_hb_stop(&d.hb);
+    pd_metrics_server_stop(&d.metrics);
     zmq_close(d.sock);
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);

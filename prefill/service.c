@@ -10,6 +10,8 @@
 
 #include "pd_flags.h"
 #include "pd_heartbeat.h"
+#include "pd_metrics.h"
+#include "pd_metrics_server.h"
 #include "pd_kvtransfer.h"
 #include "pd_model.h"
 #include "pd_msg.h"
@@ -51,6 +53,7 @@ typedef struct {
     decode_peer *peers;
     bool registered;
     pd_hb *hb;
+    pd_metrics_server *metrics;
     double last_heartbeat, last_register;
     int heartbeat_ms;
     uint64_t prefill_tokens_total, kv_bytes_sent;
@@ -102,6 +105,20 @@ static void send_heartbeat(prefill_svc *p) {
     h.prefill_tokens_total = p->prefill_tokens_total;
     h.kv_bytes_sent = p->kv_bytes_sent;
     pd_hb_update(p->hb, &h); /* the heartbeat thread sends it */
+    if (p->metrics) { /* the replica's own /metrics (--metrics-port) */
+        pd_strbuf b = {0};
+        const char *id = p->replica_id;
+        pd_strbuf_printf(&b,
+                         "# TYPE pdserve:num_requests_running gauge\npdserve:num_requests_running{replica=\"%s\",role=\"prefill\"} %u\n"
+                         "# TYPE pdserve:num_requests_waiting gauge\npdserve:num_requests_waiting{replica=\"%s\",role=\"prefill\"} %u\n"
+                         "# TYPE pdserve:kv_cache_free_blocks gauge\npdserve:kv_cache_free_blocks{replica=\"%s\",role=\"prefill\"} %u\n"
+                         "# TYPE pdserve:replica_prefill_tokens_total counter\npdserve:replica_prefill_tokens_total{replica=\"%s\",role=\"prefill\"} %llu\n"
+                         "# TYPE pdserve:kv_transfer_bytes_total counter\npdserve:kv_transfer_bytes_total{replica=\"%s\"} %llu\n",
+                         id, h.num_running, id, h.num_waiting, id, h.free_blocks, id,
+                         (unsigned long long)p->prefill_tokens_total, id, (unsigned long long)p->kv_bytes_sent);
+        pd_metrics_server_publish(p->metrics, b.data, b.len);
+        pd_strbuf_free(&b);
+    }
     p->last_heartbeat = pd_now_s();
 }
 
@@ -367,7 +384,8 @@ static void handle(prefill_svc *p, pd_msg *msg) {
 
 int pd_prefill_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
-    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500;
+    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500, metrics_port = 0;
+    const char *metrics_host = "127.0.0.1";
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool verify_ckpt = false;
     const char *ckpt_manifest = NULL;
@@ -381,6 +399,8 @@ int pd_prefill_main(int argc, char **argv) {
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
+        {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
+        {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
@@ -453,6 +473,11 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     pd_startup_phase_log(LOGM, replica_id, "total to registration", t0);
+    if (pd_metrics_server_start(metrics_host, metrics_port, &p.metrics, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        rc = 1;
+        goto out;
+    }
     send_register(&p);
     send_heartbeat(&p);
     rc = 0;
@@ -506,6 +531,7 @@ out:
     pd_kvx_pool_free(&p.pool);
     pd_kvx_agent_free(&p.agent);
     pd_hb_stop(&p.hb);
+    pd_metrics_server_stop(&p.metrics);
     if (p.sock) zmq_close(p.sock);
     if (p.zctx) zmq_ctx_term(p.zctx);
     free(p.logits);
