@@ -10,7 +10,8 @@
 int pd_cmd_version(int argc, char **argv) {
     bool deps = false;
     pd_flag flags[] = {
-        {"deps", PD_FLAG_BOOL, &deps, "also the libraries loaded at run time against the build's headers"},
+        {"deps", PD_FLAG_BOOL, &deps,
+         "also the libraries loaded at run time against the build's headers"},
     };
     int rc = pd_flags_parse("version", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc)

@@ -41,12 +41,12 @@ const char *pd_version_build_info_labels(void);
 /** One library: the version its headers had at build time and the version
  * loaded in this process now. */
 typedef struct {
-    char name[24];      /* "ZeroMQ", "CUDA driver", ... */
-    char compiled[64];  /* from the headers' macros; "-" when there is none (the CUDA driver) */
-    char loaded[192];   /* what the library's run-time call returned; "no device" for CUDA
-                           on a host without one */
-    bool mismatch;      /* loaded differs from compiled (or the driver is older than the runtime) */
-    char note[128];     /* why it is flagged; "" otherwise */
+    char name[24];     /* "ZeroMQ", "CUDA driver", ... */
+    char compiled[64]; /* from the headers' macros; "-" when there is none (the CUDA driver) */
+    char loaded[192];  /* what the library's run-time call returned; "no device" for CUDA
+                          on a host without one */
+    bool mismatch;     /* loaded differs from compiled (or the driver is older than the runtime) */
+    char note[128];    /* why it is flagged; "" otherwise */
 } pd_dep_version;
 
 #define PD_DEPS_MAX 16

@@ -48,11 +48,11 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_line[256], g_labels[160];
 
 static void version_strings_init(void) {
-    snprintf(g_line, sizeof g_line, "pdserve %s (commit %s), %s, CUDA %s, sanitizers %s, %s", PD_VERSION,
-             PD_BUILD_COMMIT, PD_BUILD_TYPE[0] ? PD_BUILD_TYPE : "no build type",
+    snprintf(g_line, sizeof g_line, "pdserve %s (commit %s), %s, CUDA %s, sanitizers %s, %s",
+             PD_VERSION, PD_BUILD_COMMIT, PD_BUILD_TYPE[0] ? PD_BUILD_TYPE : "no build type",
              pd_version_has_cuda() ? "on (sm_90a)" : "off", PD_BUILD_SANITIZERS, PD_BUILD_COMPILER);
-    snprintf(g_labels, sizeof g_labels, "version=\"%s\",commit=\"%s\",cuda=\"%s\"", PD_VERSION, PD_BUILD_COMMIT,
-             pd_version_has_cuda() ? "on" : "off");
+    snprintf(g_labels, sizeof g_labels, "version=\"%s\",commit=\"%s\",cuda=\"%s\"", PD_VERSION,
+             PD_BUILD_COMMIT, pd_version_has_cuda() ? "on" : "off");
 }
 
 const char *pd_version_line(void) {
@@ -106,8 +106,8 @@ static void trim_copy(char *dst, size_t cap, const char *src) {
 }
 
 /* Appends one library (NULL when deps is full); compares unless compiled is "-". */
-static pd_dep_version *dep_add(pd_dep_version *deps, int cap, int *n, const char *name, const char *compiled,
-                               const char *loaded) {
+static pd_dep_version *dep_add(pd_dep_version *deps, int cap, int *n, const char *name,
+                               const char *compiled, const char *loaded) {
     if (*n >= cap)
         return NULL;
     pd_dep_version *d = &deps[(*n)++];
@@ -131,7 +131,8 @@ static void deps_cuda(pd_dep_version *deps, int cap, int *n) {
     cudaError_t e = cudaGetDeviceCount(&ndev);
     bool have = e == cudaSuccess && ndev > 0;
     char none[160];
-    snprintf(none, sizeof none, "no device (%s)", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+    snprintf(none, sizeof none, "no device (%s)",
+             e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
 
     int rt = 0;
     snprintf(compiled, sizeof compiled, "%d.%d", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
@@ -149,11 +150,13 @@ static void deps_cuda(pd_dep_version *deps, int cap, int *n) {
     pd_dep_version *d = dep_add(deps, cap, n, "CUDA driver", "-", loaded);
     if (d && drv > 0 && rt > 0 && drv < rt) {
         d->mismatch = true;
-        snprintf(d->note, sizeof d->note, "the driver supports CUDA %d.%d, older than the runtime %d.%d", drv / 1000,
+        snprintf(d->note, sizeof d->note,
+                 "the driver supports CUDA %d.%d, older than the runtime %d.%d", drv / 1000,
                  drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
     }
 
-    snprintf(compiled, sizeof compiled, "%d.%d.%d", CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR, CUBLAS_VER_PATCH);
+    snprintf(compiled, sizeof compiled, "%d.%d.%d", CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+             CUBLAS_VER_PATCH);
     if (have) {
         size_t v = cublasLtGetVersion(); /* major*10000 + minor*100 + patch */
         snprintf(loaded, sizeof loaded, "%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
@@ -170,14 +173,16 @@ int pd_version_deps(pd_dep_version *deps, int cap) {
 
     int zmaj, zmin, zpat;
     zmq_version(&zmaj, &zmin, &zpat);
-    snprintf(compiled, sizeof compiled, "%d.%d.%d", ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR, ZMQ_VERSION_PATCH);
+    snprintf(compiled, sizeof compiled, "%d.%d.%d", ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR,
+             ZMQ_VERSION_PATCH);
     snprintf(loaded, sizeof loaded, "%d.%d.%d", zmaj, zmin, zpat);
     dep_add(deps, cap, &n, "ZeroMQ", compiled, loaded);
 
     dep_add(deps, cap, &n, "protobuf-c", PROTOBUF_C_VERSION, protobuf_c_version());
 
     const nghttp2_info *h2 = nghttp2_version(0);
-    dep_add(deps, cap, &n, "nghttp2", NGHTTP2_VERSION, h2 && h2->version_str ? h2->version_str : "unknown");
+    dep_add(deps, cap, &n, "nghttp2", NGHTTP2_VERSION,
+            h2 && h2->version_str ? h2->version_str : "unknown");
 
     dep_add(deps, cap, &n, "jansson", JANSSON_VERSION, jansson_version_str());
 
@@ -234,13 +239,14 @@ void pd_version_log(const char *module) {
             snprintf(ver, sizeof ver, "%.60s", deps[i].loaded);
         for (int k = 0; k < nv; k++)
             snprintf(ver + strlen(ver), sizeof ver - strlen(ver), "%s%ld", k ? "." : "", v[k]);
-        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s %s", i ? ", " : "", deps[i].name, ver);
+        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s %s", i ? ", " : "",
+                                deps[i].name, ver);
     }
     PD_LOGI(module, "libraries loaded: %s", line);
     for (int i = 0; i < n; i++)
         if (deps[i].mismatch)
-            PD_LOGW(module, "%s: loaded %s, built against %s: %s", deps[i].name, deps[i].loaded, deps[i].compiled,
-                    deps[i].note);
+            PD_LOGW(module, "%s: loaded %s, built against %s: %s", deps[i].name, deps[i].loaded,
+                    deps[i].compiled, deps[i].note);
 }
 
 double pd_startup_phase_log(const char *module, const char *who, const char *phase, double t0) {

@@ -74,7 +74,8 @@ static void v_default_message(void *user, bool problem, const char *msg) {
 
 /* Records a problem (st != PD_OK) or a note (st == PD_OK) and passes it on
  * while fewer than max_reported were. */
-static void v_report(v_ctx *v, pd_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void v_report(v_ctx *v, pd_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void v_report(v_ctx *v, pd_status st, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
@@ -117,7 +118,8 @@ static char *v_join(const char *dir, const char *name) {
 static void v_shape_str(const pd_st_tensor *t, char *buf, size_t cap) {
     size_t off = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < t->ndim && off < cap; i++)
-        off += (size_t)snprintf(buf + off, cap - off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        off +=
+            (size_t)snprintf(buf + off, cap - off, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
     if (off < cap)
         snprintf(buf + off, cap - off, "]");
 }
@@ -150,7 +152,8 @@ static pd_status v_list_dir(v_ctx *v) {
             continue;
         char *path = v_join(v->dir, e->d_name);
         struct stat sb;
-        bool keep = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && !v_same_file(&sb, v->opt->manifest) &&
+        bool keep = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+                    !v_same_file(&sb, v->opt->manifest) &&
                     !v_same_file(&sb, v->opt->write_manifest);
         free(path);
         if (!keep)
@@ -160,7 +163,8 @@ static pd_status v_list_dir(v_ctx *v) {
             v->files = realloc(v->files, (size_t)cap * sizeof *v->files);
             PD_ASSERT(v->files);
         }
-        v->files[v->n_files++] = (v_file){.name = pd_xstrdup(e->d_name), .size = (uint64_t)sb.st_size};
+        v->files[v->n_files++] =
+            (v_file){.name = pd_xstrdup(e->d_name), .size = (uint64_t)sb.st_size};
     }
     closedir(d);
     if (v->n_files > 1)
@@ -196,7 +200,8 @@ static void v_layout(v_ctx *v) {
     if (stat(index_path, &sb) != 0) {
         free(index_path);
         if (!v_file_find(v, V_SINGLE_NAME)) {
-            v_report(v, PD_ERR_NOTFOUND, "%s: neither %s nor %s found", v->dir, V_INDEX_NAME, V_SINGLE_NAME);
+            v_report(v, PD_ERR_NOTFOUND, "%s: neither %s nor %s found", v->dir, V_INDEX_NAME,
+                     V_SINGLE_NAME);
             return;
         }
         v_shard_add(v, V_SINGLE_NAME);
@@ -206,8 +211,8 @@ static void v_layout(v_ctx *v) {
     json_error_t jerr;
     v->index = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!v->index) {
-        v_report(v, PD_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path, jerr.text, jerr.line,
-                 jerr.column);
+        v_report(v, PD_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path,
+                 jerr.text, jerr.line, jerr.column);
         free(index_path);
         return;
     }
@@ -224,7 +229,8 @@ static void v_layout(v_ctx *v) {
     json_object_foreach(v->weight_map, tname, jf) {
         const char *fname = json_string_value(jf);
         if (!fname || !fname[0] || strchr(fname, '/') || strstr(fname, "..")) {
-            v_report(v, PD_ERR_FORMAT, "%s: tensor '%s': the shard is not a plain file name", index_path, tname);
+            v_report(v, PD_ERR_FORMAT, "%s: tensor '%s': the shard is not a plain file name",
+                     index_path, tname);
             ok = false;
             continue;
         }
@@ -234,7 +240,8 @@ static void v_layout(v_ctx *v) {
     }
     free(index_path);
     if (v_file_find(v, V_SINGLE_NAME) && !json_object_get(v->shard_ids, V_SINGLE_NAME))
-        v_report(v, PD_OK, "%s: present next to %s, which the loader uses instead", V_SINGLE_NAME, V_INDEX_NAME);
+        v_report(v, PD_OK, "%s: present next to %s, which the loader uses instead", V_SINGLE_NAME,
+                 V_INDEX_NAME);
     v->layout_ok = ok;
 }
 
@@ -246,7 +253,8 @@ static void v_layout(v_ctx *v) {
  * the first tensor past the end) to say how long the file should be:
  * 8 + header + the largest data_offsets end. Returns false when the header
  * cannot say (pd_st_open_file then reports why). */
-static bool v_expected_size(const char *path, uint64_t size, uint64_t *header_p, uint64_t *data_end_p) {
+static bool v_expected_size(const char *path, uint64_t size, uint64_t *header_p,
+                            uint64_t *data_end_p) {
     if (size < 8)
         return false;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -269,7 +277,8 @@ static bool v_expected_size(const char *path, uint64_t size, uint64_t *header_p,
     json_object_foreach(root, key, e) {
         json_t *off = json_is_object(e) ? json_object_get(e, "data_offsets") : NULL;
         json_t *je = json_array_get(off, 1);
-        if (json_is_integer(je) && json_integer_value(je) > 0 && (uint64_t)json_integer_value(je) > end)
+        if (json_is_integer(je) && json_integer_value(je) > 0 &&
+            (uint64_t)json_integer_value(je) > end)
             end = (uint64_t)json_integer_value(je);
     }
     json_decref(root);
@@ -282,8 +291,8 @@ static void v_open_shard(v_ctx *v, v_shard *s) {
     v_file *f = v_file_find(v, s->name);
     if (!f) {
         if (v->index)
-            v_report(v, PD_ERR_NOTFOUND, "%s: missing shard: %s maps %zu tensors to it (e.g. '%s')", s->name,
-                     V_INDEX_NAME, s->n_mapped, s->first_mapped ? s->first_mapped : "");
+            v_report(v, PD_ERR_NOTFOUND, "%s: missing shard: %s maps %zu tensors to it (e.g. '%s')",
+                     s->name, V_INDEX_NAME, s->n_mapped, s->first_mapped ? s->first_mapped : "");
         else
             v_report(v, PD_ERR_NOTFOUND, "%s: missing", s->name);
         return;
@@ -293,11 +302,15 @@ static void v_open_shard(v_ctx *v, v_shard *s) {
     bool known = v_expected_size(path, f->size, &header, &data_end);
     uint64_t want = 8 + header + data_end;
     if (known && f->size < want)
-        v_report(v, PD_ERR_FORMAT, "%s: truncated: %llu bytes, its header implies %llu (%llu bytes missing)", s->name,
-                 (unsigned long long)f->size, (unsigned long long)want, (unsigned long long)(want - f->size));
+        v_report(v, PD_ERR_FORMAT,
+                 "%s: truncated: %llu bytes, its header implies %llu (%llu bytes missing)", s->name,
+                 (unsigned long long)f->size, (unsigned long long)want,
+                 (unsigned long long)(want - f->size));
     else if (known && f->size > want)
-        v_report(v, PD_ERR_FORMAT, "%s: %llu bytes after the last tensor's data (the file is %llu bytes, its header "
-                 "implies %llu)", s->name, (unsigned long long)(f->size - want), (unsigned long long)f->size,
+        v_report(v, PD_ERR_FORMAT,
+                 "%s: %llu bytes after the last tensor's data (the file is %llu bytes, its header "
+                 "implies %llu)",
+                 s->name, (unsigned long long)(f->size - want), (unsigned long long)f->size,
                  (unsigned long long)want);
     pd_err e = {{0}};
     pd_status st = pd_st_open_file(path, &s->st, &e);
@@ -311,8 +324,10 @@ static void v_open_shard(v_ctx *v, v_shard *s) {
     for (size_t i = 0; i < pd_st_count(s->st); i++)
         sum += pd_st_at(s->st, i)->nbytes;
     if (known && sum != data_end)
-        v_report(v, PD_ERR_FORMAT, "%s: the tensors hold %llu bytes but their data ends at byte %llu: gaps between "
-                 "tensors", s->name, (unsigned long long)sum, (unsigned long long)data_end);
+        v_report(v, PD_ERR_FORMAT,
+                 "%s: the tensors hold %llu bytes but their data ends at byte %llu: gaps between "
+                 "tensors",
+                 s->name, (unsigned long long)sum, (unsigned long long)data_end);
     v->rep->n_tensors += pd_st_count(s->st);
 }
 
@@ -326,14 +341,15 @@ static void v_check_index(v_ctx *v) {
     const char *tname;
     json_t *jf;
     json_object_foreach(v->weight_map, tname, jf) {
-        json_t *id = json_is_string(jf) ? json_object_get(v->shard_ids, json_string_value(jf)) : NULL;
+        json_t *id =
+            json_is_string(jf) ? json_object_get(v->shard_ids, json_string_value(jf)) : NULL;
         v_shard *s = id ? &v->shards[json_integer_value(id)] : NULL;
         if (!s || !s->st)
             continue; /* reported with the shard */
         const pd_st_tensor *t = pd_st_find(s->st, tname);
         if (!t)
-            v_report(v, PD_ERR_NOTFOUND, "%s: tensor '%s' is mapped to %s, which lacks it", V_INDEX_NAME, tname,
-                     s->name);
+            v_report(v, PD_ERR_NOTFOUND, "%s: tensor '%s' is mapped to %s, which lacks it",
+                     V_INDEX_NAME, tname, s->name);
         else
             total += t->nbytes;
     }
@@ -343,11 +359,11 @@ static void v_check_index(v_ctx *v) {
             const char *name = pd_st_at(s->st, k)->name;
             const char *mapped = json_string_value(json_object_get(v->weight_map, name));
             if (!mapped)
-                v_report(v, PD_OK, "%s: tensor '%s' is not in %s (the loader ignores it)", s->name, name,
-                         V_INDEX_NAME);
+                v_report(v, PD_OK, "%s: tensor '%s' is not in %s (the loader ignores it)", s->name,
+                         name, V_INDEX_NAME);
             else if (strcmp(mapped, s->name) != 0)
-                v_report(v, PD_OK, "%s: tensor '%s' is also here; %s maps it to %s", s->name, name, V_INDEX_NAME,
-                         mapped);
+                v_report(v, PD_OK, "%s: tensor '%s' is also here; %s maps it to %s", s->name, name,
+                         V_INDEX_NAME, mapped);
         }
     }
     json_t *meta = json_object_get(v->index, "metadata");
@@ -355,7 +371,8 @@ static void v_check_index(v_ctx *v) {
     if (jtotal && !json_is_integer(jtotal))
         v_report(v, PD_ERR_FORMAT, "%s: metadata.total_size is not an integer", V_INDEX_NAME);
     else if (jtotal && all_open && (uint64_t)json_integer_value(jtotal) != total)
-        v_report(v, PD_ERR_FORMAT, "%s: metadata.total_size is %lld but the mapped tensors hold %llu bytes",
+        v_report(v, PD_ERR_FORMAT,
+                 "%s: metadata.total_size is %lld but the mapped tensors hold %llu bytes",
                  V_INDEX_NAME, (long long)json_integer_value(jtotal), (unsigned long long)total);
 }
 
@@ -397,11 +414,12 @@ static const char *v_expected_home(v_ctx *v) {
 
 /* An F8_E4M3 weight needs <name>_scale_inv of ceil(rows/bm) x ceil(cols/bn)
  * in a float dtype (DeepSeek-V3 inference/kernel.py weight_dequant). */
-static void v_check_fp8_scale(v_ctx *v, const pd_model_config *c, const pd_tensor_spec *s, const pd_st_tensor *t,
-                              json_t *used) {
+static void v_check_fp8_scale(v_ctx *v, const pd_model_config *c, const pd_tensor_spec *s,
+                              const pd_st_tensor *t, json_t *used) {
     if (s->cols == 0) {
-        v_report(v, PD_ERR_UNSUPPORTED, "%s: tensor '%s' is F8_E4M3 but 1-D: only matrices are block-quantised",
-                 t->file, s->name);
+        v_report(v, PD_ERR_UNSUPPORTED,
+                 "%s: tensor '%s' is F8_E4M3 but 1-D: only matrices are block-quantised", t->file,
+                 s->name);
         return;
     }
     char sn[sizeof s->name + 16];
@@ -415,19 +433,23 @@ static void v_check_fp8_scale(v_ctx *v, const pd_model_config *c, const pd_tenso
         v_report(v, PD_ERR_NOTFOUND, "%s: FP8 tensor '%s' has no '%s'", t->file, s->name, sn);
         return;
     }
-    int bm = c->fp8_block[0] > 0 ? c->fp8_block[0] : 128, bn = c->fp8_block[1] > 0 ? c->fp8_block[1] : 128;
+    int bm = c->fp8_block[0] > 0 ? c->fp8_block[0] : 128,
+        bn = c->fp8_block[1] > 0 ? c->fp8_block[1] : 128;
     int64_t sr = (s->rows + bm - 1) / bm, scol = (s->cols + bn - 1) / bn;
     bool dt_ok = sc->dtype == PD_DT_F32 || sc->dtype == PD_DT_BF16 || sc->dtype == PD_DT_F16;
     if (sc->ndim != 2 || sc->shape[0] != sr || sc->shape[1] != scol || !dt_ok) {
         char got[96];
         v_shape_str(sc, got, sizeof got);
-        v_report(v, PD_ERR_SHAPE, "%s: tensor '%s' is %s %s; %dx%d blocks of [%lld, %lld] imply [%lld, %lld] "
-                 "F32/BF16/F16", sc->file, sn, pd_dtype_name(sc->dtype), got, bm, bn, (long long)s->rows,
+        v_report(v, PD_ERR_SHAPE,
+                 "%s: tensor '%s' is %s %s; %dx%d blocks of [%lld, %lld] imply [%lld, %lld] "
+                 "F32/BF16/F16",
+                 sc->file, sn, pd_dtype_name(sc->dtype), got, bm, bn, (long long)s->rows,
                  (long long)s->cols, (long long)sr, (long long)scol);
     }
 }
 
-static void v_check_spec(v_ctx *v, const pd_model_config *c, const pd_tensor_spec *s, json_t *used) {
+static void v_check_spec(v_ctx *v, const pd_model_config *c, const pd_tensor_spec *s,
+                         json_t *used) {
     json_object_set_new(used, s->name, json_true());
     bool unknown;
     const pd_st_tensor *t = v_lookup(v, s->name, &unknown);
@@ -435,10 +457,12 @@ static void v_check_spec(v_ctx *v, const pd_model_config *c, const pd_tensor_spe
         return;
     if (!t) {
         if (s->cols)
-            v_report(v, PD_ERR_NOTFOUND, "%s: missing tensor '%s', which config.json implies ([%lld, %lld])",
+            v_report(v, PD_ERR_NOTFOUND,
+                     "%s: missing tensor '%s', which config.json implies ([%lld, %lld])",
                      v_expected_home(v), s->name, (long long)s->rows, (long long)s->cols);
         else
-            v_report(v, PD_ERR_NOTFOUND, "%s: missing tensor '%s', which config.json implies ([%lld])",
+            v_report(v, PD_ERR_NOTFOUND,
+                     "%s: missing tensor '%s', which config.json implies ([%lld])",
                      v_expected_home(v), s->name, (long long)s->rows);
         return;
     }
@@ -448,16 +472,18 @@ static void v_check_spec(v_ctx *v, const pd_model_config *c, const pd_tensor_spe
         char got[96];
         v_shape_str(t, got, sizeof got);
         if (s->cols)
-            v_report(v, PD_ERR_SHAPE, "%s: tensor '%s' has shape %s, config.json implies [%lld, %lld]", t->file,
+            v_report(v, PD_ERR_SHAPE,
+                     "%s: tensor '%s' has shape %s, config.json implies [%lld, %lld]", t->file,
                      s->name, got, (long long)s->rows, (long long)s->cols);
         else
-            v_report(v, PD_ERR_SHAPE, "%s: tensor '%s' has shape %s, config.json implies [%lld]", t->file, s->name,
-                     got, (long long)s->rows);
+            v_report(v, PD_ERR_SHAPE, "%s: tensor '%s' has shape %s, config.json implies [%lld]",
+                     t->file, s->name, got, (long long)s->rows);
         return;
     }
-    if (t->dtype != PD_DT_F32 && t->dtype != PD_DT_BF16 && t->dtype != PD_DT_F16 && t->dtype != PD_DT_F8_E4M3) {
-        v_report(v, PD_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, not a weight dtype", t->file, s->name,
-                 pd_dtype_name(t->dtype));
+    if (t->dtype != PD_DT_F32 && t->dtype != PD_DT_BF16 && t->dtype != PD_DT_F16 &&
+        t->dtype != PD_DT_F8_E4M3) {
+        v_report(v, PD_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, not a weight dtype", t->file,
+                 s->name, pd_dtype_name(t->dtype));
         return;
     }
     if (t->dtype == PD_DT_F8_E4M3)
@@ -480,7 +506,8 @@ static void v_check_config_tensors(v_ctx *v, const pd_model_config *c) {
         v_shard *s = &v->shards[i];
         for (size_t k = 0; s->st && k < pd_st_count(s->st); k++) {
             const char *name = pd_st_at(s->st, k)->name;
-            const char *mapped = v->weight_map ? json_string_value(json_object_get(v->weight_map, name)) : s->name;
+            const char *mapped =
+                v->weight_map ? json_string_value(json_object_get(v->weight_map, name)) : s->name;
             if (!mapped || strcmp(mapped, s->name) != 0 || json_object_get(used, name))
                 continue;
             if (extra++ == 0) {
@@ -490,7 +517,8 @@ static void v_check_config_tensors(v_ctx *v, const pd_model_config *c) {
         }
     }
     if (extra)
-        v_report(v, PD_OK, "%s: %zu tensors config.json does not imply (e.g. '%s'); the loader ignores them",
+        v_report(v, PD_OK,
+                 "%s: %zu tensors config.json does not imply (e.g. '%s'); the loader ignores them",
                  first_file, extra, first);
     json_decref(used);
     free(specs);
@@ -509,8 +537,8 @@ typedef struct {
     char (*errors)[256];         /* per file; "" when read fine */
 } v_hash_pool;
 
-static bool v_sha256_file(const char *path, atomic_uint_fast64_t *bytes, uint8_t *buf, char hex[65], char *errbuf,
-                          size_t errcap) {
+static bool v_sha256_file(const char *path, atomic_uint_fast64_t *bytes, uint8_t *buf, char hex[65],
+                          char *errbuf, size_t errcap) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         snprintf(errbuf, errcap, "cannot open: %s", strerror(errno));
@@ -560,7 +588,8 @@ static void *v_hash_worker(void *arg) {
             snprintf(p->errors[i], sizeof p->errors[i], "out of memory for the read buffer");
         } else {
             char *path = v_join(p->v->dir, f->name);
-            f->hashed = v_sha256_file(path, &p->bytes, buf, f->sha256, p->errors[i], sizeof p->errors[i]);
+            f->hashed =
+                v_sha256_file(path, &p->bytes, buf, f->sha256, p->errors[i], sizeof p->errors[i]);
             free(path);
         }
         f->read_failed = !f->hashed;
@@ -585,9 +614,10 @@ static int v_size_desc(const void *a, const void *b) {
 
 static void v_progress(v_ctx *v, v_hash_pool *p, uint64_t total, double dt, bool tty, bool final) {
     uint64_t b = atomic_load(&p->bytes);
-    fprintf(stderr, "%sverify: hashed %d/%d files, %.1f/%.1f MB (%.0f%%), %.0f MB/s%s", tty ? "\r" : "",
-            atomic_load(&p->done), v->n_files, b / 1e6, total / 1e6, total ? 100.0 * b / total : 100.0,
-            dt > 0 ? b / 1e6 / dt : 0.0, tty ? (final ? "\033[K\n" : "\033[K") : "\n");
+    fprintf(stderr, "%sverify: hashed %d/%d files, %.1f/%.1f MB (%.0f%%), %.0f MB/s%s",
+            tty ? "\r" : "", atomic_load(&p->done), v->n_files, b / 1e6, total / 1e6,
+            total ? 100.0 * b / total : 100.0, dt > 0 ? b / 1e6 / dt : 0.0,
+            tty ? (final ? "\033[K\n" : "\033[K") : "\n");
 }
 
 static void v_hash_all(v_ctx *v) {
@@ -637,7 +667,8 @@ static void v_hash_all(v_ctx *v) {
         pthread_join(th[i], NULL);
     v->rep->hash_seconds = atomic_load(&p.end_ns) / 1e9 - t0; /* not the polling's granularity */
     v->rep->bytes_hashed = atomic_load(&p.bytes);
-    v->rep->mb_per_s = v->rep->hash_seconds > 0 ? v->rep->bytes_hashed / 1e6 / v->rep->hash_seconds : 0;
+    v->rep->mb_per_s =
+        v->rep->hash_seconds > 0 ? v->rep->bytes_hashed / 1e6 / v->rep->hash_seconds : 0;
     if (v->opt->progress)
         v_progress(v, &p, total, v->rep->hash_seconds, tty, true);
     for (int i = 0; i < v->n_files; i++)
@@ -673,11 +704,13 @@ static void v_compare_manifest(v_ctx *v) {
     json_error_t jerr;
     json_t *m = json_load_file(mpath, JSON_REJECT_DUPLICATES, &jerr);
     if (!m) {
-        v_report(v, jerr.line < 0 ? PD_ERR_IO : PD_ERR_FORMAT, "%s: cannot read the manifest: %s", mpath, jerr.text);
+        v_report(v, jerr.line < 0 ? PD_ERR_IO : PD_ERR_FORMAT, "%s: cannot read the manifest: %s",
+                 mpath, jerr.text);
         return;
     }
     if (!json_is_object(m)) {
-        v_report(v, PD_ERR_FORMAT, "%s: the manifest is not a JSON object of file -> {size, sha256}", mpath);
+        v_report(v, PD_ERR_FORMAT,
+                 "%s: the manifest is not a JSON object of file -> {size, sha256}", mpath);
         json_decref(m);
         return;
     }
@@ -685,9 +718,11 @@ static void v_compare_manifest(v_ctx *v) {
     json_t *e;
     json_object_foreach(m, name, e) {
         json_t *js = json_is_object(e) ? json_object_get(e, "size") : NULL;
-        const char *sha = json_is_object(e) ? json_string_value(json_object_get(e, "sha256")) : NULL;
+        const char *sha =
+            json_is_object(e) ? json_string_value(json_object_get(e, "sha256")) : NULL;
         if (!json_is_integer(js) || json_integer_value(js) < 0 || !v_is_hex64(sha)) {
-            v_report(v, PD_ERR_FORMAT, "%s: entry '%s' is not {\"size\": bytes, \"sha256\": 64 hex digits}", mpath,
+            v_report(v, PD_ERR_FORMAT,
+                     "%s: entry '%s' is not {\"size\": bytes, \"sha256\": 64 hex digits}", mpath,
                      name);
             continue;
         }
@@ -700,10 +735,11 @@ static void v_compare_manifest(v_ctx *v) {
         if (!f)
             v_report(v, PD_ERR_NOTFOUND, "%s: missing (listed in the manifest %s)", name, mpath);
         else if (f->size != size)
-            v_report(v, PD_ERR_FORMAT, "%s: %llu bytes, the manifest says %llu", name, (unsigned long long)f->size,
-                     (unsigned long long)size);
+            v_report(v, PD_ERR_FORMAT, "%s: %llu bytes, the manifest says %llu", name,
+                     (unsigned long long)f->size, (unsigned long long)size);
         else if (f->hashed && strcasecmp(f->sha256, sha) != 0)
-            v_report(v, PD_ERR_FORMAT, "%s: SHA-256 %s differs from the manifest's %s", name, f->sha256, sha);
+            v_report(v, PD_ERR_FORMAT, "%s: SHA-256 %s differs from the manifest's %s", name,
+                     f->sha256, sha);
     }
     for (int i = 0; i < v->n_files; i++) {
         const char *fn = v->files[i].name;
@@ -727,7 +763,8 @@ static void v_write_manifest(v_ctx *v) {
     json_t *m = json_object();
     for (int i = 0; i < v->n_files; i++)
         json_object_set_new(m, v->files[i].name,
-                            json_pack("{s:I,s:s}", "size", (json_int_t)v->files[i].size, "sha256", v->files[i].sha256));
+                            json_pack("{s:I,s:s}", "size", (json_int_t)v->files[i].size, "sha256",
+                                      v->files[i].sha256));
     size_t n = strlen(path);
     char *tmp = pd_xmalloc(n + 16);
     snprintf(tmp, n + 16, "%s.tmp%d", path, (int)getpid());
@@ -756,7 +793,8 @@ static void v_run_checks(v_ctx *v) {
         v_report(v, cst, "%s", e.msg);
     else if (cfg.n_routed_experts > 1024 || cfg.num_experts_per_tok > 256 || cfg.n_group > 256 ||
              cfg.qk_rope_head_dim > 1024) { /* pd_model_load's limits */
-        v_report(v, PD_ERR_UNSUPPORTED, "config.json: more than 1024 experts, 256 per token or 256 groups");
+        v_report(v, PD_ERR_UNSUPPORTED,
+                 "config.json: more than 1024 experts, 256 per token or 256 groups");
         cst = PD_ERR_UNSUPPORTED;
     }
 
@@ -769,9 +807,11 @@ static void v_run_checks(v_ctx *v) {
     for (int i = 0; i < v->n_files; i++) {
         const char *fn = v->files[i].name;
         size_t n = strlen(fn);
-        if (n > 12 && strcmp(fn + n - 12, ".safetensors") == 0 && !json_object_get(v->shard_ids, fn))
+        if (n > 12 && strcmp(fn + n - 12, ".safetensors") == 0 &&
+            !json_object_get(v->shard_ids, fn))
             v_report(v, PD_OK, "%s: not part of the checkpoint (%s)", fn,
-                     v->weight_map ? V_INDEX_NAME " does not name it" : "no index: the loader reads " V_SINGLE_NAME);
+                     v->weight_map ? V_INDEX_NAME " does not name it"
+                                   : "no index: the loader reads " V_SINGLE_NAME);
     }
     if (cst == PD_OK && v->layout_ok && v->n_shards > 0)
         v_check_config_tensors(v, &cfg);
@@ -784,10 +824,15 @@ static void v_run_checks(v_ctx *v) {
         v_write_manifest(v);
 }
 
-pd_status pd_verify_checkpoint(const char *dir, const pd_verify_options *opt, pd_verify_report *rep, pd_err *err) {
+pd_status pd_verify_checkpoint(const char *dir, const pd_verify_options *opt, pd_verify_report *rep,
+                               pd_err *err) {
     pd_verify_options none = {0};
     pd_verify_report local;
-    v_ctx v = {.dir = dir, .opt = opt ? opt : &none, .rep = rep ? rep : &local, .err = err, .first = PD_OK};
+    v_ctx v = {.dir = dir,
+               .opt = opt ? opt : &none,
+               .rep = rep ? rep : &local,
+               .err = err,
+               .first = PD_OK};
     memset(v.rep, 0, sizeof *v.rep);
     v.shard_ids = json_object();
     if (v_list_dir(&v) == PD_OK)
@@ -795,8 +840,8 @@ pd_status pd_verify_checkpoint(const char *dir, const pd_verify_options *opt, pd
 
     if (v.hidden_problems || v.hidden_notes) {
         char msg[160];
-        snprintf(msg, sizeof msg, "... and %d more problems, %d more notes not shown", v.hidden_problems,
-                 v.hidden_notes);
+        snprintf(msg, sizeof msg, "... and %d more problems, %d more notes not shown",
+                 v.hidden_problems, v.hidden_notes);
         if (v.opt->on_message)
             v.opt->on_message(v.opt->user, v.hidden_problems > 0, msg);
         else
@@ -828,23 +873,34 @@ static void v_log_message(void *user, bool problem, const char *msg) {
         PD_LOGI(t->module, "checkpoint %s: note: %s", t->dir, msg);
 }
 
-pd_status pd_verify_at_start(const char *dir, const char *manifest, const char *module, pd_err *err) {
+pd_status pd_verify_at_start(const char *dir, const char *manifest, const char *module,
+                             pd_err *err) {
     v_log_target target = {module, dir};
-    pd_verify_options o = {.manifest = manifest, .hash = manifest != NULL, .jobs = V_DEFAULT_JOBS,
-                           .on_message = v_log_message, .user = &target};
+    pd_verify_options o = {.manifest = manifest,
+                           .hash = manifest != NULL,
+                           .jobs = V_DEFAULT_JOBS,
+                           .on_message = v_log_message,
+                           .user = &target};
     pd_verify_report r;
     double t0 = pd_now_s();
     pd_status st = pd_verify_checkpoint(dir, &o, &r, err);
     if (st != PD_OK) {
-        PD_LOGE(module, "checkpoint %s: %d problem%s", dir, r.n_problems, r.n_problems == 1 ? "" : "s");
+        PD_LOGE(module, "checkpoint %s: %d problem%s", dir, r.n_problems,
+                r.n_problems == 1 ? "" : "s");
         return st;
     }
     if (manifest)
-        PD_LOGI(module, "checkpoint %s verified: %d shard(s), %zu tensors, %d files match %s (%.1f MB at %.0f MB/s) "
-                "in %.2f s", dir, r.n_shards, r.n_tensors, r.n_files, manifest, r.bytes_hashed / 1e6, r.mb_per_s,
+        PD_LOGI(module,
+                "checkpoint %s verified: %d shard(s), %zu tensors, %d files match %s (%.1f MB at "
+                "%.0f MB/s) "
+                "in %.2f s",
+                dir, r.n_shards, r.n_tensors, r.n_files, manifest, r.bytes_hashed / 1e6, r.mb_per_s,
                 pd_now_s() - t0);
     else
-        PD_LOGI(module, "checkpoint %s verified: %d shard(s), %zu tensors, sizes and headers (no manifest: not hashed) "
-                "in %.2f s", dir, r.n_shards, r.n_tensors, pd_now_s() - t0);
+        PD_LOGI(module,
+                "checkpoint %s verified: %d shard(s), %zu tensors, sizes and headers (no manifest: "
+                "not hashed) "
+                "in %.2f s",
+                dir, r.n_shards, r.n_tensors, pd_now_s() - t0);
     return PD_OK;
 }

@@ -20,8 +20,8 @@ static void test_line_and_labels(void **state) {
     assert_non_null(strstr(line, pd_version_has_cuda() ? "CUDA on" : "CUDA off"));
     assert_non_null(strstr(line, "sanitizers "));
     char want[256];
-    snprintf(want, sizeof want, "version=\"%s\",commit=\"%s\",cuda=\"%s\"", PD_VERSION, pd_version_commit(),
-             pd_version_has_cuda() ? "on" : "off");
+    snprintf(want, sizeof want, "version=\"%s\",commit=\"%s\",cuda=\"%s\"", PD_VERSION,
+             pd_version_commit(), pd_version_has_cuda() ? "on" : "off");
     assert_string_equal(pd_version_build_info_labels(), want);
     assert_true(strlen(pd_version_commit()) > 0);
     assert_non_null(strstr(PD_BUILD_INFO_HELP, "# TYPE pdserve:build_info gauge\n"));
@@ -30,7 +30,7 @@ static void test_line_and_labels(void **state) {
 static void test_every_library(void **state) {
     pd_dep_version d[PD_DEPS_MAX];
     int n = pd_version_deps(d, PD_DEPS_MAX);
-    const char *names[] = {"ZeroMQ", "protobuf-c", "nghttp2", "jansson", "OpenSSL",
+    const char *names[] = {"ZeroMQ", "protobuf-c", "nghttp2", "jansson",  "OpenSSL",
                            "UCX",    "libevent",   "PCRE2",   "OpenBLAS", "libcurl"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         int found = -1;
@@ -43,7 +43,8 @@ static void test_every_library(void **state) {
         assert_true(d[found].loaded[0] != '\0');
         assert_true(strcmp(d[found].loaded, "unknown") != 0);
         if (d[found].mismatch)
-            fail_msg("%s: loaded %s, built against %s", names[k], d[found].loaded, d[found].compiled);
+            fail_msg("%s: loaded %s, built against %s", names[k], d[found].loaded,
+                     d[found].compiled);
     }
     int want = (int)(sizeof names / sizeof names[0]) + (pd_version_has_cuda() ? 3 : 0);
     assert_int_equal(n, want);

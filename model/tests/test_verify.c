@@ -63,7 +63,8 @@ static int setup(void **state) {
     snprintf(f->fp8, sizeof f->fp8, "%s/fp8", f->root);
     pd_err err = {{0}};
     pd_model_config cfg;
-    if (pd_preset_config("tiny", &cfg, &err) != PD_OK || pd_mkmodel_write(&cfg, 5, f->single, 0, NULL, &err) ||
+    if (pd_preset_config("tiny", &cfg, &err) != PD_OK ||
+        pd_mkmodel_write(&cfg, 5, f->single, 0, NULL, &err) ||
         pd_mkmodel_write(&cfg, 5, f->sharded, SHARD_BYTES, NULL, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
@@ -113,8 +114,12 @@ static void collect(void *user, bool problem, const char *msg) {
 static pd_status run(const char *dir, const char *manifest, const char *write_manifest, sink *s,
                      pd_verify_report *rep, pd_err *err) {
     memset(s, 0, sizeof *s);
-    pd_verify_options o = {.manifest = manifest, .write_manifest = write_manifest, .hash = true, .jobs = 3,
-                           .on_message = collect, .user = s};
+    pd_verify_options o = {.manifest = manifest,
+                           .write_manifest = write_manifest,
+                           .hash = true,
+                           .jobs = 3,
+                           .on_message = collect,
+                           .user = s};
     return pd_verify_checkpoint(dir, &o, rep, err);
 }
 
@@ -302,7 +307,9 @@ static void test_index_lies(void **state) {
     pd_verify_report r;
     pd_err err = {{0}};
     assert_int_not_equal(run(work, NULL, NULL, &s, &r, &err), PD_OK);
-    assert_has(s.text, "tensor 'lm_head.weight' is mapped to model-00001-of-00003.safetensors, which lacks it");
+    assert_has(
+        s.text,
+        "tensor 'lm_head.weight' is mapped to model-00001-of-00003.safetensors, which lacks it");
     assert_has(s.text, "metadata.total_size is 12345");
 }
 
@@ -319,11 +326,13 @@ static void test_wrong_manifest_entry(void **state) {
 
     json_t *m = json_load_file(man, 0, NULL);
     json_object_set_new(json_object_get(m, "config.json"), "size", json_integer(1));
-    json_object_set_new(json_object_get(m, "model.safetensors"), "sha256",
-                        json_string("0000000000000000000000000000000000000000000000000000000000000000"));
-    json_object_set_new(m, "model-00009-of-00009.safetensors",
-                        json_pack("{s:I,s:s}", "size", (json_int_t)10, "sha256",
-                                  "1111111111111111111111111111111111111111111111111111111111111111"));
+    json_object_set_new(
+        json_object_get(m, "model.safetensors"), "sha256",
+        json_string("0000000000000000000000000000000000000000000000000000000000000000"));
+    json_object_set_new(
+        m, "model-00009-of-00009.safetensors",
+        json_pack("{s:I,s:s}", "size", (json_int_t)10, "sha256",
+                  "1111111111111111111111111111111111111111111111111111111111111111"));
     json_object_set_new(m, "bad-entry", json_pack("{s:s}", "sha256", "xyz"));
     assert_int_equal(json_dump_file(m, man, 0), 0);
     json_decref(m);
@@ -369,8 +378,10 @@ static void test_config_mismatch(void **state) {
     pd_err err = {{0}};
     assert_int_equal(run(work, NULL, NULL, &s, &r, &err), PD_ERR_NOTFOUND);
     char want[160];
-    snprintf(want, sizeof want, "model.safetensors: missing tensor 'model.layers.%d.input_layernorm.weight', which "
-             "config.json implies", layers);
+    snprintf(want, sizeof want,
+             "model.safetensors: missing tensor 'model.layers.%d.input_layernorm.weight', which "
+             "config.json implies",
+             layers);
     assert_has(err.msg, want);
 
     /* fewer layers than the file has: the extra tensors are a note only */
@@ -414,7 +425,8 @@ static void test_fp8_scale(void **state) {
     for (size_t i = 0; i < pd_st_count(st); i++) {
         const pd_st_tensor *t = pd_st_at(st, i);
         if (strcmp(t->name, drop) != 0)
-            assert_int_equal(pd_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape, &err), PD_OK);
+            assert_int_equal(pd_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape, &err),
+                             PD_OK);
     }
     for (size_t i = 0; i < pd_st_count(st); i++) {
         const pd_st_tensor *t = pd_st_at(st, i);
