@@ -12,6 +12,7 @@
 
 #include "pd_metrics.h"
 #include "pd_msg.h"
+#include "pd_version.h"
 
 #define LOGM "router"
 
@@ -861,6 +862,7 @@ void pd_router_free(pd_router **r_p) {
 static int metrics_get(void *ctx, const char *path, const char *query, struct evbuffer *body, const char **ct) {
     pd_router *r = ctx;
     *ct = "text/plain; version=0.0.4; charset=utf-8";
+    evbuffer_add_printf(body, PD_BUILD_INFO_HELP "pdserve:build_info{%s} 1\n", pd_version_build_info_labels());
     evbuffer_add_printf(body, "# HELP pdserve:num_requests_running Requests running on a replica.\n"
                               "# TYPE pdserve:num_requests_running gauge\n");
     for (gw_replica *x = r->replicas; x; x = x->next)
