@@ -350,8 +350,16 @@ static void handle(decode_svc *d, pd_msg *msg) {
             if (p) parked_free(p);
             break;
         }
-        /* the blocks now belong to the decode sequence */
+        /* the blocks now belong to the decode sequence: from the host pool
+         * into the cache (a no-op when the cache is host memory) */
         pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
+        if (pd_kv_cache_upload_blocks(pd_sched_kv(d->sched), p->blocks, p->n_blocks, &err) != PD_OK) {
+            PD_LOGW(LOGM, "request %s: %s", k->request_id, err.msg);
+            send_error(d, k->request_id, err.msg);
+            pd_sched_free_blocks(d->sched, p->blocks, p->n_blocks);
+            parked_free(p);
+            break;
+        }
         pd_sched_request r = request_from(p->gen);
         if (pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob, &err) !=
             PD_OK) {
@@ -476,8 +484,11 @@ int pd_decode_main(int argc, char **argv) {
          * detection would force TCP); same-host peers are watched by pidfd. */
         pd_kvx_config kc = {.name = replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
         pd_kvx_resv_config rcfg = {.blocks_free = on_blocks_free, .user = &d, .block_bytes = pd_kv_cache_block_bytes(kv)};
-        if (pd_kvx_agent_init(&kc, &d.agent, &err) != PD_OK ||
-            pd_kvx_register_pool(d.agent, pd_kv_cache_block_ptr(kv, 0),
+        /* prefill replicas write into host memory (pd_kv_cache_host_pool);
+         * KvComplete copies the blocks into the cache */
+        void *kv_host = pd_kv_cache_host_pool(kv, &err);
+        if (!kv_host || pd_kvx_agent_init(&kc, &d.agent, &err) != PD_OK ||
+            pd_kvx_register_pool(d.agent, kv_host,
                                  pd_kv_cache_block_bytes(kv) * (size_t)pd_kv_cache_num_blocks(kv), &d.pool, &err) != PD_OK ||
             pd_kvx_resv_init(&rcfg, &d.resv, &err) != PD_OK) {
             fprintf(stderr, "pdserve decode: KV transfer: %s\n", err.msg);

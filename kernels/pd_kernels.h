@@ -49,6 +49,26 @@ typedef struct {
     float *out;             /* [n_q, n_heads * v_dim] */
 } pd_mla_args;
 
+/** Arguments of batched MLA decode attention (absorbed form): n_seqs
+ * sequences, one new query each, the query of sequence i attending to its
+ * tokens 0 .. seq_lens[i]-1 (its own latent already in the cache). Every
+ * array is backend memory, so that the call can be recorded in a graph and
+ * replayed with new lengths and tables. Sequence i's block table is
+ * blocks[block_off[i] ...]. Same cache layout as pd_mla_args. */
+typedef struct {
+    int n_heads, qk_nope_dim, qk_rope_dim, v_dim, kv_lora_rank;
+    float softmax_scale;
+    int n_seqs;
+    const float *q; /* [n_seqs, n_heads, qk_nope_dim + qk_rope_dim], rope applied */
+    const float *cache;
+    int n_layers, layer, block_size;
+    const int32_t *seq_lens;  /* [n_seqs], >= 1 */
+    const int32_t *block_off; /* [n_seqs] */
+    const int32_t *blocks;
+    const pd_weight *kv_b; /* [n_heads*(qk_nope_dim+v_dim), kv_lora_rank] */
+    float *out;            /* [n_seqs, n_heads * v_dim] */
+} pd_mla_decode_args;
+
 typedef struct pd_backend pd_backend;
 
 /** The operation table. ctx is the backend's own state. Every pointer
@@ -95,6 +115,51 @@ typedef struct {
                         const int32_t *ids, const float *weights, int top_k,
                         const pd_weight *gate_up, const pd_weight *down, float *out);
     void (*destroy)(pd_backend *be);
+
+    /* ---- step operations: index arrays in backend memory ----
+     * A step uploads its host arguments (token ids, positions, cache slots,
+     * block tables) once, then queues only operations that never wait on
+     * the host, so that a decode step can be recorded as a graph. */
+    /** embed with ids [rows] in backend memory (checked by the caller). */
+    void (*embed_ids)(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out);
+    /** rope with pos [rows] and inv_freq [rope_dim/2] in backend memory. */
+    void (*rope_pos)(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+                     const int32_t *pos, const float *inv_freq, float mscale);
+    /** Writes row r of src (dim values, row stride src_stride) to
+     * cache + (slots[r] + slot_offset) * dim; slots [rows] backend memory. */
+    void (*kv_store)(pd_backend *be, int rows, int dim, const float *src, int src_stride, float *cache,
+                     const int32_t *slots, size_t slot_offset);
+    /** Batched MLA decode attention (see pd_mla_decode_args). */
+    void (*mla_decode)(pd_backend *be, const pd_mla_decode_args *a);
+    /** moe_route with ids and weights [rows × top_k] in backend memory. */
+    void (*moe_route_ids)(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                          float *weights);
+    /** moe_experts with ids (each < n_experts) and weights in backend memory. */
+    void (*moe_experts_ids)(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                            const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
+                            const pd_weight *down, float *out);
+
+    /* ---- optional: NULL where the backend has no use for them ---- */
+    /** Page-locked host memory for staging copies (NULL: the backend's own
+     * memory is host memory, so nothing needs staging). NULL on failure. */
+    void *(*host_alloc)(pd_backend *be, size_t bytes);
+    void (*host_free)(pd_backend *be, void *p);
+    /** Loading bf16 checkpoints without an fp32 copy: weight_alloc makes an
+     * uninitialised [rows × cols] weight, weight_set_bf16 fills rows
+     * [row0, row0 + n_rows) from host bf16 bits. */
+    pd_status (*weight_alloc)(pd_backend *be, int rows, int cols, pd_weight *w_p);
+    pd_status (*weight_set_bf16)(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src);
+    /** Graphs: between graph_begin and graph_end the queued operations are
+     * recorded, not run; graph_launch replays them with whatever the
+     * buffers they read hold then. graph_begin: PD_ERR_UNSUPPORTED when
+     * disabled. graph_end: PD_ERR_UNSUPPORTED when something in the
+     * recording could not be recorded (the backend stays usable).
+     * graph_launch: PD_ERR_LIMIT when the graph is stale (the backend moved
+     * a buffer it reads) and must be recorded again. */
+    pd_status (*graph_begin)(pd_backend *be);
+    pd_status (*graph_end)(pd_backend *be, void **graph_p);
+    pd_status (*graph_launch)(pd_backend *be, void *graph);
+    void (*graph_free)(pd_backend *be, void *graph);
 } pd_backend_i;
 
 struct pd_backend {

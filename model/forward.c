@@ -8,30 +8,18 @@
  *   x  += W_o · a
  *   h   = RMSNorm(x);  x += MLP(h)  or  SharedExperts(h) + Σ_k w_k Expert_k(h)
  * then logits = lm_head · RMSNorm(x) for the rows asked for.
+ *
+ * A step first writes its host arguments (token ids, positions, cache
+ * slots, the decode sequences' lengths and block tables) into one staging
+ * block and uploads it; everything after that is queued on the backend over
+ * buffers planned once (pd_fwd_ws), so a step allocates nothing. A step of
+ * decode tokens only (one new token per sequence, the steady state of a
+ * decode replica) is recorded as a graph the first time its number of
+ * sequences is seen, and replayed after that.
  */
 #include "model_impl.h"
 
 #include <string.h>
-
-typedef struct {
-    pd_backend *be;
-    void *ptrs[32];
-    int n;
-} scratch;
-
-static float *salloc(scratch *s, size_t n_floats) {
-    PD_ASSERT(s->n < 32);
-    float *p = s->be->ops->alloc(s->be, n_floats * sizeof(float));
-    if (p)
-        s->ptrs[s->n++] = p;
-    return p;
-}
-
-static void sfree(scratch *s) {
-    for (int i = 0; i < s->n; i++)
-        s->be->ops->free(s->be, s->ptrs[i]);
-    s->n = 0;
-}
 
 static void mlp_forward(pd_backend *be, const pd_mlp_weights *w, int T, const float *h, float *gu, float *act,
                         float *out, bool accumulate) {
@@ -40,151 +28,310 @@ static void mlp_forward(pd_backend *be, const pd_mlp_weights *w, int T, const fl
     be->ops->gemm(be, T, act, &w->down, out, accumulate);
 }
 
-pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, float *logits, pd_err *err) {
+/* ---- buffers ---------------------------------------------------------- */
+
+static size_t args_ints(const pd_fwd_ws *w) {
+    return 3 * (size_t)w->cap_t + 2 * (size_t)w->cap_seqs + (size_t)w->cap_blocks;
+}
+
+static void ws_drop_graphs(pd_model *m) {
+    pd_fwd_ws *w = &m->ws;
+    for (int i = 0; i <= PD_FWD_MAX_GRAPH_SEQS; i++)
+        if (w->graphs[i].graph) {
+            m->be->ops->graph_free(m->be, w->graphs[i].graph);
+            w->graphs[i].graph = NULL;
+        }
+}
+
+static void ws_release(pd_model *m) {
+    pd_fwd_ws *w = &m->ws;
+    pd_backend *be = m->be;
+    ws_drop_graphs(m);
+    float **bufs[] = {&w->x, &w->h, &w->qa, &w->q, &w->ckv, &w->attn, &w->gu, &w->act, &w->mo, &w->rlog, &w->hl,
+                      &w->logits, &w->ew};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i])
+            be->ops->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    if (w->eids)
+        be->ops->free(be, w->eids);
+    if (w->args)
+        be->ops->free(be, w->args);
+    if (w->hargs) {
+        if (be->ops->host_alloc)
+            be->ops->host_free(be, w->hargs);
+        else
+            free(w->hargs);
+    }
+    w->eids = w->args = w->hargs = NULL;
+    w->cap_t = w->cap_out = w->cap_seqs = w->cap_blocks = 0;
+}
+
+void pd_fwd_ws_free(pd_model *m) {
+    ws_release(m);
+}
+
+/* Makes the buffers hold a step of T tokens, n_out logits rows, n_seqs
+ * sequences and n_blocks decode block-table entries. Growth rounds up, so
+ * that a server settles after its first few steps. */
+static pd_status ws_reserve(pd_model *m, int T, int n_out, int n_seqs, int n_blocks, pd_err *err) {
+    pd_fwd_ws *w = &m->ws;
+    if (T <= w->cap_t && n_out <= w->cap_out && n_seqs <= w->cap_seqs && n_blocks <= w->cap_blocks)
+        return PD_OK;
     const pd_model_config *c = &m->cfg;
     pd_backend *be = m->be;
-    int T = 0, n_out = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        pd_batch_seq *b = &seqs[s];
-        if (b->n_tokens <= 0)
-            return pd_err_set(err, PD_ERR_INVALID, "sequence %d has no new tokens", s);
-        if (b->kv->num_tokens + b->n_tokens > c->max_position_embeddings)
-            return pd_err_set(err, PD_ERR_INVALID, "sequence %d: position %d past max_position_embeddings %d", s,
-                              b->kv->num_tokens + b->n_tokens - 1, c->max_position_embeddings);
-        if ((b->kv->num_tokens + b->n_tokens + kv->block_size - 1) / kv->block_size > b->kv->num_blocks)
-            return pd_err_set(err, PD_ERR_INVALID, "sequence %d: KV blocks for %d tokens not reserved", s,
-                              b->kv->num_tokens + b->n_tokens);
-        for (int i = 0; i < b->n_tokens; i++)
-            if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
-                return pd_err_set(err, PD_ERR_INVALID, "sequence %d: token id %d outside the vocabulary (%d)", s,
-                                  b->tokens[i], c->vocab_size);
-        T += b->n_tokens;
-        n_out += b->all_logits ? b->n_tokens : 1;
-    }
-    int H = c->hidden_size, nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim;
-    int dv = c->v_head_dim, kvr = c->kv_lora_rank, qd = dn + dr, D = kvr + dr;
+    int cap_t = T > w->cap_t ? T : w->cap_t, cap_out = n_out > w->cap_out ? n_out : w->cap_out;
+    int cap_seqs = n_seqs > w->cap_seqs ? n_seqs : w->cap_seqs;
+    int cap_blocks = n_blocks > w->cap_blocks ? 2 * n_blocks : w->cap_blocks;
+    if (cap_t < 64) cap_t = 64;
+    if (cap_out < 16) cap_out = 16;
+    if (cap_seqs < 64) cap_seqs = 64;
+    if (cap_blocks < 1024) cap_blocks = 1024;
+    ws_release(m);
+    w->gen++;
+    w->cap_t = cap_t;
+    w->cap_out = cap_out;
+    w->cap_seqs = cap_seqs;
+    w->cap_blocks = cap_blocks;
+    size_t Tn = (size_t)cap_t;
+    int H = c->hidden_size, nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    int D = c->kv_lora_rank + c->qk_rope_head_dim, topk = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     int inter_max = c->intermediate_size;
     int moe_shared = c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
     if (moe_shared > inter_max) inter_max = moe_shared;
-
-    /* host-side token ids and positions */
-    int32_t *ids = pd_xmalloc((size_t)T * sizeof(int32_t));
-    int *pos = pd_xmalloc((size_t)T * sizeof(int));
-    for (int s = 0, t = 0; s < n_seqs; s++)
-        for (int i = 0; i < seqs[s].n_tokens; i++, t++) {
-            ids[t] = seqs[s].tokens[i];
-            pos[t] = seqs[s].kv->num_tokens + i;
-        }
-
-    scratch sc = {be, {0}, 0};
-    float *x = salloc(&sc, (size_t)T * H);
-    float *h = salloc(&sc, (size_t)T * H);
-    float *qa = c->q_lora_rank > 0 ? salloc(&sc, (size_t)T * c->q_lora_rank) : NULL;
-    float *q = salloc(&sc, (size_t)T * nh * qd);
-    float *ckv = salloc(&sc, (size_t)T * D);
-    float *attn = salloc(&sc, (size_t)T * nh * dv);
-    float *gu = salloc(&sc, (size_t)T * 2 * inter_max);
-    float *act = salloc(&sc, (size_t)T * inter_max);
-    float *mo = salloc(&sc, (size_t)T * H);
-    float *rlog = c->n_routed_experts > 0 ? salloc(&sc, (size_t)T * c->n_routed_experts) : NULL;
-    int topk = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
-    int32_t *eids = pd_xmalloc((size_t)T * topk * sizeof(int32_t));
-    float *ew = pd_xmalloc((size_t)T * topk * sizeof(float));
-    float *hl = salloc(&sc, (size_t)n_out * H);
-    float *dlogits = salloc(&sc, (size_t)n_out * c->vocab_size); /* backend memory; copied to the host at the end */
-    if (!x || !h || (c->q_lora_rank > 0 && !qa) || !q || !ckv || !attn || !gu || !act || !mo || !hl || !dlogits ||
-        (c->n_routed_experts > 0 && !rlog)) {
-        sfree(&sc);
-        free(ids);
-        free(pos);
-        free(eids);
-        free(ew);
-        return pd_err_set(err, PD_ERR_NOMEM, "forward: out of memory for %d tokens", T);
+    if (c->moe_intermediate_size > inter_max) inter_max = c->moe_intermediate_size;
+    const size_t f = sizeof(float);
+    w->x = be->ops->alloc(be, Tn * H * f);
+    w->h = be->ops->alloc(be, Tn * H * f);
+    w->qa = c->q_lora_rank > 0 ? be->ops->alloc(be, Tn * c->q_lora_rank * f) : NULL;
+    w->q = be->ops->alloc(be, Tn * nh * qd * f);
+    w->ckv = be->ops->alloc(be, Tn * D * f);
+    w->attn = be->ops->alloc(be, Tn * nh * c->v_head_dim * f);
+    w->gu = be->ops->alloc(be, Tn * 2 * inter_max * f);
+    w->act = be->ops->alloc(be, Tn * inter_max * f);
+    w->mo = be->ops->alloc(be, Tn * H * f);
+    w->rlog = c->n_routed_experts > 0 ? be->ops->alloc(be, Tn * c->n_routed_experts * f) : NULL;
+    w->eids = be->ops->alloc(be, Tn * topk * sizeof(int32_t));
+    w->ew = be->ops->alloc(be, Tn * topk * f);
+    w->hl = be->ops->alloc(be, (size_t)cap_out * H * f);
+    w->logits = be->ops->alloc(be, (size_t)cap_out * c->vocab_size * f);
+    w->args = be->ops->alloc(be, args_ints(w) * sizeof(int32_t));
+    w->hargs = be->ops->host_alloc ? be->ops->host_alloc(be, args_ints(w) * sizeof(int32_t))
+                                   : malloc(args_ints(w) * sizeof(int32_t));
+    if (!w->x || !w->h || (c->q_lora_rank > 0 && !w->qa) || !w->q || !w->ckv || !w->attn || !w->gu || !w->act ||
+        !w->mo || (c->n_routed_experts > 0 && !w->rlog) || !w->eids || !w->ew || !w->hl || !w->logits || !w->args ||
+        !w->hargs) {
+        ws_release(m);
+        return pd_err_set(err, PD_ERR_NOMEM, "forward: out of memory for buffers of %d tokens", T);
     }
+    return PD_OK;
+}
 
-    be->ops->embed(be, T, H, ids, &m->embed, x);
+/* ---- the step --------------------------------------------------------- */
+
+/* Queues the step over the uploaded arguments. Only the prefill chunks'
+ * attention reads host memory (their block tables); a step of decode
+ * tokens only queues nothing that waits on the host. */
+static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, int n_seqs, int T, int n_out) {
+    const pd_model_config *c = &m->cfg;
+    pd_backend *be = m->be;
+    pd_fwd_ws *w = &m->ws;
+    int H = c->hidden_size, nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim;
+    int dv = c->v_head_dim, kvr = c->kv_lora_rank, qd = dn + dr, D = kvr + dr;
+    const int32_t *ids = w->args, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
+    const int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
+    float *x = w->x, *h = w->h, *q = w->q, *ckv = w->ckv, *attn = w->attn;
+
+    be->ops->embed_ids(be, T, H, ids, &m->embed, x);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const pd_layer_weights *L = &m->layers[l];
         /* ---- attention ---- */
         be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
         if (c->q_lora_rank > 0) {
-            be->ops->gemm(be, T, h, &L->q_a, qa, false);
-            be->ops->rmsnorm(be, T, c->q_lora_rank, qa, c->q_lora_rank, L->q_a_norm, c->rms_norm_eps, qa,
+            be->ops->gemm(be, T, h, &L->q_a, w->qa, false);
+            be->ops->rmsnorm(be, T, c->q_lora_rank, w->qa, c->q_lora_rank, L->q_a_norm, c->rms_norm_eps, w->qa,
                              c->q_lora_rank);
-            be->ops->gemm(be, T, qa, &L->q_b, q, false);
+            be->ops->gemm(be, T, w->qa, &L->q_b, q, false);
         } else {
             be->ops->gemm(be, T, h, &L->q, q, false);
         }
-        be->ops->rope(be, T, nh, q + dn, nh * qd, qd, dr, pos, m->inv_freq, m->rope_mscale);
+        be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, m->inv_freq_b, m->rope_mscale);
         be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
         be->ops->rmsnorm(be, T, kvr, ckv, D, L->kv_a_norm, c->rms_norm_eps, ckv, D);
-        be->ops->rope(be, T, 1, ckv + kvr, D, D, dr, pos, m->inv_freq, m->rope_mscale);
-        /* write the new tokens' (c_KV, k_pe) into their cache slots */
-        for (int s = 0, t = 0; s < n_seqs; s++) {
-            pd_seq_kv *sk = seqs[s].kv;
-            for (int i = 0; i < seqs[s].n_tokens; i++, t++) {
-                int p = pos[t];
-                int blk = sk->block_table[p / kv->block_size];
-                float *dst = kv->data + (((size_t)blk * kv->n_layers + l) * kv->block_size + p % kv->block_size) * D;
-                be->ops->copy(be, dst, ckv + (size_t)t * D, (size_t)D * sizeof(float));
+        be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, m->inv_freq_b, m->rope_mscale);
+        /* the new tokens' (c_KV, k_pe) into their cache slots */
+        be->ops->kv_store(be, T, D, ckv, D, kv->data, slots, (size_t)l * kv->block_size);
+        for (int s = 0, t = 0; s < n_seqs;) {
+            if (seqs[s].n_tokens == 1) { /* a run of decode tokens: one batched call */
+                int s0 = s;
+                while (s < n_seqs && seqs[s].n_tokens == 1)
+                    s++;
+                pd_mla_decode_args d = {
+                    .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .v_dim = dv, .kv_lora_rank = kvr,
+                    .softmax_scale = m->softmax_scale, .n_seqs = s - s0, .q = q + (size_t)t * nh * qd,
+                    .cache = kv->data, .n_layers = kv->n_layers, .layer = l, .block_size = kv->block_size,
+                    .seq_lens = lens + s0, .block_off = boff + s0, .blocks = blocks, .kv_b = &L->kv_b,
+                    .out = attn + (size_t)t * nh * dv,
+                };
+                be->ops->mla_decode(be, &d);
+                t += s - s0;
+                continue;
             }
-        }
-        for (int s = 0, t = 0; s < n_seqs; s++) {
-            pd_batch_seq *b = &seqs[s];
+            const pd_batch_seq *b = &seqs[s];
             pd_mla_args a = {
                 .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .v_dim = dv, .kv_lora_rank = kvr,
                 .softmax_scale = m->softmax_scale, .n_q = b->n_tokens, .start_pos = b->kv->num_tokens,
                 .q = q + (size_t)t * nh * qd, .cache = kv->data, .n_layers = kv->n_layers, .layer = l,
                 .block_size = kv->block_size, .block_table = b->kv->block_table, .kv_b = &L->kv_b,
-                .absorbed = b->n_tokens == 1, .out = attn + (size_t)t * nh * dv,
+                .absorbed = false, .out = attn + (size_t)t * nh * dv,
             };
             be->ops->mla_attention(be, &a);
             t += b->n_tokens;
+            s++;
         }
         be->ops->gemm(be, T, attn, &L->o, x, true); /* x += W_o · a */
         /* ---- MLP / MoE ---- */
         be->ops->rmsnorm(be, T, H, x, H, L->post_norm, c->rms_norm_eps, h, H);
         if (!L->is_moe) {
-            mlp_forward(be, &L->mlp, T, h, gu, act, x, true);
+            mlp_forward(be, &L->mlp, T, h, w->gu, w->act, x, true);
             continue;
         }
-        be->ops->gemm(be, T, h, &L->router, rlog, false);
+        be->ops->gemm(be, T, h, &L->router, w->rlog, false);
         pd_moe_route_params rp = {
             .n_experts = c->n_routed_experts, .top_k = c->num_experts_per_tok, .n_group = c->n_group,
             .topk_group = c->topk_group, .scoring = c->scoring_func == PD_SCORE_SIGMOID ? 1 : 0,
             .topk_method = (int)c->topk_method, .norm_topk_prob = c->norm_topk_prob,
             .routed_scaling_factor = c->routed_scaling_factor, .e_score_correction_bias = L->router_bias,
         };
-        be->ops->moe_route(be, T, rlog, &rp, eids, ew);
+        be->ops->moe_route_ids(be, T, w->rlog, &rp, w->eids, w->ew);
+        /* x += shared(h) + routed(h); without shared experts the routed
+         * outputs go straight into x */
+        float *mo = c->n_shared_experts > 0 ? w->mo : x;
         if (c->n_shared_experts > 0)
-            mlp_forward(be, &L->shared, T, h, gu, act, mo, false);
-        else { /* no shared experts: start from zeros (backend memory, so no memset) */
-            float *zeros = pd_xcalloc((size_t)T * H, sizeof(float));
-            be->ops->upload(be, mo, zeros, (size_t)T * H * sizeof(float));
-            free(zeros);
-        }
-        be->ops->moe_experts(be, T, H, c->moe_intermediate_size, h, eids, ew, c->num_experts_per_tok,
-                             L->experts_gate_up, L->experts_down, mo);
-        be->ops->add(be, (size_t)T * H, x, mo);
+            mlp_forward(be, &L->shared, T, h, w->gu, w->act, mo, false);
+        be->ops->moe_experts_ids(be, T, H, c->moe_intermediate_size, h, w->eids, w->ew, c->num_experts_per_tok,
+                                 c->n_routed_experts, L->experts_gate_up, L->experts_down, mo);
+        if (c->n_shared_experts > 0)
+            be->ops->add(be, (size_t)T * H, x, mo);
     }
     /* ---- final norm and lm_head on the rows asked for ---- */
-    int r = 0;
-    for (int s = 0, t = 0; s < n_seqs; s++) {
-        pd_batch_seq *b = &seqs[s];
-        int first = b->all_logits ? 0 : b->n_tokens - 1;
-        for (int i = first; i < b->n_tokens; i++, r++)
-            be->ops->copy(be, hl + (size_t)r * H, x + (size_t)(t + i) * H, (size_t)H * sizeof(float));
-        t += b->n_tokens;
+    if (n_out == T) { /* every row (decode steps; all_logits) */
+        be->ops->rmsnorm(be, T, H, x, H, m->final_norm, c->rms_norm_eps, w->hl, H);
+    } else {
+        int r = 0;
+        for (int s = 0, t = 0; s < n_seqs; s++) {
+            const pd_batch_seq *b = &seqs[s];
+            int first = b->all_logits ? 0 : b->n_tokens - 1;
+            for (int i = first; i < b->n_tokens; i++, r++)
+                be->ops->copy(be, w->hl + (size_t)r * H, x + (size_t)(t + i) * H, (size_t)H * sizeof(float));
+            t += b->n_tokens;
+        }
+        be->ops->rmsnorm(be, n_out, H, w->hl, H, m->final_norm, c->rms_norm_eps, w->hl, H);
     }
-    be->ops->rmsnorm(be, n_out, H, hl, H, m->final_norm, c->rms_norm_eps, hl, H);
-    be->ops->gemm(be, n_out, hl, &m->lm_head, dlogits, false);
-    be->ops->download(be, logits, dlogits, (size_t)n_out * c->vocab_size * sizeof(float));
+    be->ops->gemm(be, n_out, w->hl, &m->lm_head, w->logits, false);
+}
+
+/* Replays the step's graph when one was recorded for this many sequences
+ * over this cache and these buffers; true when it ran. */
+static bool graph_replay(pd_model *m, pd_kv_cache *kv, int n_seqs) {
+    pd_fwd_ws *w = &m->ws;
+    pd_backend *be = m->be;
+    if (w->no_graphs || !be->ops->graph_begin || n_seqs > PD_FWD_MAX_GRAPH_SEQS)
+        return false;
+    if (!w->graphs[n_seqs].graph)
+        return false;
+    if (w->graphs[n_seqs].cache == kv->data && w->graphs[n_seqs].gen == w->gen &&
+        be->ops->graph_launch(be, w->graphs[n_seqs].graph) == PD_OK)
+        return true;
+    be->ops->graph_free(be, w->graphs[n_seqs].graph); /* stale: record it again */
+    w->graphs[n_seqs].graph = NULL;
+    return false;
+}
+
+static void graph_record(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, int n_seqs) {
+    pd_fwd_ws *w = &m->ws;
+    pd_backend *be = m->be;
+    if (w->no_graphs || !be->ops->graph_begin || n_seqs > PD_FWD_MAX_GRAPH_SEQS)
+        return;
+    void *g = NULL;
+    if (be->ops->graph_begin(be) != PD_OK)
+        return; /* switched off for now */
+    fwd_queue(m, kv, seqs, n_seqs, n_seqs, n_seqs);
+    if (be->ops->graph_end(be, &g) != PD_OK) {
+        w->no_graphs = true; /* this model's steps cannot be recorded */
+        return;
+    }
+    w->graphs[n_seqs].graph = g;
+    w->graphs[n_seqs].cache = kv->data;
+    w->graphs[n_seqs].gen = w->gen;
+}
+
+pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, float *logits, pd_err *err) {
+    const pd_model_config *c = &m->cfg;
+    pd_backend *be = m->be;
+    int T = 0, n_out = 0, n_blocks = 0;
+    bool decode_only = n_seqs > 0;
+    for (int s = 0; s < n_seqs; s++) {
+        pd_batch_seq *b = &seqs[s];
+        if (b->n_tokens <= 0)
+            return pd_err_set(err, PD_ERR_INVALID, "sequence %d has no new tokens", s);
+        int end = b->kv->num_tokens + b->n_tokens;
+        if (end > c->max_position_embeddings)
+            return pd_err_set(err, PD_ERR_INVALID, "sequence %d: position %d past max_position_embeddings %d", s,
+                              end - 1, c->max_position_embeddings);
+        int nblk = (end + kv->block_size - 1) / kv->block_size;
+        if (nblk > b->kv->num_blocks)
+            return pd_err_set(err, PD_ERR_INVALID, "sequence %d: KV blocks for %d tokens not reserved", s, end);
+        for (int i = 0; i < nblk; i++)
+            if (b->kv->block_table[i] < 0 || b->kv->block_table[i] >= kv->num_blocks)
+                return pd_err_set(err, PD_ERR_INVALID, "sequence %d: block_table[%d] = %d outside the cache", s, i,
+                                  b->kv->block_table[i]);
+        for (int i = 0; i < b->n_tokens; i++)
+            if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
+                return pd_err_set(err, PD_ERR_INVALID, "sequence %d: token id %d outside the vocabulary (%d)", s,
+                                  b->tokens[i], c->vocab_size);
+        T += b->n_tokens;
+        n_out += b->all_logits ? b->n_tokens : 1;
+        if (b->n_tokens == 1)
+            n_blocks += nblk;
+        else
+            decode_only = false;
+    }
+    pd_status st = ws_reserve(m, T, n_out, n_seqs, n_blocks, err);
+    if (st != PD_OK)
+        return st;
+    pd_fwd_ws *w = &m->ws;
+
+    /* host arguments, in the layout of w->args */
+    int32_t *ids = w->hargs, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
+    int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
+    int nb = 0;
+    for (int s = 0, t = 0; s < n_seqs; s++) {
+        const pd_seq_kv *sk = seqs[s].kv;
+        for (int i = 0; i < seqs[s].n_tokens; i++, t++) {
+            int p = sk->num_tokens + i;
+            ids[t] = seqs[s].tokens[i];
+            pos[t] = p;
+            slots[t] = sk->block_table[p / kv->block_size] * kv->n_layers * kv->block_size + p % kv->block_size;
+        }
+        lens[s] = sk->num_tokens + seqs[s].n_tokens;
+        boff[s] = nb;
+        if (seqs[s].n_tokens == 1) {
+            int nblk = (lens[s] + kv->block_size - 1) / kv->block_size;
+            memcpy(blocks + nb, sk->block_table, (size_t)nblk * sizeof(int32_t));
+            nb += nblk;
+        }
+    }
+    be->ops->upload(be, w->args, w->hargs, (size_t)(blocks + nb - w->hargs) * sizeof(int32_t));
+
+    bool replayed = decode_only && graph_replay(m, kv, n_seqs);
+    if (!replayed)
+        fwd_queue(m, kv, seqs, n_seqs, T, n_out);
+    be->ops->download(be, logits, w->logits, (size_t)n_out * c->vocab_size * sizeof(float));
+    if (decode_only && !replayed)
+        graph_record(m, kv, seqs, n_seqs);
     for (int s = 0; s < n_seqs; s++)
         seqs[s].kv->num_tokens += seqs[s].n_tokens;
-    sfree(&sc);
-    free(ids);
-    free(pos);
-    free(eids);
-    free(ew);
     return PD_OK;
 }

@@ -117,7 +117,27 @@ static pd_status load_f32(loader *ld, const char *name, int64_t rows, int64_t co
     return PD_OK;
 }
 
+/* True when tensor `name` can go to the backend as bf16 bits without an
+ * fp32 copy: a BF16 tensor of the expected shape, on a backend that loads
+ * bf16 (a wrong shape or a missing tensor takes the fp32 path, which says
+ * what is wrong). */
+static bool bf16_direct(loader *ld, const char *name, int64_t rows, int64_t cols) {
+    const pd_backend_i *ops = ld->m->be->ops;
+    const pd_st_tensor *t = pd_st_find(ld->st, name);
+    return ops->weight_alloc && ops->weight_set_bf16 && t && t->dtype == PD_DT_BF16 && t->ndim == 2 &&
+           t->shape[0] == rows && t->shape[1] == cols;
+}
+
 static pd_status load_weight(loader *ld, const char *name, int64_t rows, int64_t cols, pd_weight *w) {
+    pd_backend *be = ld->m->be;
+    if (bf16_direct(ld, name, rows, cols)) {
+        pd_status st = be->ops->weight_alloc(be, (int)rows, (int)cols, w);
+        if (st == PD_OK)
+            st = be->ops->weight_set_bf16(be, w, 0, (int)rows, pd_st_find(ld->st, name)->data);
+        if (st != PD_OK)
+            return pd_err_set(ld->err, st, "%s: cannot place '%s' on the %s backend", ld->dir, name, be->ops->name);
+        return PD_OK;
+    }
     float *h;
     pd_status st = load_f32(ld, name, rows, cols, &h);
     if (st != PD_OK)
@@ -151,6 +171,18 @@ static pd_status load_mlp(loader *ld, const char *prefix, int64_t h, int64_t int
     snprintf(n1, sizeof n1, "%s.gate_proj.weight", prefix);
     snprintf(n2, sizeof n2, "%s.up_proj.weight", prefix);
     snprintf(n3, sizeof n3, "%s.down_proj.weight", prefix);
+    pd_backend *be = ld->m->be;
+    if (bf16_direct(ld, n1, inter, h) && bf16_direct(ld, n2, inter, h)) {
+        pd_status st = be->ops->weight_alloc(be, (int)(2 * inter), (int)h, &mw->gate_up);
+        if (st == PD_OK)
+            st = be->ops->weight_set_bf16(be, &mw->gate_up, 0, (int)inter, pd_st_find(ld->st, n1)->data);
+        if (st == PD_OK)
+            st = be->ops->weight_set_bf16(be, &mw->gate_up, (int)inter, (int)inter, pd_st_find(ld->st, n2)->data);
+        if (st != PD_OK)
+            return pd_err_set(ld->err, st, "cannot place '%s' on the backend", n1);
+        mw->inter = (int)inter;
+        return load_weight(ld, n3, h, inter, &mw->down);
+    }
     float *g, *u;
     pd_status st = load_f32(ld, n1, inter, h, &g);
     if (st != PD_OK)
@@ -263,6 +295,13 @@ pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err 
     }
     rope_init(m);
     m->softmax_scale = pd_config_softmax_scale(c);
+    size_t fb = (size_t)(c->qk_rope_head_dim / 2 > 0 ? c->qk_rope_head_dim / 2 : 1) * sizeof(float);
+    m->inv_freq_b = be->ops->alloc(be, fb);
+    if (!m->inv_freq_b) {
+        pd_model_free(&m);
+        return pd_err_set(err, PD_ERR_NOMEM, "%s: out of backend memory", dir);
+    }
+    be->ops->upload(be, m->inv_freq_b, m->inv_freq, (size_t)(c->qk_rope_head_dim / 2) * sizeof(float));
     *m_p = m;
     return PD_OK;
 }
@@ -282,6 +321,9 @@ void pd_model_free(pd_model **m_p) {
         return;
     pd_model *m = *m_p;
     pd_backend *be = m->be;
+    pd_fwd_ws_free(m);
+    if (m->inv_freq_b)
+        be->ops->free(be, m->inv_freq_b);
     if (m->layers) {
         for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
             pd_layer_weights *L = &m->layers[i];
@@ -330,6 +372,10 @@ pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd
     if (block_size <= 0 || num_blocks <= 0)
         return pd_err_set(err, PD_ERR_INVALID, "KV cache: block_size %d and num_blocks %d must be positive", block_size,
                           num_blocks);
+    /* cache slots are int32 indices of token rows (forward.c) */
+    if ((int64_t)num_blocks * m->cfg.num_hidden_layers * block_size > INT32_MAX)
+        return pd_err_set(err, PD_ERR_LIMIT, "KV cache: %d blocks of %d tokens × %d layers is more than 2^31 rows",
+                          num_blocks, block_size, m->cfg.num_hidden_layers);
     pd_kv_cache *kv = pd_xcalloc(1, sizeof *kv);
     kv->be = m->be;
     kv->block_size = block_size;
@@ -355,6 +401,8 @@ void pd_kv_cache_free(pd_kv_cache **kv_p) {
         return;
     pd_kv_cache *kv = *kv_p;
     kv->be->ops->free(kv->be, kv->data);
+    if (kv->host_pool)
+        kv->be->ops->host_free(kv->be, kv->host_pool);
     free(kv->free_list);
     free(kv);
     *kv_p = NULL;
@@ -379,6 +427,49 @@ size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv) {
 
 void *pd_kv_cache_block_ptr(pd_kv_cache *kv, int block) {
     return (char *)kv->data + (size_t)block * pd_kv_cache_block_bytes(kv);
+}
+
+void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err) {
+    pd_backend *be = kv->be;
+    if (!be->ops->host_alloc)
+        return kv->data; /* the cache is host memory */
+    if (!kv->host_pool) {
+        size_t bytes = (size_t)kv->num_blocks * pd_kv_cache_block_bytes(kv);
+        kv->host_pool = be->ops->host_alloc(be, bytes);
+        if (!kv->host_pool)
+            pd_err_set(err, PD_ERR_NOMEM, "KV cache: cannot allocate %zu bytes of page-locked host memory", bytes);
+    }
+    return kv->host_pool;
+}
+
+/* Copies blocks between the cache and its host pool; direction 0: to the
+ * pool (download), 1: from it (upload). */
+static pd_status kv_stage(pd_kv_cache *kv, const int *blocks, int n, int dir, pd_err *err) {
+    pd_backend *be = kv->be;
+    if (!be->ops->host_alloc)
+        return PD_OK;
+    if (!kv->host_pool)
+        return pd_err_set(err, PD_ERR_INVALID, "KV cache: no host pool (call pd_kv_cache_host_pool first)");
+    size_t bb = pd_kv_cache_block_bytes(kv);
+    for (int i = 0; i < n; i++) {
+        if (blocks[i] < 0 || blocks[i] >= kv->num_blocks)
+            return pd_err_set(err, PD_ERR_INVALID, "KV cache: block %d outside the cache (%d blocks)", blocks[i],
+                              kv->num_blocks);
+        char *h = (char *)kv->host_pool + (size_t)blocks[i] * bb, *d = (char *)kv->data + (size_t)blocks[i] * bb;
+        if (dir == 0)
+            be->ops->download(be, h, d, bb);
+        else
+            be->ops->upload(be, d, h, bb);
+    }
+    return PD_OK;
+}
+
+pd_status pd_kv_cache_download_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err) {
+    return kv_stage(kv, blocks, n, 0, err);
+}
+
+pd_status pd_kv_cache_upload_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err) {
+    return kv_stage(kv, blocks, n, 1, err);
 }
 
 pd_status pd_seq_kv_reserve(pd_kv_cache *kv, pd_seq_kv *s, int n) {

@@ -46,6 +46,32 @@ typedef struct {
     pd_mlp_weights shared; /* shared experts (inter = moe_inter * n_shared) */
 } pd_layer_weights;
 
+/* Decode steps of up to this many sequences are recorded as graphs. */
+#define PD_FWD_MAX_GRAPH_SEQS 128
+
+/* The forward pass's buffers, planned once and grown only when a step needs
+ * more (growing drops every recorded graph: they name the old buffers).
+ * Backend memory except hargs. The int32 argument block `args` holds, at
+ * fixed offsets, ids [cap_t] | pos [cap_t] | slots [cap_t] | lens [cap_seqs]
+ * | block_off [cap_seqs] | blocks [cap_blocks]; hargs is its host staging
+ * copy (page-locked where the backend stages), uploaded once per step. */
+typedef struct {
+    int cap_t, cap_out, cap_seqs, cap_blocks;
+    float *x, *h, *qa, *q, *ckv, *attn, *gu, *act, *mo, *rlog, *hl, *logits;
+    int32_t *eids;
+    float *ew;
+    int32_t *args, *hargs;
+    uint64_t gen; /* bumped whenever a buffer moves */
+    struct {
+        void *graph;
+        const void *cache; /* the KV cache it was recorded over */
+        uint64_t gen;
+    } graphs[PD_FWD_MAX_GRAPH_SEQS + 1]; /* by number of sequences */
+    bool no_graphs; /* recording a step failed once: never again */
+} pd_fwd_ws;
+
+void pd_fwd_ws_free(pd_model *m);
+
 struct pd_model {
     pd_model_config cfg;
     pd_backend *be;
@@ -53,6 +79,8 @@ struct pd_model {
     float *final_norm;
     pd_layer_weights *layers;
     float *inv_freq;  /* [dr/2] host: YaRN-adjusted rope frequencies */
+    float *inv_freq_b; /* the same in backend memory */
+    pd_fwd_ws ws;
     float rope_mscale; /* YaRN attention factor applied to cos/sin */
     float softmax_scale;
 };
@@ -61,6 +89,7 @@ struct pd_kv_cache {
     pd_backend *be;
     int block_size, num_blocks, n_layers, dim;
     float *data; /* backend memory: [num_blocks][n_layers][block_size][dim] */
+    void *host_pool; /* host mirror for transfers, when data is not host memory */
     int *free_list;
     int n_free;
 };

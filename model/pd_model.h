@@ -211,6 +211,18 @@ void pd_kv_cache_release(pd_kv_cache *kv, int block);
 size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv);
 void *pd_kv_cache_block_ptr(pd_kv_cache *kv, int block);
 
+/** Host memory laid out as the cache ([num_blocks][block bytes]), for
+ * moving blocks between replicas (register it with the KV transfer): the
+ * cache itself when the backend's memory is host memory (CPU), else a
+ * page-locked mirror allocated on the first call and freed with the cache.
+ * NULL when that allocation fails (err says so). */
+void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err);
+/** Copy blocks from the cache to their slots of the host pool (before
+ * sending them) and back (after receiving them); no-ops when the pool is
+ * the cache. Errors: PD_ERR_INVALID (a block outside the cache, no pool). */
+pd_status pd_kv_cache_download_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err);
+pd_status pd_kv_cache_upload_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err);
+
 /** A sequence's view of the cache. block_table[i] holds tokens
  * [i*block_size, (i+1)*block_size). The caller owns the arrays. */
 typedef struct {

@@ -46,6 +46,7 @@ typedef struct {
     const char *replica_id;
     pd_model *m;
     pd_kv_cache *kv;
+    char *kv_host; /* host pool the puts read (pd_kv_cache_host_pool) */
     int chunk;
     job *jobs; /* FIFO */
     pd_kvx_agent *agent;
@@ -222,14 +223,21 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
     }
     size_t bb = pd_kv_cache_block_bytes(p->kv);
     int n = upto - j->blocks_sent;
+    pd_err err = {{0}};
+    /* the blocks leave from host memory: stage them there first (a no-op
+     * when the cache is host memory) */
+    if (pd_kv_cache_download_blocks(p->kv, j->kv.block_table + j->blocks_sent, n, &err) != PD_OK) {
+        j->failed = true;
+        send_error(p, j->msg->request_id, err.msg);
+        return;
+    }
     pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
     for (int i = 0; i < n; i++) {
         int b = j->blocks_sent + i;
-        iov[i].local = pd_kv_cache_block_ptr(p->kv, j->kv.block_table[b]);
+        iov[i].local = p->kv_host + (size_t)j->kv.block_table[b] * bb;
         iov[i].remote_offset = (uint64_t)j->msg->block_ids[b] * bb;
         iov[i].bytes = bb;
     }
-    pd_err err = {{0}};
     if (pd_kvx_put_batch(j->dp->peer, iov, (size_t)n, (uint64_t)(uintptr_t)p, on_put_done, j, &err) != PD_OK) {
         j->failed = true;
         send_error(p, j->msg->request_id, err.msg);
@@ -447,9 +455,9 @@ int pd_prefill_main(int argc, char **argv) {
     /* One host (no UCX_TLS given): keep shared memory (UCX peer-failure
      * detection would force TCP); same-host peers are watched by pidfd. */
     pd_kvx_config kc = {.name = replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
-    if (pd_kvx_agent_init(&kc, &p.agent, &err) != PD_OK ||
-        pd_kvx_register_pool(p.agent, pd_kv_cache_block_ptr(p.kv, 0),
-                             pd_kv_cache_block_bytes(p.kv) * (size_t)num_blocks, &p.pool, &err) != PD_OK) {
+    if (!(p.kv_host = pd_kv_cache_host_pool(p.kv, &err)) || pd_kvx_agent_init(&kc, &p.agent, &err) != PD_OK ||
+        pd_kvx_register_pool(p.agent, p.kv_host, pd_kv_cache_block_bytes(p.kv) * (size_t)num_blocks, &p.pool,
+                             &err) != PD_OK) {
         fprintf(stderr, "pdserve prefill: KV transfer: %s\n", err.msg);
         goto out;
     }

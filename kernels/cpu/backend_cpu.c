@@ -321,6 +321,51 @@ static void cpu_moe_experts(pd_backend *be, int rows, int hidden, int inter, con
     free(order);
 }
 
+/* ---- step operations: on the CPU backend memory is host memory, so these
+ * are the operations above with their arrays read in place ---- */
+
+static void cpu_embed_ids(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out) {
+    cpu_embed(be, rows, dim, ids, table, out);
+}
+
+static void cpu_rope_pos(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
+                         int rope_dim, const int32_t *pos, const float *inv_freq, float mscale) {
+    cpu_rope(be, rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale);
+}
+
+static void cpu_kv_store(pd_backend *be, int rows, int dim, const float *src, int src_stride, float *cache,
+                         const int32_t *slots, size_t slot_offset) {
+    for (int r = 0; r < rows; r++)
+        memcpy(cache + ((size_t)slots[r] + slot_offset) * dim, src + (size_t)r * src_stride, dim * sizeof(float));
+}
+
+/* One absorbed single-query attention per sequence. */
+static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
+    int qd = d->qk_nope_dim + d->qk_rope_dim;
+    for (int i = 0; i < d->n_seqs; i++) {
+        pd_mla_args a = {
+            .n_heads = d->n_heads, .qk_nope_dim = d->qk_nope_dim, .qk_rope_dim = d->qk_rope_dim,
+            .v_dim = d->v_dim, .kv_lora_rank = d->kv_lora_rank, .softmax_scale = d->softmax_scale, .n_q = 1,
+            .start_pos = d->seq_lens[i] - 1, .q = d->q + (size_t)i * d->n_heads * qd, .cache = d->cache,
+            .n_layers = d->n_layers, .layer = d->layer, .block_size = d->block_size,
+            .block_table = d->blocks + d->block_off[i], .kv_b = d->kv_b, .absorbed = true,
+            .out = d->out + (size_t)i * d->n_heads * d->v_dim,
+        };
+        cpu_mla_attention(be, &a);
+    }
+}
+
+static void cpu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p,
+                              int32_t *ids, float *weights) {
+    cpu_moe_route(be, rows, logits, p, ids, weights);
+}
+
+static void cpu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                                const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
+                                const pd_weight *down, float *out) {
+    cpu_moe_experts(be, rows, hidden, inter, x, ids, weights, top_k, gate_up, down, out);
+}
+
 static void cpu_destroy(pd_backend *be) {
     free(be);
 }
@@ -344,6 +389,12 @@ static const pd_backend_i cpu_ops = {
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .destroy = cpu_destroy,
+    .embed_ids = cpu_embed_ids,
+    .rope_pos = cpu_rope_pos,
+    .kv_store = cpu_kv_store,
+    .mla_decode = cpu_mla_decode,
+    .moe_route_ids = cpu_moe_route_ids,
+    .moe_experts_ids = cpu_moe_experts_ids,
 };
 
 pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p) {

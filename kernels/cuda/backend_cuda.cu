@@ -90,9 +90,14 @@ void *cu_scratch(cu_ctx *c, int slot, size_t bytes) {
         bytes = 256;
     if (c->scr[slot].bytes >= bytes)
         return c->scr[slot].p;
+    if (c->capturing) { /* growing would wait on the stream, which a recording cannot */
+        cu_fail(c, PD_ERR_UNSUPPORTED, "scratch %d: %zu bytes needed while recording a graph", slot, bytes);
+        return NULL;
+    }
     /* queued work may still read the old buffer */
     if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
         return NULL;
+    c->scr_gen++;
     if (c->scr[slot].p)
         cudaFree(c->scr[slot].p);
     c->scr[slot].p = NULL;
@@ -117,9 +122,143 @@ void *cu_scratch_upload(cu_ctx *c, int slot, const void *host, size_t bytes) {
     return d;
 }
 
+const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n) {
+    cu_wtable *t = NULL;
+    for (int i = 0; i < c->n_wtabs; i++)
+        if (c->wtabs[i].key == w && c->wtabs[i].n == n) {
+            t = &c->wtabs[i];
+            break;
+        }
+    if (t) {
+        bool same = true;
+        for (int e = 0; e < n && same; e++)
+            same = t->host[e] == w[e].data;
+        if (same)
+            return t->dev;
+    } else {
+        if (c->n_wtabs == c->cap_wtabs) {
+            int cap = c->cap_wtabs ? 2 * c->cap_wtabs : 64;
+            cu_wtable *nt = (cu_wtable *)realloc(c->wtabs, (size_t)cap * sizeof *nt);
+            if (!nt) {
+                cu_fail(c, PD_ERR_NOMEM, "out of host memory for weight tables");
+                return NULL;
+            }
+            c->wtabs = nt;
+            c->cap_wtabs = cap;
+        }
+        t = &c->wtabs[c->n_wtabs++];
+        memset(t, 0, sizeof *t);
+        t->key = w;
+        t->n = n;
+    }
+    /* (re)build: the weights behind this array changed */
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "weight table made while recording a graph");
+        return NULL;
+    }
+    if (!t->host && !(t->host = (const void **)calloc((size_t)n, sizeof(void *)))) {
+        cu_fail(c, PD_ERR_NOMEM, "out of host memory for weight tables");
+        return NULL;
+    }
+    if (!t->dev && !CU_OK(c, cudaMalloc((void **)&t->dev, (size_t)n * sizeof(void *))))
+        return NULL;
+    for (int e = 0; e < n; e++)
+        t->host[e] = w[e].data;
+    if (!CU_OK(c, cudaMemcpyAsync((void *)t->dev, t->host, (size_t)n * sizeof(void *), cudaMemcpyHostToDevice,
+                                  c->stream)) ||
+        !CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return NULL;
+    return t->dev;
+}
+
+/* ---- graphs ---- */
+
+typedef struct {
+    cudaGraphExec_t exec;
+    uint64_t gen;
+} cu_graph;
+
+static pd_status cu_graph_begin(pd_backend *be) {
+    cu_ctx *c = cu_of(be);
+    if (c->graphs_off)
+        return PD_ERR_UNSUPPORTED;
+    if (c->status != PD_OK || c->capturing)
+        return c->status != PD_OK ? c->status : PD_ERR_INVALID;
+    if (!CU_OK(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+        return c->status;
+    c->capturing = true;
+    return PD_OK;
+}
+
+static pd_status cu_graph_end(pd_backend *be, void **graph_p) {
+    cu_ctx *c = cu_of(be);
+    if (!c->capturing)
+        return PD_ERR_INVALID;
+    c->capturing = false;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    cudaGraphExec_t exec = NULL;
+    if (e == cudaSuccess && c->status == PD_OK)
+        e = cudaGraphInstantiate(&exec, g, 0);
+    if (g)
+        cudaGraphDestroy(g);
+    if (e != cudaSuccess || c->status != PD_OK) {
+        /* something in the recording could not be recorded: say so once and
+         * carry on without graphs (the operations themselves work) */
+        (void)cudaGetLastError();
+        CU_LOGW("recording a graph failed (%s; %s): steps run without graphs",
+                e != cudaSuccess ? cudaGetErrorString(e) : "an operation failed",
+                c->status != PD_OK ? c->msg : "-");
+        c->status = PD_OK;
+        c->msg[0] = 0;
+        c->graphs_off = true;
+        if (exec)
+            cudaGraphExecDestroy(exec);
+        return PD_ERR_UNSUPPORTED;
+    }
+    cu_graph *cg = (cu_graph *)calloc(1, sizeof *cg);
+    if (!cg) {
+        cudaGraphExecDestroy(exec);
+        return PD_ERR_NOMEM;
+    }
+    cg->exec = exec;
+    cg->gen = c->scr_gen;
+    *graph_p = cg;
+    return PD_OK;
+}
+
+static pd_status cu_graph_launch(pd_backend *be, void *graph) {
+    cu_ctx *c = cu_of(be);
+    cu_graph *cg = (cu_graph *)graph;
+    if (c->status != PD_OK)
+        return c->status;
+    if (c->graphs_off)
+        return PD_ERR_UNSUPPORTED;
+    if (cg->gen != c->scr_gen)
+        return PD_ERR_LIMIT;
+    if (!CU_OK(c, cudaGraphLaunch(cg->exec, c->stream)))
+        return c->status;
+    return PD_OK;
+}
+
+static void cu_graph_free(pd_backend *be, void *graph) {
+    cu_ctx *c = cu_of(be);
+    cu_graph *cg = (cu_graph *)graph;
+    if (!cg)
+        return;
+    cudaStreamSynchronize(c->stream);
+    cudaGraphExecDestroy(cg->exec);
+    free(cg);
+}
+
 static void cu_destroy(pd_backend *be) {
     cu_ctx *c = cu_of(be);
     cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < c->n_wtabs; i++) {
+        cudaFree((void *)c->wtabs[i].dev);
+        free(c->wtabs[i].host);
+    }
+    free(c->wtabs);
     for (int i = 0; i < CU_SCR_COUNT; i++)
         if (c->scr[i].p)
             cudaFree(c->scr[i].p);
@@ -152,6 +291,20 @@ static const pd_backend_i cu_ops = {
     .moe_route = cu_moe_route,
     .moe_experts = cu_moe_experts,
     .destroy = cu_destroy,
+    .embed_ids = cu_embed_ids,
+    .rope_pos = cu_rope_pos,
+    .kv_store = cu_kv_store,
+    .mla_decode = cu_mla_decode,
+    .moe_route_ids = cu_moe_route_ids,
+    .moe_experts_ids = cu_moe_experts_ids,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .weight_alloc = cu_weight_alloc,
+    .weight_set_bf16 = cu_weight_set_bf16,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
 };
 
 extern "C" {
@@ -188,6 +341,10 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
     c->wfmt = weights;
+    {
+        const char *g = getenv("PD_CUDA_GRAPHS");
+        c->graphs_off = g && !strcmp(g, "0");
+    }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));
         goto err_free_structs;
@@ -270,6 +427,13 @@ pd_status pd_backend_cuda_status(pd_backend *be, pd_err *err) {
 
 void *pd_backend_cuda_stream(pd_backend *be) {
     return (void *)cu_of(be)->stream;
+}
+
+void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f) {
+    cu_ctx *c = cu_of(be);
+    c->graphs_off = !f->graphs;
+    c->no_gemv = !f->gemv;
+    c->no_moe_device = !f->moe_device;
 }
 
 } /* extern "C" */

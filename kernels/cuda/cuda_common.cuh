@@ -35,6 +35,16 @@ enum {
     CU_SCR_COUNT
 };
 
+/* Device tables of expert weight pointers, one per array of pd_weight the
+ * model passes (one per layer and kind), made on first use and checked
+ * against the host pointers on every use. */
+typedef struct {
+    const pd_weight *key;
+    int n;
+    const void **host; /* the data pointers the device table holds */
+    const void **dev;
+} cu_wtable;
+
 struct cu_gemm_plan; /* gemm.cu */
 
 typedef struct {
@@ -53,6 +63,12 @@ typedef struct {
         void *p;
         size_t bytes;
     } scr[CU_SCR_COUNT];
+    uint64_t scr_gen;   /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
+    bool capturing;     /* between graph_begin and graph_end */
+    bool graphs_off;    /* PD_CUDA_GRAPHS=0, or a recording failed */
+    bool no_gemv, no_moe_device; /* pd_cuda_features switched off */
+    cu_wtable *wtabs;
+    int n_wtabs, cap_wtabs;
     pd_status status; /* first error, sticky */
     char msg[512];
 } cu_ctx;
@@ -112,7 +128,28 @@ static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
     return (unsigned)(b < cap ? b : cap);
 }
 
+/* The device table of data pointers of w[0..n), NULL (error recorded) on failure. */
+const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
+
+/* Sets a kernel's dynamic shared memory limit once (cudaFuncSetAttribute
+ * is not queued on the stream, so it is done before any recording). */
+#define CU_SMEM_OPTIN(func, bytes)                                                                                \
+    ([&]() -> cudaError_t {                                                                                     \
+        static int done_ = 0;                                                                                   \
+        if ((bytes) <= 48 * 1024 || done_ >= (int)(bytes))                                                      \
+            return cudaSuccess;                                                                                 \
+        cudaError_t e_ = cudaFuncSetAttribute((func), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)); \
+        if (e_ == cudaSuccess)                                                                                  \
+            done_ = (int)(bytes);                                                                               \
+        return e_;                                                                                              \
+    }())
+
 /* ---- shared launchers and internal entry points ---- */
+/* Grouped skinny GEMM (gemm.cu; see there); weights of the backend's format. */
+cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
+                           const void *const *w, const int *off, int M, const int *xrow, const int *yrow,
+                           const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s);
+bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);
 cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
@@ -140,5 +177,20 @@ void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_ro
                   float *weights);
 void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                     const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down, float *out);
+void cu_embed_ids(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out);
+void cu_rope_pos(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+                 const int32_t *pos, const float *inv_freq, float mscale);
+void cu_kv_store(pd_backend *be, int rows, int dim, const float *src, int src_stride, float *cache,
+                 const int32_t *slots, size_t slot_offset);
+void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a);
+void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                      float *weights);
+void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                        const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
+                        const pd_weight *down, float *out);
+void *cu_host_alloc(pd_backend *be, size_t bytes);
+void cu_host_free(pd_backend *be, void *p);
+pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p);
+pd_status cu_weight_set_bf16(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src);
 
 #endif

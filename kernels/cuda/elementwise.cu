@@ -89,3 +89,39 @@ void cu_embed(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_we
         return;
     CU_LAUNCHED(c, embed_launch(c->wfmt, rows, dim, dids, table->data, out, c->stream), "embed");
 }
+
+/* ---- step operations (ids and slots in device memory) ---- */
+
+void cu_embed_ids(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    if (rows < 0 || !ids || !table || !table->data || !out || dim != table->cols) {
+        cu_fail(c, PD_ERR_INVALID, "embed_ids: rows %d, dim %d, table [%d, %d]", rows, dim, table ? table->rows : -1,
+                table ? table->cols : -1);
+        return;
+    }
+    CU_LAUNCHED(c, embed_launch(c->wfmt, rows, dim, ids, table->data, out, c->stream), "embed_ids");
+}
+
+/* cache + (slots[r] + off) * dim ← src row r */
+static __global__ void k_kv_store(int dim, const float *__restrict__ src, int src_stride, float *__restrict__ cache,
+                                  const int32_t *__restrict__ slots, size_t off) {
+    const float *s = src + (size_t)blockIdx.x * src_stride;
+    float *d = cache + ((size_t)slots[blockIdx.x] + off) * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        d[i] = s[i];
+}
+
+void cu_kv_store(pd_backend *be, int rows, int dim, const float *src, int src_stride, float *cache,
+                 const int32_t *slots, size_t slot_offset) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    if (rows < 0 || dim <= 0 || src_stride < dim || !src || !cache || !slots) {
+        cu_fail(c, PD_ERR_INVALID, "kv_store: rows %d, dim %d, stride %d", rows, dim, src_stride);
+        return;
+    }
+    k_kv_store<<<rows, 128, 0, c->stream>>>(dim, src, src_stride, cache, slots, slot_offset);
+    CU_LAUNCHED(c, cudaGetLastError(), "kv_store");
+}

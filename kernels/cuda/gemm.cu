@@ -128,6 +128,176 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
                                       CUBLAS_GEMM_DEFAULT));
 }
 
+/* ---- skinny GEMM: decode-sized batches ----------------------------------
+ *
+ * Grouped: for every group g (blockIdx.y; an expert, or the one weight of a
+ * dense GEMM) and each of its pairs p in [off[g], off[g+1]) (off NULL: one
+ * group of M pairs):
+ *   plain:  y[yrow[p], n] (+)= Σ_k W_g[n, k] · x[xrow[p], k]                 n < N
+ *   swiglu: y[yrow[p], n]   = silu(Σ_k W_g[n, k] x) · Σ_k W_g[N + n, k] x    n < N
+ *           (W_g holds 2N rows: gate rows, then up rows)
+ * W_g = w[g] (w NULL: w0), bf16 or fp32 [rows × K]; xrow/yrow NULL: p itself.
+ * x fp32 (row stride ldx), y fp32 (row stride ldy), fp32 accumulation.
+ *
+ * At M = 1 a GEMM reads each weight once and does 2 FLOP per 2 bytes: the
+ * weight stream is everything. A warp owns GV_ROWS output rows; each lane
+ * reads 16 bytes (8 weights) of each row per step, so a warp reads 512
+ * contiguous bytes of a row per step, and its several rows' loads are in
+ * flight together; x (a few KB, shared by every block) comes through L1.
+ * Pairs go GV_MT at a time, so a weight row is read once per GV_MT tokens
+ * (from L2 after the first). Needs K % 8 == 0 and 16-byte aligned rows of
+ * W and x (cu_gemv_ok). */
+#define GV_WARPS 8
+#define GV_ROWS 2
+#define GV_MT 4
+
+/* Eight consecutive weights of a row: one 16-byte load of bf16, two of fp32. */
+template <typename W> struct gv_w8;
+template <> struct gv_w8<__nv_bfloat16> {
+    uint4 v;
+    __device__ __forceinline__ void load(const __nv_bfloat16 *row, int k8) {
+        v = __ldg((const uint4 *)row + k8);
+    }
+    __device__ __forceinline__ float dot(float4 a, float4 b) const {
+        float s = __uint_as_float(v.x << 16) * a.x;
+        s = fmaf(__uint_as_float(v.x & 0xffff0000u), a.y, s);
+        s = fmaf(__uint_as_float(v.y << 16), a.z, s);
+        s = fmaf(__uint_as_float(v.y & 0xffff0000u), a.w, s);
+        s = fmaf(__uint_as_float(v.z << 16), b.x, s);
+        s = fmaf(__uint_as_float(v.z & 0xffff0000u), b.y, s);
+        s = fmaf(__uint_as_float(v.w << 16), b.z, s);
+        s = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, s);
+        return s;
+    }
+};
+template <> struct gv_w8<float> {
+    float4 lo, hi;
+    __device__ __forceinline__ void load(const float *row, int k8) {
+        lo = __ldg((const float4 *)row + 2 * k8);
+        hi = __ldg((const float4 *)row + 2 * k8 + 1);
+    }
+    __device__ __forceinline__ float dot(float4 a, float4 b) const {
+        float s = lo.x * a.x;
+        s = fmaf(lo.y, a.y, s);
+        s = fmaf(lo.z, a.z, s);
+        s = fmaf(lo.w, a.w, s);
+        s = fmaf(hi.x, b.x, s);
+        s = fmaf(hi.y, b.y, s);
+        s = fmaf(hi.z, b.z, s);
+        s = fmaf(hi.w, b.w, s);
+        return s;
+    }
+};
+
+template <bool SWIGLU, typename WT>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
+    k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
+           int M, const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
+           float *__restrict__ y, int ldy, int accumulate) {
+    constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
+    const int g = blockIdx.y;
+    const int p0 = off ? off[g] : 0, p1 = off ? off[g + 1] : M;
+    if (p0 >= p1)
+        return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
+    if (n0 >= N)
+        return;
+    const WT *W = w ? (const WT *)w[g] : w0;
+    const WT *wr[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        int n = n0 + (r % GV_ROWS);
+        if (n >= N)
+            n = n0; /* computed, not stored */
+        wr[r] = W + ((size_t)(r < GV_ROWS ? 0 : N) + n) * K;
+    }
+    const int K8 = K / 8;
+    for (int pc = p0; pc < p1; pc += GV_MT) {
+        const int m = min(GV_MT, p1 - pc);
+        const float4 *xr[GV_MT];
+#pragma unroll
+        for (int j = 0; j < GV_MT; j++) {
+            const int p = pc + (j < m ? j : 0);
+            xr[j] = (const float4 *)(x + (size_t)(xrow ? xrow[p] : p) * ldx);
+        }
+        float acc[NR][GV_MT];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int j = 0; j < GV_MT; j++)
+                acc[r][j] = 0.0f;
+#pragma unroll 4
+        for (int k8 = lane; k8 < K8; k8 += 32) {
+            gv_w8<WT> wv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                wv[r].load(wr[r], k8);
+#pragma unroll
+            for (int j = 0; j < GV_MT; j++) {
+                if (j < m) {
+                    const float4 a = __ldg(xr[j] + 2 * k8), b = __ldg(xr[j] + 2 * k8 + 1);
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        acc[r][j] += wv[r].dot(a, b);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int j = 0; j < GV_MT; j++)
+                acc[r][j] = cu_warp_sum(acc[r][j]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                const int n = n0 + r;
+                if (n >= N)
+                    continue;
+#pragma unroll
+                for (int j = 0; j < GV_MT; j++) {
+                    if (j >= m)
+                        continue;
+                    const int p = pc + j;
+                    float *dst = y + (size_t)(yrow ? yrow[p] : p) * ldy + n;
+                    if (SWIGLU) {
+                        const float gt = acc[r][j], up = acc[GV_ROWS + r][j];
+                        *dst = gt / (1.0f + expf(-gt)) * up;
+                    } else {
+                        *dst = accumulate ? *dst + acc[r][j] : acc[r][j];
+                    }
+                }
+            }
+        }
+    }
+}
+
+bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
+    return K > 0 && K % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+}
+
+cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
+                           const void *const *w, const int *off, int M, const int *xrow, const int *yrow,
+                           const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s) {
+    dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
+    const int acc = accumulate ? 1 : 0;
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w0;
+    const float *wf = (const float *)w0;
+    if (fmt == PD_CUDA_WEIGHTS_BF16 && swiglu)
+        k_gemv<true, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, M, xrow, yrow, x, ldx, y, ldy, 0);
+    else if (fmt == PD_CUDA_WEIGHTS_BF16)
+        k_gemv<false, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, M, xrow, yrow, x, ldx, y, ldy,
+                                                                    acc);
+    else if (swiglu)
+        k_gemv<true, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, M, xrow, yrow, x, ldx, y, ldy, 0);
+    else
+        k_gemv<false, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, M, xrow, yrow, x, ldx, y, ldy, acc);
+    return cudaGetLastError();
+}
+
+/* GEMMs of at most this many rows go through k_gemv. */
+#define GV_MAX_M 4
+
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
     int N = w->rows, K = w->cols;
     if (M == 0 || N == 0)
@@ -137,6 +307,11 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
             return CU_OK(c, cudaMemsetAsync(y, 0, (size_t)M * N * sizeof(float), c->stream));
         return true;
     }
+    if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
+        return CU_LAUNCHED(c,
+                           cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, M, NULL, NULL, x, K, y, N,
+                                          accumulate, c->stream),
+                           "gemv");
     if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
         return gemm_bf16(c, M, N, K, x, (const __nv_bfloat16 *)w->data, y, accumulate);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;

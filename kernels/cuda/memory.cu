@@ -133,3 +133,81 @@ void cu_weight_free(pd_backend *be, pd_weight *w) {
     }
     w->data = NULL;
 }
+
+/* ---- page-locked host memory and bf16 loading ---- */
+
+void *cu_host_alloc(pd_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        CU_LOGW("cudaHostAlloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+void cu_host_free(pd_backend *be, void *p) {
+    cu_ctx *c = cu_of(be);
+    if (!p)
+        return;
+    CU_OK(c, cudaStreamSynchronize(c->stream)); /* a queued copy may still read it */
+    CU_OK(c, cudaFreeHost(p));
+}
+
+pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK)
+        return c->status;
+    if (rows < 0 || cols < 0)
+        return cu_fail(c, PD_ERR_INVALID, "weight_alloc: shape [%d, %d]", rows, cols);
+    size_t n = (size_t)rows * (size_t)cols, esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, n ? n * esz : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        CU_LOGW("weight [%d, %d]: cudaMalloc(%zu bytes): %s", rows, cols, n * esz, cudaGetErrorString(e));
+        return PD_ERR_NOMEM;
+    }
+    w_p->rows = rows;
+    w_p->cols = cols;
+    w_p->data = d;
+    return PD_OK;
+}
+
+static __global__ void k_bf16_to_f32(const __nv_bfloat16 *__restrict__ x, float *__restrict__ y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
+/* bf16 weights: the bits as they are (pageable copy in pieces); fp32
+ * weights: the bits staged in scratch and widened on the GPU. */
+pd_status cu_weight_set_bf16(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK)
+        return c->status;
+    if (!w || !w->data || row0 < 0 || n_rows < 0 || row0 + n_rows > w->rows || (!src && n_rows > 0))
+        return cu_fail(c, PD_ERR_INVALID, "weight_set_bf16: rows %d + %d of [%d, %d]", row0, n_rows, w ? w->rows : -1,
+                       w ? w->cols : -1);
+    size_t n = (size_t)n_rows * w->cols, first = (size_t)row0 * w->cols;
+    if (n == 0)
+        return PD_OK;
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+        if (!CU_OK(c, cudaMemcpyAsync((uint16_t *)w->data + first, src, n * 2, cudaMemcpyHostToDevice, c->stream)))
+            return c->status;
+    } else {
+        for (size_t off = 0; off < n; off += CU_WCONV_CHUNK) {
+            size_t k = n - off < CU_WCONV_CHUNK ? n - off : CU_WCONV_CHUNK;
+            const __nv_bfloat16 *stage =
+                (const __nv_bfloat16 *)cu_scratch_upload(c, CU_SCR_WCONV, src + off, k * sizeof(uint16_t));
+            if (!stage)
+                return c->status;
+            k_bf16_to_f32<<<cu_blocks(k, 256, 8192), 256, 0, c->stream>>>(stage, (float *)w->data + first + off, k);
+            if (!CU_LAUNCHED(c, cudaGetLastError(), "bf16_to_f32"))
+                return c->status;
+        }
+    }
+    if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return c->status;
+    return PD_OK;
+}

@@ -163,15 +163,19 @@ __device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int 
 }
 
 /* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
- * of query i against heads h0 .. h0+15. Writes unnormalised partials:
- * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]. Needs kvr % 4 == 0,
- * dr % 4 == 0, kvr <= 512 * KMAX, a 16-byte aligned cache. */
+ * of query i against heads h0 .. h0+15, chunk = n_vis / n_splits rounded up
+ * to whole tiles. Query i sees n_vis = q_len[i] tokens (q_len NULL: one
+ * sequence's queries, start_pos + i + 1) through the block table
+ * btab + q_boff[i] (q_boff NULL: btab). Writes unnormalised partials:
+ * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]; a split past the
+ * end writes l = 0. Needs kvr % 4 == 0, dr % 4 == 0, kvr <= 512 * KMAX, a
+ * 16-byte aligned cache. */
 template <int KMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
-    k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, int chunk, int n_splits,
-                 const float *__restrict__ ql, const float *__restrict__ cache, int n_layers, int layer, int bs,
-                 const int *__restrict__ btab, float *__restrict__ part_m, float *__restrict__ part_l,
-                 float *__restrict__ part_o) {
+    k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, const int *__restrict__ q_len,
+                 const int *__restrict__ q_boff, int n_splits, const float *__restrict__ ql,
+                 const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
+                 float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
     extern __shared__ float4 smem4[];
     float *sm = (float *)smem4;
     const int D = kvr + dr, D4 = D / 4, DP = D + 4, kvr4 = kvr / 4;
@@ -181,8 +185,10 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     float *mrow = ps + DEC_TT * DEC_HG, *lrow = mrow + DEC_HG, *arow = lrow + DEC_HG;
     const int i = blockIdx.x / n_splits, split = blockIdx.x - i * n_splits, h0 = blockIdx.y * DEC_HG;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int n_vis = start_pos + i + 1;
+    const int n_vis = q_len ? q_len[i] : start_pos + i + 1;
+    const int chunk = ((n_vis + n_splits - 1) / n_splits + DEC_TT - 1) / DEC_TT * DEC_TT;
     const int t_begin = split * chunk, t_end = min(n_vis, t_begin + chunk);
+    const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
 
     /* global → shared copies go through cp.async, so that every load of a
      * tile is in flight at once instead of one per thread at a time */
@@ -387,42 +393,69 @@ static size_t decode_smem(int D) {
     return ((size_t)(DEC_HG + DEC_TT) * (D + 4) + DEC_TT * DEC_HG + 3 * DEC_HG) * sizeof(float);
 }
 
+/* The absorbed form's three launches (q_lat, split attention, merge with
+ * W_UV) for n_q queries; q_len/q_boff as k_mla_decode takes them. */
+typedef struct {
+    int nh, dn, dr, dv, kvr, n_q, start_pos, n_layers, layer, bs, n_splits;
+    float scale;
+    const float *q, *cache;
+    const int *q_len, *q_boff, *btab;
+    float *ql, *part, *out;
+} absorbed_call;
+
 template <typename W>
-static cudaError_t absorbed_launch(const pd_mla_args *a, const int *btab, float *ql, float *part, int n_splits,
-                                   int chunk, cudaStream_t s) {
-    const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
-    const W *kvb = (const W *)a->kv_b->data;
-    k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS, dn * sizeof(float), s>>>(
-        nh, dn, dr, dv, kvr, a->q, kvb, ql);
+static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
+    const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
+    k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS, a->dn * sizeof(float),
+                    s>>>(nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
     size_t n_part = (size_t)a->n_q * nh * n_splits;
-    float *part_o = part, *part_m = part + n_part * kvr, *part_l = part_m + n_part;
-    size_t smem = decode_smem(kvr + dr);
+    float *part_o = a->part, *part_m = a->part + n_part * kvr, *part_l = part_m + n_part;
+    size_t smem = decode_smem(kvr + a->dr);
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
     if (kvr <= 512) {
-        if (smem > 48 * 1024 &&
-            (e = cudaFuncSetAttribute(k_mla_decode<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
-                cudaSuccess)
+        if ((e = CU_SMEM_OPTIN(k_mla_decode<1>, smem)) != cudaSuccess)
             return e;
-        k_mla_decode<1><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, dr, a->softmax_scale, a->start_pos, chunk, n_splits,
-                                                        ql, a->cache, a->n_layers, a->layer, a->block_size, btab,
-                                                        part_m, part_l, part_o);
+        k_mla_decode<1><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
+                                                        n_splits, a->ql, a->cache, a->n_layers, a->layer, a->bs,
+                                                        a->btab, part_m, part_l, part_o);
     } else {
-        if (smem > 48 * 1024 &&
-            (e = cudaFuncSetAttribute(k_mla_decode<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) !=
-                cudaSuccess)
+        if ((e = CU_SMEM_OPTIN(k_mla_decode<2>, smem)) != cudaSuccess)
             return e;
-        k_mla_decode<2><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, dr, a->softmax_scale, a->start_pos, chunk, n_splits,
-                                                        ql, a->cache, a->n_layers, a->layer, a->block_size, btab,
-                                                        part_m, part_l, part_o);
+        k_mla_decode<2><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
+                                                        n_splits, a->ql, a->cache, a->n_layers, a->layer, a->bs,
+                                                        a->btab, part_m, part_l, part_o);
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
     k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
-        nh, dn, dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
+        nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     return cudaGetLastError();
+}
+
+static bool absorbed_shape_ok(cu_ctx *c, int kvr, int dr, const float *cache, const char *what) {
+    if (kvr % 4 || dr % 4 || kvr > 1024 || ((uintptr_t)cache & 15) || decode_smem(kvr + dr) > c->smem_optin) {
+        cu_fail(c, PD_ERR_UNSUPPORTED,
+                "%s: latent %d and rope %d must be multiples of 4, latent <= 1024, the cache 16-byte aligned, %zu "
+                "bytes of shared memory available (%zu)",
+                what, kvr, dr, decode_smem(kvr + dr), c->smem_optin);
+        return false;
+    }
+    return true;
+}
+
+static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
+    ac->ql = (float *)cu_scratch(c, CU_SCR_MLA_QL, (size_t)ac->n_q * ac->nh * (ac->kvr + ac->dr) * sizeof(float));
+    ac->part = (float *)cu_scratch(c, CU_SCR_MLA_PART,
+                                   (size_t)ac->n_q * ac->nh * ac->n_splits * (ac->kvr + 2) * sizeof(float));
+    if (!ac->ql || !ac->part)
+        return;
+    cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
+                        ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
+                        : absorbed_launch<float>(ac, (const float *)kv_b->data, c->stream);
+    CU_LAUNCHED(c, e, "mla absorbed");
 }
 
 /* ---- table entry ------------------------------------------------------ */
@@ -471,14 +504,8 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         return;
     }
 
-    const int D = kvr + dr;
-    if (kvr % 4 || dr % 4 || kvr > 1024 || ((uintptr_t)a->cache & 15) || decode_smem(D) > c->smem_optin) {
-        cu_fail(c, PD_ERR_UNSUPPORTED,
-                "mla_attention (absorbed): latent %d and rope %d must be multiples of 4, latent <= 1024, the cache "
-                "16-byte aligned, %zu bytes of shared memory available (%zu)",
-                kvr, dr, decode_smem(D), c->smem_optin);
+    if (!absorbed_shape_ok(c, kvr, dr, a->cache, "mla_attention (absorbed)"))
         return;
-    }
     /* Splits of the context: enough blocks for two per SM, at least a tile each. */
     const int hg = (nh + DEC_HG - 1) / DEC_HG;
     const long per = (long)hg * a->n_q;
@@ -487,19 +514,49 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
     if (max_splits > DEC_MAX_SPLITS)
         max_splits = DEC_MAX_SPLITS;
     int n_splits = (int)(want < 1 ? 1 : want > max_splits ? max_splits : want);
-    const int chunk = (L + n_splits - 1) / n_splits;
-    n_splits = (L + chunk - 1) / chunk;
     if ((long)a->n_q * n_splits > 0x7fffffffL) {
         cu_fail(c, PD_ERR_LIMIT, "mla_attention (absorbed): %d queries too many", a->n_q);
         return;
     }
-    float *ql = (float *)cu_scratch(c, CU_SCR_MLA_QL, (size_t)a->n_q * nh * D * sizeof(float));
-    float *part =
-        (float *)cu_scratch(c, CU_SCR_MLA_PART, (size_t)a->n_q * nh * n_splits * (kvr + 2) * sizeof(float));
-    if (!ql || !part)
+    absorbed_call ac = {
+        .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
+        .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
+        .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
+        .ql = NULL, .part = NULL, .out = a->out,
+    };
+    absorbed_run(c, &ac, a->kv_b);
+}
+
+/* Batched decode: every argument already in device memory, so the split
+ * count cannot follow the lengths; it follows the batch (two blocks per SM
+ * over the whole batch, at most DEC_GRAPH_SPLITS), and splits past a short
+ * sequence's end cost one empty block each. */
+#define DEC_GRAPH_SPLITS 64
+
+void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || a->n_seqs == 0)
         return;
-    cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
-                        ? absorbed_launch<__nv_bfloat16>(a, btab, ql, part, n_splits, chunk, c->stream)
-                        : absorbed_launch<float>(a, btab, ql, part, n_splits, chunk, c->stream);
-    CU_LAUNCHED(c, e, "mla absorbed");
+    const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, kvr = a->kv_lora_rank;
+    if (nh <= 0 || nh > 65535 || dn <= 0 || dr <= 0 || dv <= 0 || kvr <= 0 || a->n_seqs < 0 || a->n_seqs > 65535 ||
+        a->block_size <= 0 || a->layer < 0 || a->layer >= a->n_layers || !a->q || !a->cache || !a->seq_lens ||
+        !a->block_off || !a->blocks || !a->kv_b || !a->kv_b->data || !a->out || a->kv_b->rows != nh * (dn + dv) ||
+        a->kv_b->cols != kvr) {
+        cu_fail(c, PD_ERR_INVALID, "mla_decode: heads %d, dims nope %d rope %d v %d latent %d, %d sequences, layer %d/%d",
+                nh, dn, dr, dv, kvr, a->n_seqs, a->layer, a->n_layers);
+        return;
+    }
+    if (!absorbed_shape_ok(c, kvr, dr, a->cache, "mla_decode"))
+        return;
+    const int hg = (nh + DEC_HG - 1) / DEC_HG;
+    const long per = (long)hg * a->n_seqs;
+    long want = (2L * c->n_sm + per - 1) / per;
+    int n_splits = (int)(want < 1 ? 1 : want > DEC_GRAPH_SPLITS ? DEC_GRAPH_SPLITS : want);
+    absorbed_call ac = {
+        .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
+        .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
+        .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens, .q_boff = a->block_off,
+        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out,
+    };
+    absorbed_run(c, &ac, a->kv_b);
 }

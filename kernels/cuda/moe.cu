@@ -338,3 +338,170 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     /* the upload above has left hb (pageable copy), so it can go now */
     free(hb);
 }
+
+/* ---- step operations: routing results stay in device memory ----------- */
+
+void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                      float *weights) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    int E = p ? p->n_experts : 0, G = p && p->n_group > 0 ? p->n_group : 1;
+    bool grouped = p && p->topk_method != 0 && G > 1;
+    if (!p || rows < 0 || E <= 0 || E > ROUTE_MAX_EXPERTS || p->top_k <= 0 || p->top_k > E ||
+        G > ROUTE_MAX_GROUPS || (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) ||
+        p->scoring < 0 || p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2 || !logits || !ids ||
+        !weights) {
+        cu_fail(c, PD_ERR_INVALID, "moe_route_ids: rows %d, %d experts, top_k %d, %d groups", rows, E,
+                p ? p->top_k : -1, G);
+        return;
+    }
+    size_t smem = route_smem(E, G, p->top_k);
+    cudaError_t e = CU_SMEM_OPTIN(k_moe_route, smem);
+    if (e == cudaSuccess) {
+        k_moe_route<<<rows, 32, smem, c->stream>>>(E, G, p->topk_group, p->top_k, p->scoring, p->topk_method,
+                                                   p->norm_topk_prob ? 1 : 0, p->routed_scaling_factor,
+                                                   p->e_score_correction_bias, logits, ids, weights);
+        e = cudaGetLastError();
+    }
+    CU_LAUNCHED(c, e, "moe_route_ids");
+}
+
+/* Groups the n = rows × top_k (token, expert) pairs by expert, in pair
+ * order within an expert: off[e] .. off[e+1] index expert e's pairs in
+ * tok (their token rows) and pair (their pair index). One block; thread e
+ * scans the n ids for its experts (n is small in a decode step). Ids
+ * outside [0, E) are dropped. */
+#define PLAN_THREADS 256
+static __global__ void __launch_bounds__(PLAN_THREADS)
+    k_moe_plan(int n, int top_k, int E, const int32_t *__restrict__ ids, int *__restrict__ off,
+               int *__restrict__ tok, int *__restrict__ pair) {
+    extern __shared__ int cnt[]; /* [E] */
+    for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            k += ids[i] == e;
+        cnt[e] = k;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int e = 0; e < E; e++) {
+            const int k = cnt[e];
+            off[e] = s;
+            cnt[e] = s;
+            s += k;
+        }
+        off[E] = s;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
+        int j = cnt[e];
+        for (int i = 0; i < n; i++)
+            if (ids[i] == e) {
+                tok[j] = i / top_k;
+                pair[j] = i;
+                j++;
+            }
+    }
+}
+
+/* out[r] += Σ_j w[r, j] · y[r*top_k + j] (pairs in token order). */
+static __global__ void k_moe_combine_pairs(int hidden, int top_k, const float *__restrict__ w,
+                                           const float *__restrict__ y, float *__restrict__ out) {
+    const int r = blockIdx.x;
+    float *o = out + (size_t)r * hidden;
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+        float acc = o[d];
+        for (int j = 0; j < top_k; j++)
+            acc += w[(size_t)r * top_k + j] * y[((size_t)r * top_k + j) * hidden + d];
+        o[d] = acc;
+    }
+}
+
+/* Decode-sized batches (at most this many pairs) run as four launches that
+ * never wait on the host: plan, grouped gate_up with SwiGLU, grouped down,
+ * combine. Larger ones copy ids and weights back and take moe_experts. */
+#define MOE_DEV_MAX_PAIRS 1024
+
+void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                        const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
+                        const pd_weight *down, float *out) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    if (rows < 0 || hidden <= 0 || inter <= 0 || top_k <= 0 || n_experts <= 0 || n_experts > MOE_MAX_EXPERT_ID ||
+        !x || !ids || !weights || !gate_up || !down || !out) {
+        cu_fail(c, PD_ERR_INVALID, "moe_experts_ids: rows %d, hidden %d, inter %d, top_k %d, %d experts", rows, hidden,
+                inter, top_k, n_experts);
+        return;
+    }
+    const long n = (long)rows * top_k;
+    bool dev = n <= MOE_DEV_MAX_PAIRS && !c->no_moe_device && cu_gemv_ok(hidden, gate_up[0].data, x, hidden) &&
+               cu_gemv_ok(inter, down[0].data, x, inter);
+    for (int e = 0; e < n_experts && dev; e++)
+        if (gate_up[e].rows != 2 * inter || gate_up[e].cols != hidden || down[e].rows != hidden ||
+            down[e].cols != inter || !gate_up[e].data || !down[e].data || ((uintptr_t)gate_up[e].data & 15) ||
+            ((uintptr_t)down[e].data & 15)) {
+            cu_fail(c, PD_ERR_INVALID,
+                    "moe_experts_ids: expert %d has gate_up [%d, %d], down [%d, %d]; want [%d, %d], [%d, %d]", e,
+                    gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
+            return;
+        }
+    if (!dev) {
+        /* host path: ids and weights back to the host, then moe_experts */
+        int32_t *hids = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+        float *hw = (float *)malloc((size_t)n * sizeof(float));
+        if (!hids || !hw) {
+            free(hids);
+            free(hw);
+            cu_fail(c, PD_ERR_NOMEM, "moe_experts_ids: out of host memory");
+            return;
+        }
+        if (CU_OK(c, cudaMemcpyAsync(hids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream)) &&
+            CU_OK(c, cudaMemcpyAsync(hw, weights, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, c->stream)) &&
+            CU_OK(c, cudaStreamSynchronize(c->stream))) {
+            bool ok = true;
+            for (long k = 0; k < n && ok; k++)
+                if (hids[k] < 0 || hids[k] >= n_experts) {
+                    cu_fail(c, PD_ERR_INVALID, "moe_experts_ids: expert id %d at %ld", hids[k], k);
+                    ok = false;
+                }
+            if (ok)
+                cu_moe_experts(be, rows, hidden, inter, x, hids, hw, top_k, gate_up, down, out);
+        }
+        free(hids);
+        free(hw);
+        return;
+    }
+    const void *const *tgu = cu_wtable_get(c, gate_up, n_experts);
+    const void *const *tdn = tgu ? cu_wtable_get(c, down, n_experts) : NULL;
+    int *plan = (int *)cu_scratch(c, CU_SCR_MOE_IDX, ((size_t)n_experts + 1 + 2 * (size_t)n) * sizeof(int));
+    float *act = (float *)cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * sizeof(float));
+    float *y = (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float));
+    if (!tgu || !tdn || !plan || !act || !y)
+        return;
+    int *off = plan, *tok = plan + n_experts + 1, *pair = tok + n;
+    size_t smem = (size_t)n_experts * sizeof(int);
+    cudaError_t e = CU_SMEM_OPTIN(k_moe_plan, smem);
+    if (e == cudaSuccess) {
+        k_moe_plan<<<1, PLAN_THREADS, smem, c->stream>>>((int)n, top_k, n_experts, ids, off, tok, pair);
+        e = cudaGetLastError();
+    }
+    if (!CU_LAUNCHED(c, e, "moe plan"))
+        return;
+    /* act[pair] = silu(gate_e · x[tok]) ⊙ (up_e · x[tok]) */
+    if (!CU_LAUNCHED(c,
+                     cu_gemv_launch(c->wfmt, true, n_experts, inter, hidden, NULL, tgu, off, 0, tok, pair, x, hidden, act,
+                                    inter, false, c->stream),
+                     "moe gate_up"))
+        return;
+    /* y[pair] = down_e · act[pair] */
+    if (!CU_LAUNCHED(c,
+                     cu_gemv_launch(c->wfmt, false, n_experts, hidden, inter, NULL, tdn, off, 0, pair, pair, act, inter, y,
+                                    hidden, false, c->stream),
+                     "moe down"))
+        return;
+    k_moe_combine_pairs<<<rows, 256, 0, c->stream>>>(hidden, top_k, weights, y, out);
+    CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
+}

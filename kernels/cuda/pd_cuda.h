@@ -14,11 +14,23 @@
  * fill its destination with NaN, so no caller mistakes a failed step for
  * numbers. pd_backend_cuda_status returns it.
  *
+ * Decode steps: the step operations of pd_kernels.h (embed_ids, rope_pos,
+ * kv_store, mla_decode, moe_route_ids, moe_experts_ids) read every index
+ * array from device memory and never wait on the host, and GEMMs of at
+ * most 4 rows go through a skinny-GEMM kernel (fp32 activations, 16-byte
+ * weight loads) instead of cuBLASLt, so that the model can record a whole
+ * decode step with graph_begin / graph_end (stream capture) and replay it.
+ * A scratch buffer that has to grow bumps a generation number; graphs
+ * recorded before it are stale (graph_launch says so) and are recorded
+ * again. Growing while recording is refused; a recording that fails turns
+ * graphs off for the backend, which keeps working without them.
+ *
  * One file per op family, each in three layers (static __global__ kernel →
  * static launcher taking a cudaStream_t → table entry that checks its
- * arguments): memory.cu (memory, weights), gemm.cu, norm.cu, rope.cu,
- * elementwise.cu (silu_mul, add, embed), mla.cu, moe.cu; backend_cuda.cu
- * holds the table and the handles.
+ * arguments): memory.cu (memory, weights, page-locked host memory), gemm.cu
+ * (cuBLASLt and the grouped skinny GEMM), norm.cu, rope.cu, elementwise.cu
+ * (silu_mul, add, embed, kv_store), mla.cu, moe.cu; backend_cuda.cu holds
+ * the table, the handles and the graphs.
  */
 #ifndef PD_CUDA_H
 #define PD_CUDA_H
@@ -49,6 +61,17 @@ pd_status pd_backend_cuda_status(pd_backend *be, pd_err *err);
 
 /** The cudaStream_t every operation runs on, for timing with events. */
 void *pd_backend_cuda_stream(pd_backend *be);
+
+/** The backend's optional fast paths, each switchable so that its effect
+ * can be measured (all on by default; PD_CUDA_GRAPHS=0 starts with graphs
+ * off): graphs (graph_begin refuses, recorded graphs are not replayed),
+ * gemv (the skinny-GEMM kernel for M <= 4; else cuBLASLt / cublasSgemm),
+ * moe_device (moe_experts_ids on the GPU; else ids back to the host and
+ * moe_experts). */
+typedef struct {
+    bool graphs, gemv, moe_device;
+} pd_cuda_features;
+void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f);
 
 #ifdef __cplusplus
 }

@@ -54,3 +54,18 @@ void cu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_stride, in
     CU_LAUNCHED(c, rope_launch(rows, n_heads, x, row_stride, head_stride, half, dpos, dfreq, mscale, c->stream),
                 "rope");
 }
+
+/* pos and inv_freq already in device memory (the step's arguments). */
+void cu_rope_pos(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+                 const int32_t *pos, const float *inv_freq, float mscale) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0 || n_heads == 0 || rope_dim < 2)
+        return;
+    int half = rope_dim / 2;
+    if (rows < 0 || n_heads < 0 || !x || !pos || !inv_freq || half > 4096) {
+        cu_fail(c, PD_ERR_INVALID, "rope_pos: rows %d, heads %d, rope_dim %d", rows, n_heads, rope_dim);
+        return;
+    }
+    CU_LAUNCHED(c, rope_launch(rows, n_heads, x, row_stride, head_stride, half, pos, inv_freq, mscale, c->stream),
+                "rope_pos");
+}

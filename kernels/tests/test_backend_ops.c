@@ -23,9 +23,13 @@
 #include "cuda/pd_cuda.h"
 #endif
 
-enum { OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS, OP_N };
-static const char *op_names[OP_N] = {"gemm",          "rmsnorm",       "rope",      "silu_mul",   "add",
-                                     "embed",         "mla expanded",  "mla absorbed", "moe_route", "moe_experts"};
+enum {
+    OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_N
+};
+static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
+                                     "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
+                                     "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids"};
 
 typedef struct {
     const char *name;
@@ -160,8 +164,9 @@ static void run_gemm(suite *s, pd_backend *b, int M, int N, int K, const float *
 static void test_gemm(void **state) {
     suite *s = *state;
     BEGIN(s);
-    static const int shapes[][3] = {{1, 64, 64}, {3, 96, 130}, {17, 256, 512}, {130, 128, 64}, {1, 1000, 256},
-                                    {64, 200, 333}};
+    /* M <= 4 with K % 8 == 0 takes the CUDA backend's skinny kernel */
+    static const int shapes[][3] = {{1, 64, 64},    {3, 96, 130},  {17, 256, 512}, {130, 128, 64}, {1, 1000, 256},
+                                    {64, 200, 333}, {2, 129, 1408}, {4, 300, 2048}, {3, 17, 8},     {4, 64, 72}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
         int M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
         bool acc = t % 2 == 1;
@@ -858,6 +863,361 @@ static void test_moe_experts(void **state) {
     END(s);
 }
 
+/* ---- step operations (index arrays in backend memory) ----------------- */
+
+/* embed_ids, rope_pos and kv_store against embed, rope and a plain copy on
+ * the same backend: the same numbers exactly. */
+static void test_step_ops(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    int rows = 13, vocab = 500, dim = 72;
+    float *table = rnd(s, (size_t)vocab * dim, 1.0);
+    int32_t ids[13];
+    for (int r = 0; r < rows; r++)
+        ids[r] = (int32_t)(pd_rng_next(&s->rng) % vocab);
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, table, vocab, dim, &W), PD_OK);
+    size_t n = (size_t)rows * dim;
+    float *poison = nans(n), *a = malloc(n * 4), *e = malloc(n * 4);
+    int32_t *dids = put(b, ids, sizeof ids);
+    float *d1 = put(b, poison, n * 4), *d2 = put(b, poison, n * 4);
+    b->ops->embed(b, rows, dim, ids, &W, d1);
+    b->ops->embed_ids(b, rows, dim, dids, &W, d2);
+    get(s, b, a, d1, n);
+    get(s, b, e, d2, n);
+    check(s, OP_STEP, "embed_ids", nerr(e, a, n), 0.0);
+    /* rope over 5 heads of [nope 8 | rope 16] */
+    int nh = 5, hs = 24, rs = nh * hs, dr = 16;
+    float *x = rnd(s, (size_t)rows * rs, 1.0), *ya = malloc((size_t)rows * rs * 4), *yb = malloc((size_t)rows * rs * 4);
+    int32_t pos[13];
+    float freq[8];
+    for (int r = 0; r < rows; r++)
+        pos[r] = (int32_t)(pd_rng_next(&s->rng) % 100000);
+    for (int i = 0; i < dr / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / dr);
+    float *dx1 = put(b, x, (size_t)rows * rs * 4), *dx2 = put(b, x, (size_t)rows * rs * 4);
+    int32_t *dpos = put(b, pos, sizeof pos);
+    float *dfreq = put(b, freq, sizeof freq);
+    b->ops->rope(b, rows, nh, dx1 + 8, rs, hs, dr, pos, freq, 1.2f);
+    b->ops->rope_pos(b, rows, nh, dx2 + 8, rs, hs, dr, dpos, dfreq, 1.2f);
+    get(s, b, ya, dx1, (size_t)rows * rs);
+    get(s, b, yb, dx2, (size_t)rows * rs);
+    check(s, OP_STEP, "rope_pos", nerr(yb, ya, (size_t)rows * rs), 0.0);
+    /* kv_store: rows of a strided source into shuffled slots of a larger cache */
+    int slots_n = 40, kd = 36, st = 40;
+    size_t nc = (size_t)(slots_n + 3) * kd;
+    float *src = rnd(s, (size_t)rows * st, 1.0), *cpoison = nans(nc), *cache = malloc(nc * 4);
+    int32_t slots[13];
+    for (int r = 0; r < rows; r++)
+        slots[r] = 3 * r; /* distinct, with gaps */
+    float *dsrc = put(b, src, (size_t)rows * st * 4), *dc = put(b, cpoison, nc * 4);
+    int32_t *dslots = put(b, slots, sizeof slots);
+    b->ops->kv_store(b, rows, kd, dsrc, st, dc, dslots, 2);
+    get(s, b, cache, dc, nc);
+    double worst = 0;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < kd; i++) {
+            float g = cache[((size_t)slots[r] + 2) * kd + i], w = src[(size_t)r * st + i];
+            worst = fmax(worst, g == w ? 0.0 : INFINITY);
+        }
+    check(s, OP_STEP, "kv_store", worst, 0.0);
+    b->ops->free(b, dids);
+    b->ops->free(b, d1);
+    b->ops->free(b, d2);
+    b->ops->free(b, dx1);
+    b->ops->free(b, dx2);
+    b->ops->free(b, dpos);
+    b->ops->free(b, dfreq);
+    b->ops->free(b, dsrc);
+    b->ops->free(b, dc);
+    b->ops->free(b, dslots);
+    b->ops->weight_free(b, &W);
+    free(table);
+    free(poison);
+    free(a);
+    free(e);
+    free(x);
+    free(ya);
+    free(yb);
+    free(src);
+    free(cpoison);
+    free(cache);
+    END(s);
+}
+
+/* Batched decode over sequences of different lengths sharing one cache,
+ * against the reference: the double formula per sequence (cpu group) or
+ * the CPU backend's mla_decode. */
+static void run_mla_decode(suite *s, pd_backend *b, const mla_cfg *c, int n_seqs, const float *q, const float *cache,
+                           size_t nc, const float *kvb, int n_layers, int layer, int bs, const int32_t *lens,
+                           const int32_t *boff, const int32_t *blocks, int n_blocks_tab, float *out) {
+    int qd = c->dn + c->dr;
+    size_t nq = (size_t)n_seqs * c->nh * qd, no = (size_t)n_seqs * c->nh * c->dv;
+    float *dq = put(b, q, nq * 4), *dc = put(b, cache, nc * 4), *poison = nans(no), *dout = put(b, poison, no * 4);
+    int32_t *dl = put(b, lens, n_seqs * 4), *dbo = put(b, boff, n_seqs * 4), *dbl = put(b, blocks, n_blocks_tab * 4);
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, kvb, c->nh * (c->dn + c->dv), c->kvr, &W), PD_OK);
+    pd_mla_decode_args a = {
+        .n_heads = c->nh, .qk_nope_dim = c->dn, .qk_rope_dim = c->dr, .v_dim = c->dv, .kv_lora_rank = c->kvr,
+        .softmax_scale = (float)(1.0 / sqrt(qd)), .n_seqs = n_seqs, .q = dq, .cache = dc, .n_layers = n_layers,
+        .layer = layer, .block_size = bs, .seq_lens = dl, .block_off = dbo, .blocks = dbl, .kv_b = &W, .out = dout,
+    };
+    b->ops->mla_decode(b, &a);
+    get(s, b, out, dout, no);
+    free(poison);
+    b->ops->weight_free(b, &W);
+    b->ops->free(b, dq);
+    b->ops->free(b, dc);
+    b->ops->free(b, dout);
+    b->ops->free(b, dl);
+    b->ops->free(b, dbo);
+    b->ops->free(b, dbl);
+}
+
+static void test_mla_decode(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    static const mla_cfg cfgs[] = {{4, 16, 8, 16, 32}, {20, 32, 16, 24, 64}, {16, 128, 64, 128, 512}};
+    static const struct {
+        int n_seqs, bs, max_len;
+        bool gpu_only;
+    } cases[] = {{1, 16, 1, false}, {3, 5, 90, false}, {7, 16, 300, false}, {33, 64, 200, false}, {5, 64, 5000, true}};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (size_t ki = 0; ki < sizeof cases / sizeof cases[0]; ki++) {
+            if (cases[ki].gpu_only && !s->ref)
+                continue;
+            const mla_cfg *c = &cfgs[ci];
+            int n = cases[ki].n_seqs, bs = cases[ki].bs, qd = c->dn + c->dr, D = c->kvr + c->dr, n_layers = 2;
+            int32_t *lens = malloc(n * 4), *boff = malloc(n * 4);
+            int total = 0;
+            for (int i = 0; i < n; i++) {
+                lens[i] = i == 0 ? cases[ki].max_len : 1 + (int)(pd_rng_next(&s->rng) % cases[ki].max_len);
+                boff[i] = total;
+                total += (lens[i] + bs - 1) / bs;
+            }
+            int n_blocks = total + 2;
+            /* every sequence gets its own blocks, shuffled over the cache */
+            int32_t *perm = malloc(n_blocks * 4);
+            for (int i = 0; i < n_blocks; i++)
+                perm[i] = i;
+            for (int i = n_blocks - 1; i > 0; i--) {
+                int j = (int)(pd_rng_next(&s->rng) % (uint64_t)(i + 1)), t = perm[i];
+                perm[i] = perm[j];
+                perm[j] = t;
+            }
+            size_t nc = (size_t)n_blocks * n_layers * bs * D;
+            float *q = rnd(s, (size_t)n * c->nh * qd, 1.0), *cache = rnd(s, nc, 1.0);
+            float *kvb = rnd(s, (size_t)c->nh * (c->dn + c->dv) * c->kvr, 1.0 / sqrt(c->kvr));
+            size_t no = (size_t)n * c->nh * c->dv;
+            float *got = malloc(no * 4), *want = malloc(no * 4);
+            char shape[128];
+            snprintf(shape, sizeof shape, "heads %d latent %d: %d sequences up to %d, block %d", c->nh, c->kvr, n,
+                     cases[ki].max_len, bs);
+            run_mla_decode(s, s->be, c, n, q, cache, nc, kvb, n_layers, 1, bs, lens, boff, perm, total, got);
+            if (s->ref) {
+                run_mla_decode(s, s->ref, c, n, q, cache, nc, kvb, n_layers, 1, bs, lens, boff, perm, total, want);
+                check(s, OP_MLA_DEC, shape, nerr(got, want, no), s->tol_w);
+            } else {
+                double worst = 0;
+                for (int i = 0; i < n; i++) {
+                    mla_in in = {.c = *c, .k = {1, lens[i] - 1, bs, false}, .n_layers = n_layers, .layer = 1,
+                                 .n_blocks = n_blocks, .q = q + (size_t)i * c->nh * qd, .cache = cache, .kvb = kvb,
+                                 .btab = perm + boff[i], .scale = (float)(1.0 / sqrt(qd))};
+                    size_t n1 = (size_t)c->nh * c->dv;
+                    double *rd = malloc(n1 * sizeof(double));
+                    mla_ref(&in, rd);
+                    worst = fmax(worst, nerr_d(got + (size_t)i * n1, rd, n1));
+                    free(rd);
+                }
+                check(s, OP_MLA_DEC, shape, worst, s->tol_w);
+            }
+            free(lens);
+            free(boff);
+            free(perm);
+            free(q);
+            free(cache);
+            free(kvb);
+            free(got);
+            free(want);
+        }
+    END(s);
+}
+
+/* moe_route_ids equals moe_route on the same backend. */
+static void test_moe_route_ids(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    static const pd_moe_route_params cfgs[] = {{256, 8, 8, 4, 1, 2, true, 2.5f, NULL}, {64, 6, 1, 1, 0, 0, false, 1.0f, NULL}};
+    for (size_t ci = 0; ci < 2; ci++) {
+        pd_moe_route_params p = cfgs[ci];
+        int rows = 37, E = p.n_experts, k = p.top_k;
+        float *lg = rnd(s, (size_t)rows * E, 1.0), *bias = ci == 0 ? rnd(s, E, 0.1) : NULL;
+        float *dl = put(b, lg, (size_t)rows * E * 4), *db = bias ? put(b, bias, E * 4) : NULL;
+        p.e_score_correction_bias = db;
+        int32_t *ids = malloc((size_t)rows * k * 4), *ids2 = malloc((size_t)rows * k * 4);
+        float *w = malloc((size_t)rows * k * 4), *w2 = malloc((size_t)rows * k * 4);
+        b->ops->moe_route(b, rows, dl, &p, ids, w);
+        int32_t *dids = b->ops->alloc(b, (size_t)rows * k * 4);
+        float *dw = b->ops->alloc(b, (size_t)rows * k * 4);
+        b->ops->moe_route_ids(b, rows, dl, &p, dids, dw);
+        b->ops->download(b, ids2, dids, (size_t)rows * k * 4);
+        get(s, b, w2, dw, (size_t)rows * k);
+        double e = memcmp(ids, ids2, (size_t)rows * k * 4) ? INFINITY : nerr(w2, w, (size_t)rows * k);
+        check(s, OP_ROUTE_IDS, ci == 0 ? "256 experts" : "64 experts", e, 0.0);
+        b->ops->free(b, dl);
+        if (db)
+            b->ops->free(b, db);
+        b->ops->free(b, dids);
+        b->ops->free(b, dw);
+        free(lg);
+        free(bias);
+        free(ids);
+        free(ids2);
+        free(w);
+        free(w2);
+    }
+    END(s);
+}
+
+/* moe_experts_ids against moe_experts with the same ids (host) on the
+ * reference backend: the decode path (few pairs, K % 8 == 0), and the
+ * fallbacks (many pairs; odd sizes). */
+static void test_moe_experts_ids(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    /* rows, hidden, inter, top_k, experts */
+    static const int shapes[][5] = {{1, 64, 32, 2, 8},  {4, 128, 48, 6, 16}, {33, 128, 64, 6, 16},
+                                    {128, 64, 32, 8, 16}, {200, 64, 32, 6, 8}, {5, 96, 36, 3, 8}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        moe_in in = {.rows = shapes[t][0], .hidden = shapes[t][1], .inter = shapes[t][2], .top_k = shapes[t][3],
+                     .n_exp = shapes[t][4]};
+        int H = in.hidden, I = in.inter, E = in.n_exp, k = in.top_k;
+        in.x = rnd(s, (size_t)in.rows * H, 1.0);
+        in.out0 = rnd(s, (size_t)in.rows * H, 0.1);
+        in.w = malloc((size_t)in.rows * k * 4);
+        in.ids = malloc((size_t)in.rows * k * 4);
+        in.gu = malloc(E * sizeof(float *));
+        in.dn = malloc(E * sizeof(float *));
+        for (int e = 0; e < E; e++) {
+            in.gu[e] = rnd(s, (size_t)2 * I * H, 1.0 / sqrt(H));
+            in.dn[e] = rnd(s, (size_t)H * I, 1.0 / sqrt(I));
+        }
+        for (int r = 0; r < in.rows; r++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do {
+                    e = (int)(pd_rng_next(&s->rng) % E);
+                    dup = false;
+                    for (int m = 0; m < j; m++)
+                        dup |= in.ids[r * k + m] == e;
+                } while (dup);
+                in.ids[r * k + j] = e;
+                in.w[r * k + j] = (float)pd_rng_uniform(&s->rng);
+            }
+        size_t nx = (size_t)in.rows * H;
+        float *got = malloc(nx * 4), *want = malloc(nx * 4);
+        pd_backend *b = s->be;
+        {
+            pd_weight *gu = calloc(E, sizeof(pd_weight)), *dn = calloc(E, sizeof(pd_weight));
+            for (int e = 0; e < E; e++) {
+                assert_int_equal(b->ops->weight_from_f32(b, in.gu[e], 2 * I, H, &gu[e]), PD_OK);
+                assert_int_equal(b->ops->weight_from_f32(b, in.dn[e], H, I, &dn[e]), PD_OK);
+            }
+            float *dx = put(b, in.x, nx * 4), *dout = put(b, in.out0, nx * 4);
+            int32_t *dids = put(b, in.ids, (size_t)in.rows * k * 4);
+            float *dw = put(b, in.w, (size_t)in.rows * k * 4);
+            b->ops->moe_experts_ids(b, in.rows, H, I, dx, dids, dw, k, E, gu, dn, dout);
+            get(s, b, got, dout, nx);
+            b->ops->free(b, dx);
+            b->ops->free(b, dout);
+            b->ops->free(b, dids);
+            b->ops->free(b, dw);
+            for (int e = 0; e < E; e++) {
+                b->ops->weight_free(b, &gu[e]);
+                b->ops->weight_free(b, &dn[e]);
+            }
+            free(gu);
+            free(dn);
+        }
+        char shape[96];
+        snprintf(shape, sizeof shape, "rows %d hidden %d inter %d top %d of %d", in.rows, H, I, k, E);
+        if (s->ref) {
+            run_experts(s, s->ref, &in, want);
+            check(s, OP_EXPERTS_IDS, shape, nerr(got, want, nx), s->tol_w);
+        } else {
+            double *rd = malloc(nx * sizeof(double));
+            experts_ref(&in, rd);
+            check(s, OP_EXPERTS_IDS, shape, nerr_d(got, rd, nx), s->tol_w);
+            free(rd);
+        }
+        for (int e = 0; e < E; e++) {
+            free(in.gu[e]);
+            free(in.dn[e]);
+        }
+        free(in.gu);
+        free(in.dn);
+        free(in.x);
+        free(in.out0);
+        free(in.w);
+        free(in.ids);
+        free(got);
+        free(want);
+    }
+    END(s);
+}
+
+/* ---- graphs (CUDA) ---------------------------------------------------- */
+
+/* A recorded gemm + rope_pos replays with the inputs its buffers hold at
+ * launch; a scratch buffer that moves makes the graph stale. */
+static void test_graph(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    if (!b->ops->graph_begin)
+        skip();
+    int M = 2, N = 64, K = 64;
+    float *x1 = rnd(s, (size_t)M * K, 1.0), *x2 = rnd(s, (size_t)M * K, 1.0), *w = rnd(s, (size_t)N * K, 0.1);
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, w, N, K, &W), PD_OK);
+    float *dx = put(b, x1, (size_t)M * K * 4), *dy = b->ops->alloc(b, (size_t)M * N * 4);
+    float *want = malloc((size_t)M * N * 4), *got = malloc((size_t)M * N * 4);
+    b->ops->gemm(b, M, dx, &W, dy, false); /* warm-up: the plan and scratch exist before recording */
+    assert_int_equal(b->ops->graph_begin(b), PD_OK);
+    b->ops->gemm(b, M, dx, &W, dy, false);
+    void *g = NULL;
+    assert_int_equal(b->ops->graph_end(b, &g), PD_OK);
+    b->ops->upload(b, dx, x2, (size_t)M * K * 4);
+    assert_int_equal(b->ops->graph_launch(b, g), PD_OK);
+    get(s, b, got, dy, (size_t)M * N);
+    b->ops->gemm(b, M, dx, &W, dy, false);
+    get(s, b, want, dy, (size_t)M * N);
+    check(s, OP_STEP, "graph replay", nerr(got, want, (size_t)M * N), 0.0);
+    /* a rope over many rows moves the scratch its positions are copied to:
+     * every graph recorded before is stale */
+    int rows = 200000;
+    int *pos = calloc(rows, sizeof(int));
+    float freq = 1.0f, *big = b->ops->alloc(b, (size_t)rows * 2 * 4);
+    b->ops->rope(b, rows, 1, big, 2, 2, 2, pos, &freq, 1.0f);
+    backend_ok(s, b);
+    assert_int_equal(b->ops->graph_launch(b, g), PD_ERR_LIMIT);
+    b->ops->graph_free(b, g);
+    b->ops->free(b, big);
+    free(pos);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+    b->ops->weight_free(b, &W);
+    free(x1);
+    free(x2);
+    free(w);
+    free(want);
+    free(got);
+    END(s);
+}
+
 /* ---- errors (CUDA) ---------------------------------------------------- */
 
 /* A bad argument is reported, sticks, and later downloads read NaN. */
@@ -942,7 +1302,8 @@ int main(void) {
         cmocka_unit_test(test_gemm),      cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
         cmocka_unit_test(test_silu_mul),  cmocka_unit_test(test_add),       cmocka_unit_test(test_embed),
         cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
+        cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);

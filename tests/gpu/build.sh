@@ -1,17 +1,21 @@
 #!/bin/sh
 # Builds, on a machine with nvcc but no GPU, what tests/gpu/run.sh runs on a
-# GPU host, and gathers it into .carry-cuda/ (git-ignored):
+# GPU host, and packs it into .carry-cuda/pack.tar.xz (git-ignored; carry
+# .carry-cuda and .cache there):
 #   bin/test_backend_ops  every op, CUDA against CPU   (kernels/tests/)
 #   bin/test_model_cuda   tiny / tiny-v2 against the transformers fixtures (kernels/cuda/tests/)
+#   bin/pdserve           the whole server, for generate and the serving test on the GPU
 #   bin/bench_cuda        GEMM and MLA against the copy and GEMM ceilings (tests/gpu/bench_cuda.c)
+#   bin/bench_step        decode steps of a whole model (tests/gpu/bench_step.c)
 #   lib/                  the shared libraries those binaries need that a bare CUDA image lacks
-#                         (jansson, OpenBLAS, cmocka, ...; not libcuda, cuBLAS or glibc)
+#                         (jansson, OpenBLAS, ZeroMQ, UCX, cmocka, ...; not libcuda, cuBLAS or glibc)
 #
 # usage: tests/gpu/build.sh [--tree]
-# By default it builds HEAD with this checkout's kernels/cuda, kernels/tests
-# and tests/gpu copied over it, in a scratch directory, so that someone
-# else's half-done edit elsewhere in the working tree cannot break the GPU
-# run; --tree builds the working tree as it is, in build-cuda/.
+# By default it builds HEAD with this checkout's CUDA-path files copied over
+# it (kernels/, the model's forward pass and loader, the replicas' KV
+# staging, tests/gpu), in a scratch directory, so that someone else's
+# half-done edit elsewhere in the working tree cannot break the GPU run;
+# --tree builds the working tree as it is, in build-cuda/.
 set -eu
 cd "$(git rev-parse --show-toplevel)"
 ROOT=$PWD
@@ -26,31 +30,44 @@ else
     rm -rf "$SRC"
     mkdir -p "$SRC"
     git archive HEAD | tar -x -C "$SRC"
-    mkdir -p "$SRC/kernels/cuda" "$SRC/kernels/tests" "$SRC/tests/gpu"
-    cp -r kernels/cuda/. "$SRC/kernels/cuda/"
-    cp -r kernels/tests/. "$SRC/kernels/tests/"
+    mkdir -p "$SRC/kernels" "$SRC/tests/gpu"
+    cp -r kernels/. "$SRC/kernels/"
     cp -r tests/gpu/. "$SRC/tests/gpu/"
+    for f in model/forward.c model/model.c model/model_impl.h model/pd_model.h decode/service.c prefill/service.c; do
+        cp "$f" "$SRC/$f"
+    done
     B=$SRC/build
 fi
 # CMAKE_CUDA_ARCHITECTURES=OFF: pdcore is declared before CUDA is enabled and
 # CMake (3.25) otherwise refuses its empty CUDA_ARCHITECTURES.
 cmake -S "$SRC" -B "$B" -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=OFF -DPD_CACHE_DIR="$ROOT/.cache" >/dev/null
-cmake --build "$B" -j"$(nproc)" --target test_backend_ops test_model_cuda pdcuda
+cmake --build "$B" -j"$(nproc)" --target test_backend_ops test_model_cuda pdcuda pdserve
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 "$NVCC" -O2 -o "$B/bench_cuda" "$SRC/tests/gpu/bench_cuda.c" -I"$SRC/common" -I"$SRC/kernels" \
     "$B/libpdcuda.a" -lcublasLt -lcublas -lcudart
+# bench_step links what test_model_cuda links (pdcore, pdcuda and their libraries), less cmocka
+cc -O2 -std=gnu11 -c -o "$B/bench_step.o" "$SRC/tests/gpu/bench_step.c" -I"$SRC/common" -I"$SRC/kernels" \
+    -I"$SRC/model" -I/usr/local/cuda/include
+LINK=$(sed -e 's|^.*-o test_model_cuda||' -e 's|[^ ]*libcmocka[^ ]*||' \
+    "$B/CMakeFiles/test_model_cuda.dir/link.txt")
+(cd "$B" && eval "c++ -o bench_step bench_step.o $LINK")
 
-rm -rf "$OUTD"
-mkdir -p "$OUTD/bin" "$OUTD/lib"
-cp "$B/test_backend_ops" "$B/test_model_cuda" "$B/bench_cuda" "$OUTD/bin/"
-for bin in "$OUTD"/bin/*; do
+STAGE=$B/carry
+rm -rf "$STAGE"
+mkdir -p "$STAGE/bin" "$STAGE/lib"
+cp "$B/test_backend_ops" "$B/test_model_cuda" "$B/pdserve" "$B/bench_cuda" "$B/bench_step" "$STAGE/bin/"
+strip --strip-debug "$STAGE"/bin/*
+for bin in "$STAGE"/bin/*; do
     ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
-    libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | \
+    libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | libresolv.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | \
         libcuda.so* | libcublas* | libnvidia*) ;;
-    *) cp -L "$lib" "$OUTD/lib/" ;;
+    *) cp -L "$lib" "$STAGE/lib/" ;;
     esac
 done
-du -sh "$OUTD"
-ls "$OUTD/bin" "$OUTD/lib"
+rm -rf "$OUTD"
+mkdir -p "$OUTD"
+tar -C "$STAGE" -cJf "$OUTD/pack.tar.xz" bin lib
+du -sh "$STAGE" "$OUTD/pack.tar.xz"
+ls "$STAGE/bin" "$STAGE/lib"

@@ -1,14 +1,24 @@
 #!/bin/sh
 # Runs the CUDA backend's checks and benchmarks on a GPU host, from what
-# tests/gpu/build.sh gathered into .carry-cuda/ (carry that folder there).
-# Logs go to $OUT (or ./gpu-out): ops.log, model.log, bench.md.
+# tests/gpu/build.sh packed into .carry-cuda/ (carry .carry-cuda and .cache).
+# Logs go to $OUT (or ./gpu-out), one file per step.
 #
-# usage (repository root): tests/gpu/run.sh [ops] [model] [bench]   (default: all three)
+# usage (repository root): tests/gpu/run.sh STEP...
+#   ops       test_backend_ops: every op, CUDA against CPU          -> ops.log
+#   model     test_model_cuda: tiny, tiny-v2 against transformers    -> model.log
+#   serving   tests/integration/test_serving.py with PD_DEVICE=cuda, fp32 then bf16 weights -> serving-*.log
+#   generate  pdserve generate on tiny and small, cpu and cuda        -> generate.log
+#   bench     bench_cuda: GEMM and MLA against the ceilings          -> bench.md
+#   v2lite    mkmodel v2-lite into /tmp (started first, in the background), then
+#             bench_step (decode steps), the transformers peer, and generate -> step.md, peer.md, v2lite.log
+# Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's).
 set -u
 cd "$(dirname "$0")/../.."
-C=$PWD/.carry-cuda
+R=$PWD
+C=${TMPDIR:-/tmp}/pdcarry
 O=${OUT:-$PWD/gpu-out}
-mkdir -p "$O"
+mkdir -p "$O" "$C"
+tar -C "$C" -xJf .carry-cuda/pack.tar.xz
 # cuBLAS is too large to carry: find the GPU host's own.
 CUBLAS_DIR=
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
@@ -16,23 +26,52 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib
 done
 [ -z "$CUBLAS_DIR" ] && CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$C/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PD_SOURCE_DIR=$PWD PD_BUILD_DIR=${TMPDIR:-/tmp}/pdserve-gpu
+export PD_SOURCE_DIR=$R PD_BUILD_DIR=${TMPDIR:-/tmp}/pdserve-gpu PD_CACHE_DIR=$R/.cache PD_BIN=$C/bin/pdserve
+export PYTHONUNBUFFERED=1
 mkdir -p "$PD_BUILD_DIR"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-echo "cuBLAS from $CUBLAS_DIR"
-[ $# -eq 0 ] && set -- ops model bench
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv,noheader
+echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
+V2=${TMPDIR:-/tmp}/v2lite
+MKPID=
+case " $* " in *" v2lite "*)
+    ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
+      echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
+    MKPID=$!
+esac
 rc=0
 for what in "$@"; do
     t0=$(date +%s)
     case $what in
-    ops) "$C/bin/test_backend_ops" >"$O/ops.log" 2>&1 || rc=1; f=ops.log ;;
-    model) "$C/bin/test_model_cuda" >"$O/model.log" 2>&1 || rc=1; f=model.log ;;
-    bench) "$C/bin/bench_cuda" >"$O/bench.md" 2>&1 || rc=1; f=bench.md ;;
+    ops) timeout 300 "$C/bin/test_backend_ops" >"$O/ops.log" 2>&1 || rc=1; f=ops.log ;;
+    model) timeout 300 "$C/bin/test_model_cuda" >"$O/model.log" 2>&1 || rc=1; f=model.log ;;
+    serving)
+        PD_DEVICE=cuda PD_CUDA_WEIGHTS=f32 timeout 240 python3 tests/integration/test_serving.py >"$O/serving-f32.log" 2>&1 || rc=1
+        PD_DEVICE=cuda timeout 240 python3 tests/integration/test_serving.py >"$O/serving-bf16.log" 2>&1 || rc=1
+        tail -3 "$O/serving-bf16.log"; f=serving-f32.log ;;
+    generate)
+        : >"$O/generate.log"
+        for p in tiny small; do
+            "$C/bin/pdserve" mkmodel --preset $p --seed 1 --out "$PD_BUILD_DIR/gen-$p" >/dev/null 2>&1
+            for dev in cpu cuda-f32 cuda; do
+                d=${dev%-f32}; w=bf16; [ "$dev" = cuda-f32 ] && w=f32
+                echo "== $p $dev" >>"$O/generate.log"
+                PD_CUDA_WEIGHTS=$w timeout 120 "$C/bin/pdserve" generate --model "$PD_BUILD_DIR/gen-$p" \
+                    --prompt "The capital of France is" -n 24 --ignore-eos --device "$d" >>"$O/generate.log" 2>&1 || rc=1
+            done
+        done
+        f=generate.log ;;
+    bench) timeout 300 "$C/bin/bench_cuda" >"$O/bench.md" 2>&1 || rc=1; f=bench.md ;;
+    v2lite)
+        wait "$MKPID"
+        cat "$O/mkmodel.log"; du -sh "$V2"
+        timeout 400 "$C/bin/bench_step" "$V2" ${STEP_ARGS:-} >"$O/step.md" 2>"$O/step.err" || { rc=1; tail -5 "$O/step.err"; }
+        timeout 400 python3 tests/gpu/peer_hf.py "$V2" ${PEER_ARGS:-} >"$O/peer.md" 2>"$O/peer.err" || { rc=1; tail -5 "$O/peer.err"; }
+        timeout 150 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 32 --ignore-eos \
+            --device cuda >"$O/v2lite.log" 2>&1 || rc=1
+        cat "$O/step.md" "$O/peer.md"; tail -4 "$O/v2lite.log"; f=v2lite.log ;;
     *) echo "unknown step $what"; exit 2 ;;
     esac
     echo "== $what: $(($(date +%s) - t0)) s"
-    grep -E '^\[  (FAILED|PASSED|SKIPPED) |worst normalised|^\[ cuda|^\[ tiny|over tolerance|backend error|error|FAIL' "$O/$f" | head -60
+    grep -E '^\[  (FAILED|PASSED|SKIPPED) |worst normalised|^\[ cuda|^\[ tiny|over tolerance|backend error|rror|FAIL|failures:' "$O/$f" | head -60
 done
-echo "== bench"
-cat "$O/bench.md" 2>/dev/null
 exit $rc

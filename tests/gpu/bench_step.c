@@ -1,0 +1,295 @@
+/* Decode step time of a whole model on the CUDA backend, against the copy
+ * ceiling measured in the same run.
+ *
+ *   bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 10] [--variants
+ * all|fast]
+ *
+ * For every context L and batch B: B sequences whose first L tokens are in
+ * the KV cache (random latents written straight into the cache: a decode
+ * step's cost does not depend on how the cache was filled), then decode
+ * steps of one new token per sequence through pd_model_forward, timed on
+ * the host around the call (it returns after the logits have arrived), the
+ * median of --steps after three warm-up steps. The context grows by one
+ * token per step.
+ *
+ * Bytes a step must read (bf16 weights, fp32 cache): every attention and
+ * norm weight, the dense MLPs, per MoE layer the router, the shared experts
+ * and the distinct routed experts the batch routes to, the lm_head, and the
+ * KV rows of every sequence. The distinct experts are the expectation under
+ * uniform routing, E·(1 − (1 − k/E)^B) (random weights route nearly
+ * uniformly); the ratio divides those bytes by the step time and the copy
+ * bandwidth.
+ *
+ * Variants switch the backend's fast paths (pd_cuda_features) one at a
+ * time, so each one's effect is measured in the same run: all on; no graphs;
+ * no graphs and no skinny GEMM; and also no device MoE (ids back to the host
+ * every layer, as the first CUDA version did).
+ *
+ * Built by tests/gpu/build.sh, run by tests/gpu/run.sh on a GPU host. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/pd_cuda.h"
+#include "pd_model.h"
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = atoi(s);
+        const char *c = strchr(s, ',');
+        if (!c)
+            break;
+        s = c + 1;
+    }
+    return n;
+}
+
+static uint64_t g_rs = 0x2545f4914f6cdd1dull;
+static uint64_t rnd_u64(void) {
+    g_rs ^= g_rs << 13;
+    g_rs ^= g_rs >> 7;
+    g_rs ^= g_rs << 17;
+    return g_rs;
+}
+
+/* Bytes one decode step of B sequences at context L must read. */
+static double step_bytes(const pd_model_config *c, int B, int L, double *weights_p, double *kv_p) {
+    double H = c->hidden_size, nh = c->num_attention_heads, dn = c->qk_nope_head_dim,
+           dr = c->qk_rope_head_dim;
+    double dv = c->v_head_dim, kvr = c->kv_lora_rank;
+    double attn = (c->q_lora_rank > 0 ? c->q_lora_rank * H + nh * (dn + dr) * c->q_lora_rank
+                                      : nh * (dn + dr) * H) +
+                  (kvr + dr) * H + nh * (dn + dv) * kvr + H * nh * dv;
+    double E = c->n_routed_experts, k = c->num_experts_per_tok;
+    double distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, B)) : 0;
+    double w = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        w += attn;
+        if (pd_config_layer_is_moe(c, l))
+            w += E * H + 3.0 * c->moe_intermediate_size * c->n_shared_experts * H +
+                 distinct * 3.0 * c->moe_intermediate_size * H;
+        else
+            w += 3.0 * c->intermediate_size * H;
+    }
+    w += (double)c->vocab_size * H + B * H;
+    w *= 2.0; /* bf16 */
+    double kv = (double)B * L * c->num_hidden_layers * (kvr + dr) * 4.0;
+    *weights_p = w;
+    *kv_p = kv;
+    return w + kv;
+}
+
+typedef struct {
+    const char *name;
+    pd_cuda_features f;
+} variant;
+
+int main(int argc, char **argv) {
+    const char *dir = NULL;
+    int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10;
+    bool all_variants = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--batches") && i + 1 < argc)
+            n_b = parse_list(argv[++i], batches, 16);
+        else if (!strcmp(argv[i], "--contexts") && i + 1 < argc)
+            n_c = parse_list(argv[++i], ctxs, 16);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--variants") && i + 1 < argc)
+            all_variants = strcmp(argv[++i], "fast") != 0;
+        else
+            dir = argv[i];
+    }
+    if (!dir || steps < 1 || steps > 200) {
+        fprintf(stderr,
+                "usage: bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps N] "
+                "[--variants all|fast]\n");
+        return 2;
+    }
+    pd_err err = {{0}};
+    pd_backend *be = NULL;
+    if (pd_backend_cuda_init_ex(0, PD_CUDA_WEIGHTS_BF16, &be, &err) != PD_OK) {
+        fprintf(stderr, "bench_step: %s\n", err.msg);
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    time_t tnow = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tnow));
+    printf("# bench_step %s: %s, %d SMs; model %s\n\n", date, prop.name, prop.multiProcessorCount,
+           dir);
+
+    /* ceiling: a 1 GiB device-to-device copy, bytes read + written */
+    size_t cb = (size_t)1 << 30;
+    void *src, *dst;
+    CK(cudaMalloc(&src, cb));
+    CK(cudaMalloc(&dst, cb));
+    CK(cudaMemset(src, 0x5a, cb));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double tc[20];
+    for (int i = 0; i < 23; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(dst, src, cb, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3)
+            tc[i - 3] = ms * 1e-3;
+    }
+    qsort(tc, 20, sizeof tc[0], cmp_d);
+    double bw = 2.0 * cb / tc[10];
+    CK(cudaFree(src));
+    CK(cudaFree(dst));
+    printf("ceiling: device-to-device copy of 1 GiB: %.0f GB/s (read + written)\n", bw / 1e9);
+
+    double t0 = now_s();
+    pd_model *m = NULL;
+    if (pd_model_load(dir, be, &m, &err) != PD_OK) {
+        fprintf(stderr, "bench_step: %s\n", err.msg);
+        return 1;
+    }
+    pd_err e2 = {{0}};
+    if (pd_backend_cuda_status(be, &e2) != PD_OK) {
+        fprintf(stderr, "bench_step: load: %s\n", e2.msg);
+        return 1;
+    }
+    const pd_model_config *c = pd_model_config_of(m);
+    size_t free_b, total_b;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    printf("model loaded in %.1f s; %.1f GiB of %.1f GiB in use\n\n", now_s() - t0,
+           (total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
+
+    static const variant vars[] = {
+        {"graphs + skinny GEMM + device MoE", {true, true, true}},
+        {"no graphs", {false, true, true}},
+        {"no graphs, cuBLASLt for every GEMM", {false, false, true}},
+        {"no graphs, cuBLASLt, MoE ids via host (first version's MoE)", {false, false, false}},
+    };
+    int n_var = all_variants ? 4 : 1;
+    printf("| context | batch | variant | step ms (median) | min | tok/s | GB must read (weights + "
+           "KV) | GB/s | of copy "
+           "ceiling |\n|---|---|---|---|---|---|---|---|---|\n");
+    fflush(stdout);
+    const int bs = 16, V = c->vocab_size;
+    float *logits = malloc((size_t)batches[0] * V * sizeof(float));
+    int max_b = 0;
+    for (int i = 0; i < n_b; i++)
+        if (batches[i] > max_b)
+            max_b = batches[i];
+    logits = realloc(logits, (size_t)max_b * V * sizeof(float));
+    size_t chunk_bytes = (size_t)64 << 20;
+    float *fill = malloc(chunk_bytes);
+    for (size_t i = 0; i < chunk_bytes / 4;
+         i++) /* roughly N(0,1): the sum of four uniforms, scaled */
+        fill[i] = (float)(((double)(rnd_u64() >> 11) / 9007199254740992.0 +
+                           (double)(rnd_u64() >> 11) / 9007199254740992.0 +
+                           (double)(rnd_u64() >> 11) / 9007199254740992.0 +
+                           (double)(rnd_u64() >> 11) / 9007199254740992.0 - 2.0) *
+                          1.7320508);
+    for (int ci = 0; ci < n_c; ci++)
+        for (int bi = 0; bi < n_b; bi++) {
+            int L = ctxs[ci], B = batches[bi];
+            int per_seq = (L + n_var * (steps + 3) + bs) / bs + 1;
+            pd_kv_cache *kv = NULL;
+            if (pd_kv_cache_init(m, bs, B * per_seq, &kv, &err) != PD_OK) {
+                printf("| %d | %d | - | %s |\n", L, B, err.msg);
+                continue;
+            }
+            size_t total = (size_t)B * per_seq * pd_kv_cache_block_bytes(kv);
+            char *base = pd_kv_cache_block_ptr(kv, 0);
+            for (size_t off = 0; off < total; off += chunk_bytes)
+                be->ops->upload(be, base + off, fill,
+                                total - off < chunk_bytes ? total - off : chunk_bytes);
+            pd_seq_kv *seqs = calloc(B, sizeof *seqs);
+            pd_batch_seq *batch = calloc(B, sizeof *batch);
+            int32_t *tok = malloc((size_t)B * sizeof(int32_t));
+            for (int s = 0; s < B; s++) {
+                if (pd_seq_kv_reserve(kv, &seqs[s], L) != PD_OK) {
+                    fprintf(stderr, "reserve failed\n");
+                    return 1;
+                }
+                seqs[s].num_tokens = L; /* as if prefilled: the cache holds random latents */
+            }
+            double wbytes, kvbytes;
+            for (int vi = 0; vi < n_var; vi++) {
+                pd_backend_cuda_set_features(be, &vars[vi].f);
+                double t[256];
+                for (int it = 0; it < steps + 3; it++) {
+                    for (int s = 0; s < B; s++) {
+                        if (pd_seq_kv_reserve(kv, &seqs[s], 1) != PD_OK) {
+                            fprintf(stderr, "reserve failed\n");
+                            return 1;
+                        }
+                        tok[s] = (int32_t)(rnd_u64() % (uint64_t)V);
+                        batch[s] = (pd_batch_seq){.kv = &seqs[s], .tokens = &tok[s], .n_tokens = 1};
+                    }
+                    double a = now_s();
+                    if (pd_model_forward(m, kv, batch, B, logits, &err) != PD_OK) {
+                        fprintf(stderr, "forward: %s\n", err.msg);
+                        return 1;
+                    }
+                    double b = now_s();
+                    if (it >= 3)
+                        t[it - 3] = b - a;
+                }
+                if (pd_backend_cuda_status(be, &e2) != PD_OK) {
+                    fprintf(stderr, "bench_step: backend error: %s\n", e2.msg);
+                    return 1;
+                }
+                bool finite = true;
+                for (int i = 0; i < V && finite; i++)
+                    finite = isfinite(logits[i]);
+                qsort(t, steps, sizeof t[0], cmp_d);
+                double med = t[steps / 2];
+                double bytes = step_bytes(c, B, L + steps / 2, &wbytes, &kvbytes);
+                printf("| %d | %d | %s | %.3f | %.3f | %.0f | %.2f + %.2f | %.0f | %.1f%% |%s\n", L,
+                       B, vars[vi].name, med * 1e3, t[0] * 1e3, B / med, wbytes / 1e9,
+                       kvbytes / 1e9, bytes / med / 1e9, 100.0 * bytes / med / bw,
+                       finite ? "" : " (logits not finite!)");
+                fflush(stdout);
+            }
+            for (int s = 0; s < B; s++) {
+                pd_seq_kv_release(kv, &seqs[s]);
+                free(seqs[s].block_table);
+            }
+            free(seqs);
+            free(batch);
+            free(tok);
+            pd_kv_cache_free(&kv);
+        }
+    pd_cuda_features on = {true, true, true};
+    pd_backend_cuda_set_features(be, &on);
+    free(fill);
+    free(logits);
+    pd_model_free(&m);
+    pd_backend_free(&be);
+    return 0;
+}

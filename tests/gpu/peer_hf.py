@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The peer figure for tests/gpu/bench_step.c: Hugging Face transformers on
+the same checkpoint, the same GPU, the same run.
+
+    python3 tests/gpu/peer_hf.py MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 5]
+
+For each context L and batch B: one random prompt of L tokens is prefilled
+(transformers' default attention), its cache repeated B times
+(DynamicCache.batch_repeat_interleave), then decode steps of one random
+token per sequence are timed with torch.cuda.synchronize around
+model(input_ids[B, 1], past_key_values=cache); the cache is cropped back
+to L after each step, so every step sees context L. Median of --steps after
+two warm-up steps. Prints a markdown table; a configuration that fails
+(out of memory, say) prints its error instead.
+"""
+import argparse, statistics, sys, time, traceback
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+
+def repeat(cache, B):
+    """Every sequence of the batch starts from the same prefilled cache."""
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(B)
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(B, dim=0)
+        layer.values = layer.values.repeat_interleave(B, dim=0)
+
+
+def crop(cache, L):
+    if hasattr(cache, "crop"):
+        cache.crop(L)
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys[..., :L, :]
+        layer.values = layer.values[..., :L, :]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--steps", type=int, default=5)
+    a = ap.parse_args()
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, device_map="cuda")
+    model.eval()
+    print(f"# transformers {transformers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}; "
+          f"attention {model.config._attn_implementation}; loaded in {time.time() - t0:.1f} s\n")
+    print("| context | batch | step ms (median) | tok/s |\n|---|---|---|---|", flush=True)
+    V = model.config.vocab_size
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for L in [int(x) for x in a.contexts.split(",")]:
+        for B in [int(x) for x in a.batches.split(",")]:
+            try:
+                with torch.no_grad():
+                    prompt = torch.randint(3, V, (1, L), device="cuda", generator=g)
+                    out = model(prompt, use_cache=True)
+                    cache = out.past_key_values
+                    del out
+                    if B > 1:
+                        repeat(cache, B)
+                    times = []
+                    for it in range(a.steps + 2):
+                        ids = torch.randint(3, V, (B, 1), device="cuda", generator=g)
+                        pos = torch.full((B, 1), L, device="cuda", dtype=torch.long)
+                        torch.cuda.synchronize()
+                        s = time.perf_counter()
+                        model(ids, past_key_values=cache, position_ids=pos, use_cache=True)
+                        torch.cuda.synchronize()
+                        e = time.perf_counter()
+                        crop(cache, L)
+                        if it >= 2:
+                            times.append(e - s)
+                    med = statistics.median(times)
+                    print(f"| {L} | {B} | {med * 1e3:.2f} | {B / med:.0f} |", flush=True)
+                    del cache
+            except Exception as ex:  # out of memory at the largest sizes, say
+                print(f"| {L} | {B} | failed: {type(ex).__name__}: {str(ex)[:160]} | - |", flush=True)
+                traceback.print_exc(file=sys.stderr)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
