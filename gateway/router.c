@@ -590,7 +590,15 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     if (!s || s->state != SUB_RESERVING) {
         if (rr->ok) { /* nobody wants it any more: give the blocks back */
             gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
-            send_abort_ex(r, x, rr->request_id, "no longer wanted", true);
+            /* also to a replica out of rotation: one that stalled past its
+             * heartbeats still holds the reservation (fault matrix) */
+            if (x) {
+                Pdserve__Abort a = PDSERVE__ABORT__INIT;
+                a.request_id = rr->request_id;
+                a.reason = "no longer wanted";
+                a.never_granted = true;
+                send_to(r, x, PD_MSG_ABORT, &a.base);
+            }
         }
         return;
     }
@@ -628,19 +636,18 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     send_to(r, pf, PD_MSG_PREFILL, &pm.base);
 }
 
-static gw_replica *replica_by_id(pd_router *r, const char *id) {
-    for (gw_replica *x = r->replicas; x; x = x->next)
-        if (x->alive && !strcmp(x->id, id)) return x;
-    return NULL;
-}
-
 static void on_kv_complete(pd_router *r, pd_msg *m) {
     Pdserve__KvComplete *k = (Pdserve__KvComplete *)m->msg;
     gw_sub *s = sub_find(r, k->request_id);
     if (!s || s->state != SUB_PREFILLING || s->reservation != k->reservation_id || k->aborted) {
         /* nobody waits for it, but the decode replica must hear it: the
-         * writes are flushed, so its quarantined blocks may be reused */
-        gw_replica *d = k->decode_replica_id ? replica_by_id(r, k->decode_replica_id) : NULL;
+         * writes are flushed, so its quarantined blocks may be reused. Also
+         * when it is out of rotation: a replica that stalled past its
+         * heartbeats and resumes still holds the reservation, and nothing
+         * else ever releases it (fault matrix: stop-decode mid-prefill) */
+        gw_replica *d = NULL;
+        for (gw_replica *x = r->replicas; x && k->decode_replica_id; x = x->next)
+            if (!strcmp(x->id, k->decode_replica_id) && (!d || x->alive)) d = x;
         if (d) {
             k->aborted = true;
             send_to(r, d, PD_MSG_KV_COMPLETE, &k->base);

@@ -1,6 +1,7 @@
 /* The router's handling of replica messages, with a real router and
- * gateway on one loop and a fake decode replica (a ZeroMQ DEALER).
- * Regression tests for inputs found by tests/fuzz/fuzz_msg. */
+ * gateway on one loop and fake replicas (ZeroMQ DEALERs that send what a
+ * replica would). Regression tests for what tests/fuzz/fuzz_msg and the
+ * fault matrix (tests/faults/) found. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -28,22 +30,46 @@ typedef struct {
     pd_tokenizer *tok;
     pd_router *router;
     pd_gw_server *gw;
-    void *zctx, *decode;
+    void *zctx, *decode, *prefill;
+    bool beat_decode, beat_prefill; /* the fakes send heartbeats while pumping */
+    double last_beat;
     char endpoint[128];
 } fixture;
 
+#define HB_MS 200 /* a replica is out of rotation after 3 missed heartbeats */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void beat(void *sock, const char *id) {
+    Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
+    h.replica_id = (char *)id;
+    h.total_blocks = h.free_blocks = 100;
+    pd_msg_send(sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+}
+
 static void pump(fixture *f, int ms) {
     for (int i = 0; i < ms; i++) {
+        if (now_s() - f->last_beat > HB_MS / 4000.0) {
+            if (f->beat_decode)
+                beat(f->decode, "t-decode");
+            if (f->beat_prefill)
+                beat(f->prefill, "t-prefill");
+            f->last_beat = now_s();
+        }
         event_base_loop(f->base, EVLOOP_NONBLOCK);
         usleep(1000);
     }
 }
 
-/* Waits for a message of type t at the fake decode replica. */
-static bool wait_msg(fixture *f, pd_msg_type t, pd_msg *out) {
+/* Waits for a message of type t at a fake replica (others are dropped). */
+static bool wait_msg(fixture *f, void *sock, pd_msg_type t, pd_msg *out) {
     for (int i = 0; i < 5000; i++) {
         pd_err err;
-        pd_status st = pd_msg_recv(f->decode, false, out, &err);
+        pd_status st = pd_msg_recv(sock, false, out, &err);
         if (st == PD_OK && out->type == t)
             return true;
         if (st == PD_OK)
@@ -51,6 +77,54 @@ static bool wait_msg(fixture *f, pd_msg_type t, pd_msg *out) {
         pump(f, 1);
     }
     return false;
+}
+
+static void *fake_replica(fixture *f, const char *id) {
+    void *s = zmq_socket(f->zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_connect(s, f->endpoint);
+    return s;
+}
+
+/* (Re)registers a fake replica; true when accepted. */
+static bool register_replica(fixture *f, void *sock, const char *role, const char *id) {
+    Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
+    geo.block_size = 16;
+    geo.num_layers = 2;
+    geo.kv_lora_rank = 16;
+    geo.num_blocks = 100;
+    Pdserve__Register r = PDSERVE__REGISTER__INIT;
+    r.role = (char *)role;
+    r.replica_id = (char *)id;
+    r.geometry = &geo;
+    pd_msg_send(sock, NULL, 0, PD_MSG_REGISTER, &r.base);
+    for (;;) { /* skip "unknown replica" answers to heartbeats sent before */
+        pd_msg m;
+        if (!wait_msg(f, sock, PD_MSG_REGISTER_REPLY, &m))
+            return false;
+        Pdserve__RegisterReply *rep = (Pdserve__RegisterReply *)m.msg;
+        bool ok = rep->accepted, stale = !ok && strstr(rep->reason, "unknown replica");
+        pd_msg_clear(&m);
+        if (!stale)
+            return ok;
+    }
+}
+
+/* Both fakes registered and beating, nothing queued at either. */
+static void fakes_fresh(fixture *f) {
+    f->beat_decode = f->beat_prefill = false;
+    assert_true(register_replica(f, f->decode, "decode", "t-decode"));
+    assert_true(register_replica(f, f->prefill, "prefill", "t-prefill"));
+    f->beat_decode = f->beat_prefill = true;
+    pump(f, 50);
+    pd_msg m;
+    pd_err err;
+    while (pd_msg_recv(f->decode, false, &m, &err) == PD_OK)
+        pd_msg_clear(&m);
+    while (pd_msg_recv(f->prefill, false, &m, &err) == PD_OK)
+        pd_msg_clear(&m);
 }
 
 static int setup(void **state) {
@@ -69,8 +143,8 @@ static int setup(void **state) {
     snprintf(f->endpoint, sizeof f->endpoint, "ipc:///tmp/pdserve-test-router-%d.sock",
              (int)getpid());
     pd_router_config rc = {.control_endpoint = f->endpoint,
-                           .long_prompt_threshold = 1024,
-                           .heartbeat_interval_ms = 60000,
+                           .long_prompt_threshold = 8,
+                           .heartbeat_interval_ms = HB_MS,
                            .block_size = 16,
                            .model_name = "test-model"};
     if (pd_router_init(f->base, &rc, &f->router, &err) != PD_OK)
@@ -87,28 +161,10 @@ static int setup(void **state) {
     pd_router_attach(f->router, f->gw);
 
     f->zctx = zmq_ctx_new();
-    f->decode = zmq_socket(f->zctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(f->decode, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(f->decode, ZMQ_ROUTING_ID, "t-decode", 8);
-    zmq_connect(f->decode, f->endpoint);
-    Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
-    geo.block_size = 16;
-    geo.num_layers = 2;
-    geo.kv_lora_rank = 16;
-    geo.num_blocks = 100;
-    Pdserve__Register r = PDSERVE__REGISTER__INIT;
-    r.role = "decode";
-    r.replica_id = "t-decode";
-    r.geometry = &geo;
-    pd_msg_send(f->decode, NULL, 0, PD_MSG_REGISTER, &r.base);
-    pd_msg m;
-    if (!wait_msg(f, PD_MSG_REGISTER_REPLY, &m))
-        return -1;
-    bool ok = ((Pdserve__RegisterReply *)m.msg)->accepted;
-    pd_msg_clear(&m);
+    f->decode = fake_replica(f, "t-decode");
+    f->prefill = fake_replica(f, "t-prefill");
     *state = f;
-    return ok ? 0 : -1;
+    return 0;
 }
 
 static int teardown(void **state) {
@@ -116,6 +172,7 @@ static int teardown(void **state) {
     pd_gw_server_free(&f->gw);
     pd_router_free(&f->router);
     zmq_close(f->decode);
+    zmq_close(f->prefill);
     zmq_ctx_term(f->zctx);
     event_base_free(f->base);
     pd_tok_free(&f->tok);
@@ -166,9 +223,10 @@ static char *read_all(fixture *f, int fd) {
  * reason is answered as "stop". */
 static void test_tokens_unknown_finish_reason(void **state) {
     fixture *f = *state;
+    fakes_fresh(f);
     int fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
     pd_msg m;
-    assert_true(wait_msg(f, PD_MSG_GENERATE, &m));
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
     char rid[160];
     snprintf(rid, sizeof rid, "%s", ((Pdserve__Generate *)m.msg)->request_id);
     pd_msg_clear(&m);
@@ -188,9 +246,100 @@ static void test_tokens_unknown_finish_reason(void **state) {
     free(resp);
 }
 
+/* A long request: the fake decode replica reserves, the fake prefill
+ * replica is told to write. Returns the HTTP socket; rid gets the id. */
+static int long_request_prefilling(fixture *f, char *rid, size_t n) {
+    int fd = post(f, "{\"prompt\":\"one two three four five six seven eight nine ten\","
+                     "\"max_tokens\":4}");
+    pd_msg m;
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    Pdserve__Generate *g = (Pdserve__Generate *)m.msg;
+    assert_true(g->kv_reserved);
+    snprintf(rid, n, "%s", g->request_id);
+    pd_msg_clear(&m);
+    uint32_t blocks[2] = {1, 2};
+    Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+    rr.request_id = rid;
+    rr.ok = true;
+    rr.reservation_id = 7;
+    rr.block_ids = blocks;
+    rr.n_block_ids = 2;
+    pd_msg_send(f->decode, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
+    assert_true(wait_msg(f, f->prefill, PD_MSG_PREFILL, &m));
+    pd_msg_clear(&m);
+    return fd;
+}
+
+/* The decode replica stalls (SIGSTOP) past its heartbeats while a prefill
+ * replica writes into its reservation: the request fails, the prefill
+ * replica is told to stop and answers KvComplete(aborted). That KvComplete
+ * was dropped because the decode replica was out of rotation, so its
+ * reservation stayed quarantined for good after it resumed (its KV free
+ * blocks never came back). It must be forwarded. */
+static void test_kv_complete_reaches_stalled_decode(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    char rid[160];
+    int fd = long_request_prefilling(f, rid, sizeof rid);
+    f->beat_decode = false; /* stalls */
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "stopped responding"));
+    free(resp);
+    pd_msg m;
+    assert_true(wait_msg(f, f->prefill, PD_MSG_ABORT, &m));
+    pd_msg_clear(&m);
+    Pdserve__KvComplete k = PDSERVE__KV_COMPLETE__INIT;
+    k.request_id = rid;
+    k.reservation_id = 7;
+    k.aborted = true;
+    k.decode_replica_id = "t-decode";
+    k.prefill_replica_id = "t-prefill";
+    pd_msg_send(f->prefill, NULL, 0, PD_MSG_KV_COMPLETE, &k.base);
+    assert_true(wait_msg(f, f->decode, PD_MSG_KV_COMPLETE, &m));
+    Pdserve__KvComplete *got = (Pdserve__KvComplete *)m.msg;
+    assert_string_equal(got->request_id, rid);
+    assert_true(got->aborted);
+    pd_msg_clear(&m);
+}
+
+/* The decode replica stalls before answering Reserve; the request fails.
+ * When it resumes, its ReserveReply is for nobody: the router must tell it
+ * to give the blocks back (never granted) even though it is out of
+ * rotation, or the reservation leaks the same way. */
+static void test_reserve_reply_from_stalled_decode(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    int fd = post(f, "{\"prompt\":\"one two three four five six seven eight nine ten\","
+                     "\"max_tokens\":4}");
+    pd_msg m;
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    char rid[160];
+    snprintf(rid, sizeof rid, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+    pd_msg_clear(&m);
+    f->beat_decode = false;
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "stopped responding"));
+    free(resp);
+    uint32_t blocks[1] = {3};
+    Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+    rr.request_id = rid;
+    rr.ok = true;
+    rr.reservation_id = 9;
+    rr.block_ids = blocks;
+    rr.n_block_ids = 1;
+    pd_msg_send(f->decode, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
+    assert_true(wait_msg(f, f->decode, PD_MSG_ABORT, &m));
+    Pdserve__Abort *a = (Pdserve__Abort *)m.msg;
+    assert_string_equal(a->request_id, rid);
+    assert_true(a->never_granted);
+    pd_msg_clear(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_unknown_finish_reason),
+        cmocka_unit_test(test_kv_complete_reaches_stalled_decode),
+        cmocka_unit_test(test_reserve_reply_from_stalled_decode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
