@@ -92,8 +92,9 @@ def speaks_h2c(port):
 
 
 def bench(port, model, out, *args):
+    # a request the stack never finishes becomes a `timeout` failure, not a hung test
     cmd = [BIN, "bench", *args, "--base-url", f"http://127.0.0.1:{port}", "--model", model, "--out", out,
-           "--quiet"]
+           "--quiet", "--timeout", "60"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     check("Sanitizer" not in p.stderr and "runtime error" not in p.stderr,
           f"sanitizer report from {' '.join(args[:1])}: {p.stderr[-1500:]}")
@@ -102,6 +103,10 @@ def bench(port, model, out, *args):
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
     check(s is not None, f"{args[0]}: no summary.json (rc {p.returncode}): {p.stderr[-800:]}")
+    if s and p.returncode != 0 and os.path.exists(os.path.join(out, "requests.csv")):
+        for r in rows(out):
+            if r["outcome"] != "success":
+                print(f"  {args[0]}: {r['group']} round {r['round']} #{r['index']}: {r['outcome']}: {r['detail']}")
     return p, s
 
 
