@@ -19,6 +19,7 @@ struct pd_bench_client {
     struct curl_slist *headers;
     char *base_url;
     bool http2, https;
+    long h2_version; /* CURLOPT_HTTP_VERSION for --http2 */
     double timeout_s;
 };
 
@@ -51,6 +52,15 @@ pd_status pd_bench_client_init(const pd_bench_client_opts *o, pd_bench_client **
         c->base_url[--bl] = 0;
     c->https = !strncmp(c->base_url, "https://", 8);
     c->http2 = o->http2;
+    /* h2c: prior knowledge, except on libcurl < 8.0, whose prior-knowledge
+     * connections fail every request after the first ("Error in the HTTP2
+     * framing layer", curl issue #10634, fixed by commit 86d4578 in 8.0.0);
+     * there the first request of a connection upgrades it (Upgrade: h2c)
+     * and the others multiplex over it. */
+    const curl_version_info_data *vi = curl_version_info(CURLVERSION_NOW);
+    c->h2_version = c->https ? CURL_HTTP_VERSION_2TLS
+                    : vi->version_num >= 0x080000 ? CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+                                                  : CURL_HTTP_VERSION_2_0;
     c->timeout_s = o->timeout_s;
     c->multi = curl_multi_init();
     if (!c->multi)
@@ -107,9 +117,7 @@ static void easy_common(pd_bench_client *c, CURL *e, const char *path, char *url
     if (c->timeout_s > 0)
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->timeout_s * 1000.0 + 0.5));
     if (c->http2) {
-        curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
-                         c->https ? (long)CURL_HTTP_VERSION_2TLS
-                                  : (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+        curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)c->h2_version);
         curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
     } else
         curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
@@ -191,10 +199,16 @@ static int start(pd_bench_client *c, CURLM *m, slot *s, pd_bench_req *r) {
 }
 
 static void finish(CURLM *m, slot *s, CURLcode cc) {
-    long st = 0;
+    long st = 0, ver = 0;
     curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &st);
     if (st)
         s->r->http_status = st;
+    curl_easy_getinfo(s->easy, CURLINFO_HTTP_VERSION, &ver);
+    s->r->http_version = ver == CURL_HTTP_VERSION_1_0   ? 10
+                         : ver == CURL_HTTP_VERSION_1_1 ? 11
+                         : ver == CURL_HTTP_VERSION_2_0 ? 20
+                         : ver == CURL_HTTP_VERSION_3   ? 30
+                                                        : 0;
     int transport = cc == CURLE_OK ? 0 : cc == CURLE_OPERATION_TIMEDOUT ? 1 : 2;
     char detail[160];
     snprintf(detail, sizeof detail, "curl %d: %s", (int)cc, curl_easy_strerror(cc));

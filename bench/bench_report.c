@@ -111,7 +111,7 @@ void pd_bench_csv_request(FILE *f, const pd_bench_run *run, const pd_bench_req *
     if (!r) {
         fputs("group,round,index,outcome,detail,http_status,endpoint,prompt,prompt_tokens_local,"
               "prompt_tokens_server,completion_tokens,max_tokens,ttft_s,tpot_s,e2e_s,start_s,"
-              "fragments,finish_reason\n",
+              "fragments,finish_reason,http\n",
               f);
         return;
     }
@@ -125,7 +125,10 @@ void pd_bench_csv_request(FILE *f, const pd_bench_run *run, const pd_bench_req *
     csv_num(f, pd_bench_req_tpot(r));
     csv_num(f, pd_bench_req_e2e(r));
     csv_num(f, r->t_start - run->t_origin);
-    fprintf(f, ",%d,%s\n", r->n_fragments, r->finish_reason);
+    fprintf(f, ",%d,%s,", r->n_fragments, r->finish_reason);
+    if (r->http_version)
+        fprintf(f, "%d.%d", r->http_version / 10, r->http_version % 10);
+    fputc('\n', f);
 }
 
 static pd_status write_rounds_csv(const pd_bench_run *run, const char *path, pd_err *err) {
@@ -219,6 +222,11 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
     json_object_set_new(root, "model", json_string(run->model));
     json_object_set_new(root, "endpoint", json_string(endpoint_str(cfg->endpoint)));
     json_object_set_new(root, "http", json_string(cfg->http2 ? "2" : "1.1"));
+    /* what the server actually answered with (--http2 may be refused) */
+    json_object_set_new(root, "http_versions",
+                        json_pack("{s:i,s:i,s:i,s:i}", "1.0", run->http_versions[0], "1.1",
+                                  run->http_versions[1], "2", run->http_versions[2], "3",
+                                  run->http_versions[3]));
     json_object_set_new(root, "ignore_eos", json_boolean(cfg->ignore_eos));
     json_object_set_new(root, "temperature", json_real(cfg->temperature));
     json_object_set_new(root, "timeout_s", num(cfg->timeout_s));
@@ -512,13 +520,20 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
           ".bad{color:#b00}</style></head><body>\n",
           f);
     fprintf(f, "<h1>pdserve bench: %s</h1>\n<table>", mode_str(cfg->mode));
+    char httpv[160];
+    int k = snprintf(httpv, sizeof httpv, "%s asked; answered", cfg->http2 ? "HTTP/2" : "HTTP/1.1");
+    static const char *const vn[4] = {"1.0", "1.1", "2", "3"};
+    for (int i = 0; i < 4; i++)
+        if (run->http_versions[i] && k < (int)sizeof httpv)
+            k += snprintf(httpv + k, sizeof httpv - (size_t)k, " over HTTP/%s ×%d", vn[i],
+                          run->http_versions[i]);
     const char *rows[][2] = {{"command", cfg->command},
                              {"started (UTC)", run->started_at},
                              {"server", cfg->base_url},
                              {"model", run->model},
                              {"endpoint", cfg->endpoint == PD_BENCH_EP_CHAT ? "/v1/chat/completions"
                                                                             : "/v1/completions"},
-                             {"HTTP", cfg->http2 ? "2" : "1.1"},
+                             {"HTTP", httpv},
                              {"client host", run->host_info},
                              {"tokenizer", cfg->tokenizer_path ? cfg->tokenizer_path : "–"}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {

@@ -153,6 +153,10 @@ static void write_failed(pd_bench_run *run, const pd_bench_req *r) {
 static void record(pd_bench_run *run, pd_bench_req *reqs, int n) {
     for (int i = 0; i < n; i++) {
         pd_bench_req *r = &reqs[i];
+        if (r->round > 0 && r->http_version) {
+            int v = r->http_version;
+            run->http_versions[v == 10 ? 0 : v == 11 ? 1 : v == 20 ? 2 : 3]++;
+        }
         if (run->cfg->mode == PD_BENCH_FUNCTIONAL) {
             run->fn_requests++;
             if (r->outcome == PD_BENCH_SUCCESS)

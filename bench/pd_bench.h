@@ -116,6 +116,7 @@ typedef struct {
     pd_bench_outcome outcome;
     char detail[240];         /* why it failed, human-readable ("" on success) */
     long http_status;         /* 0 until headers arrived */
+    int http_version;         /* 10, 11, 20, 30 (HTTP/1.0 ... HTTP/3); 0 unknown */
     int transport;            /* 0 ok, 1 timeout, 2 other transport error */
     double t_start, t_first, t_last, t_end; /* pd_now_s(); t_first = 0 until text came */
     int n_fragments;          /* non-empty text fragments seen */
@@ -398,6 +399,7 @@ typedef struct {
     double t_origin;            /* pd_now_s() when the run started */
     bool any_failure;           /* a measured request or a check failed */
     bool interrupted;           /* stopped by a signal: the rest is not run */
+    int http_versions[4];       /* measured requests answered over HTTP/1.0, 1.1, 2, 3 */
     json_t *extra;              /* --extra-body, parsed; NULL when absent */
 } pd_bench_run;
 

@@ -160,6 +160,7 @@ def main():
             check(p.returncode == 0, f"matrix rc {p.returncode}: {p.stderr[-500:]}")
             check(s["model"] == model, f"served name from /v1/models: {s['model']}")
             check(s["prompts"] == "text", f"prompts sent as {s['prompts']}")
+            check(s["http_versions"]["1.1"] == 2 * 2 * 2 * 4, f"HTTP/1.1 by default: {s['http_versions']}")
             check(len(s["groups"]) == 4 and s["not_run"] == [], "4 groups, all run")
             all_ok(s, "matrix")
             for g in s["groups"]:
@@ -203,6 +204,8 @@ def main():
                          "--requests", "8", "--rounds", "1", "--warmup", "0")
             if s:
                 check(p.returncode == 0 and s["http"] == "2", f"http2 rc {p.returncode}")
+                check(s["http_versions"]["2"] == 8 and s["http_versions"]["1.1"] == 0,
+                      f"answered over {s['http_versions']}")
                 all_ok(s, "http2")
         else:
             print("gateway does not speak h2c: --http2 not exercised", flush=True)
