@@ -68,6 +68,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def setup(self):
+        super().setup()
+        # each event leaves at once (no Nagle wait for the client's delayed ACK)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def send_json(self, status, obj):
         data = json.dumps(obj).encode()
         self.send_response(status)
