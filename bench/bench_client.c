@@ -26,12 +26,15 @@ struct pd_bench_client {
 static int curl_refs;
 static volatile sig_atomic_t stop_flag;
 
-void pd_bench_stop_request(void) { stop_flag = 1; }
+void pd_bench_stop_request(void) {
+    stop_flag = 1;
+}
 
-bool pd_bench_stop_requested(void) { return stop_flag != 0; }
+bool pd_bench_stop_requested(void) {
+    return stop_flag != 0;
+}
 
-pd_status pd_bench_client_init(const pd_bench_client_opts *o, pd_bench_client **c_p,
-                               pd_err *err) {
+pd_status pd_bench_client_init(const pd_bench_client_opts *o, pd_bench_client **c_p, pd_err *err) {
     if (!o || !c_p || !o->base_url || !o->base_url[0])
         return pd_err_set(err, PD_ERR_INVALID, "bench: a --base-url is needed");
     if (strncmp(o->base_url, "http://", 7) && strncmp(o->base_url, "https://", 8))
@@ -58,14 +61,15 @@ pd_status pd_bench_client_init(const pd_bench_client_opts *o, pd_bench_client **
      * there the first request of a connection upgrades it (Upgrade: h2c)
      * and the others multiplex over it. */
     const curl_version_info_data *vi = curl_version_info(CURLVERSION_NOW);
-    c->h2_version = c->https ? CURL_HTTP_VERSION_2TLS
+    c->h2_version = c->https                      ? CURL_HTTP_VERSION_2TLS
                     : vi->version_num >= 0x080000 ? CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
                                                   : CURL_HTTP_VERSION_2_0;
     c->timeout_s = o->timeout_s;
     c->multi = curl_multi_init();
     if (!c->multi)
         goto nomem;
-    curl_multi_setopt(c->multi, CURLMOPT_PIPELINING, o->http2 ? CURLPIPE_MULTIPLEX : CURLPIPE_NOTHING);
+    curl_multi_setopt(c->multi, CURLMOPT_PIPELINING,
+                      o->http2 ? CURLPIPE_MULTIPLEX : CURLPIPE_NOTHING);
     curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
     curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS, 4096L);
     c->headers = curl_slist_append(NULL, "Content-Type: application/json");
@@ -181,8 +185,8 @@ static int start(pd_bench_client *c, CURLM *m, slot *s, pd_bench_req *r) {
     s->easy = curl_easy_init();
     if (!s->easy)
         return -1;
-    easy_common(c, s->easy, r->endpoint == PD_BENCH_EP_CHAT ? "/v1/chat/completions"
-                                                           : "/v1/completions",
+    easy_common(c, s->easy,
+                r->endpoint == PD_BENCH_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
                 s->url, sizeof s->url);
     curl_easy_setopt(s->easy, CURLOPT_POSTFIELDS, r->body);
     curl_easy_setopt(s->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(r->body));
@@ -287,7 +291,8 @@ pd_status pd_bench_client_run(pd_bench_client *c, pd_bench_req *reqs, int n, int
      * transport failures */
     for (int i = next; i < n; i++) {
         reqs[i].t_start = pd_now_s();
-        pd_bench_req_finish(&reqs[i], 2, stop_flag ? "interrupted" : "not started: libcurl refused a handle",
+        pd_bench_req_finish(&reqs[i], 2,
+                            stop_flag ? "interrupted" : "not started: libcurl refused a handle",
                             pd_now_s());
     }
     double t1 = pd_now_s();

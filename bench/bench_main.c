@@ -77,8 +77,10 @@ static int parse_shapes(const char *s, pd_bench_config *c) {
         long out = *end == '/' ? strtol(end + 1, &end2, 10) : -1;
         if (end == p || *end != '/' || in < 1 || out < 1 || in > 100000000L || out > 100000000L ||
             (*end2 && *end2 != ',') || n == PD_BENCH_MAX_LIST) {
-            fprintf(stderr, "pdserve bench: --shapes '%s': a list of INPUT/OUTPUT token counts, "
-                            "e.g. 1024/128,8192/128\n", s);
+            fprintf(stderr,
+                    "pdserve bench: --shapes '%s': a list of INPUT/OUTPUT token counts, "
+                    "e.g. 1024/128,8192/128\n",
+                    s);
             return -1;
         }
         c->shape_in[n] = (int)in, c->shape_out[n] = (int)out;
@@ -377,8 +379,9 @@ int pd_bench_main(int argc, char **argv) {
         goto out;
     }
     if (!cfg.quiet)
-        fprintf(stderr, "pdserve bench: wrote %s/report.html, summary.json, rounds.csv, "
-                        "requests.csv%s\n",
+        fprintf(stderr,
+                "pdserve bench: wrote %s/report.html, summary.json, rounds.csv, "
+                "requests.csv%s\n",
                 cfg.out_dir, run.failed_files ? ", failed/" : "");
     rc = st != PD_OK ? 2 : run.interrupted ? 130 : run.any_failure ? 1 : 0;
 out:

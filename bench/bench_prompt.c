@@ -15,30 +15,34 @@
 #include "pd_bench.h"
 
 static const char *const words[] = {
-    "the",      "of",       "and",     "to",       "in",      "is",       "that",    "for",
-    "it",       "as",       "was",     "with",     "be",      "by",       "on",      "not",
-    "he",       "this",     "are",     "or",       "his",     "from",     "at",      "which",
-    "but",      "have",     "an",      "had",      "they",    "you",      "were",    "their",
-    "one",      "all",      "we",      "can",      "her",     "has",      "there",   "been",
-    "if",       "more",     "when",    "will",     "would",   "who",      "so",      "no",
-    "time",     "people",   "year",    "way",      "day",     "man",      "thing",   "woman",
-    "life",     "child",    "world",   "school",   "state",   "family",   "student", "group",
-    "country",  "problem",  "hand",    "part",     "place",   "case",     "week",    "company",
-    "system",   "program",  "question", "work",   "government", "number", "night",  "point",
-    "home",     "water",    "room",    "mother",   "area",    "money",    "story",   "fact",
-    "month",    "lot",      "right",   "study",    "book",    "eye",      "job",     "word",
-    "business", "issue",    "side",    "kind",     "head",    "house",    "service", "friend",
-    "father",   "power",    "hour",    "game",     "line",    "end",      "member",  "law",
-    "car",      "city",     "name",    "president", "team",   "minute",   "idea",    "kid",
-    "body",     "information", "back",  "parent",  "face",    "others",   "level",   "office",
-    "door",     "health",   "person",  "art",      "war",     "history",  "party",   "result",
-    "change",   "morning",  "reason",  "research", "girl",    "guy",      "moment",  "air",
-    "teacher",  "force",    "education", "river",  "mountain", "garden",  "market",  "letter",
-    "music",    "window",   "street",  "summer",   "winter",  "village",  "bridge",  "island",
-    "small",    "large",    "early",   "young",    "important", "few",    "public",  "bad",
-    "same",     "able",     "quiet",   "bright",   "green",   "old",      "new",     "long",
-    "makes",    "takes",    "finds",   "gives",    "tells",   "builds",   "carries", "follows",
-    "opens",    "writes",   "reads",   "watches",  "remembers", "brings", "keeps",   "holds",
+    "the",     "of",       "and",         "to",        "in",       "is",       "that",
+    "for",     "it",       "as",          "was",       "with",     "be",       "by",
+    "on",      "not",      "he",          "this",      "are",      "or",       "his",
+    "from",    "at",       "which",       "but",       "have",     "an",       "had",
+    "they",    "you",      "were",        "their",     "one",      "all",      "we",
+    "can",     "her",      "has",         "there",     "been",     "if",       "more",
+    "when",    "will",     "would",       "who",       "so",       "no",       "time",
+    "people",  "year",     "way",         "day",       "man",      "thing",    "woman",
+    "life",    "child",    "world",       "school",    "state",    "family",   "student",
+    "group",   "country",  "problem",     "hand",      "part",     "place",    "case",
+    "week",    "company",  "system",      "program",   "question", "work",     "government",
+    "number",  "night",    "point",       "home",      "water",    "room",     "mother",
+    "area",    "money",    "story",       "fact",      "month",    "lot",      "right",
+    "study",   "book",     "eye",         "job",       "word",     "business", "issue",
+    "side",    "kind",     "head",        "house",     "service",  "friend",   "father",
+    "power",   "hour",     "game",        "line",      "end",      "member",   "law",
+    "car",     "city",     "name",        "president", "team",     "minute",   "idea",
+    "kid",     "body",     "information", "back",      "parent",   "face",     "others",
+    "level",   "office",   "door",        "health",    "person",   "art",      "war",
+    "history", "party",    "result",      "change",    "morning",  "reason",   "research",
+    "girl",    "guy",      "moment",      "air",       "teacher",  "force",    "education",
+    "river",   "mountain", "garden",      "market",    "letter",   "music",    "window",
+    "street",  "summer",   "winter",      "village",   "bridge",   "island",   "small",
+    "large",   "early",    "young",       "important", "few",      "public",   "bad",
+    "same",    "able",     "quiet",       "bright",    "green",    "old",      "new",
+    "long",    "makes",    "takes",       "finds",     "gives",    "tells",    "builds",
+    "carries", "follows",  "opens",       "writes",    "reads",    "watches",  "remembers",
+    "brings",  "keeps",    "holds",
 };
 #define N_WORDS ((int)(sizeof words / sizeof words[0]))
 
@@ -57,7 +61,8 @@ static int gen_words(pd_bench_buf *b, pd_rng *rng, int n_words) {
             return -1;
         if (--left_in_sentence == 0 && pd_bench_buf_append(b, ".", 1))
             return -1;
-        else if (left_in_sentence > 2 && pd_rng_next(rng) % 12 == 0 && pd_bench_buf_append(b, ",", 1))
+        else if (left_in_sentence > 2 && pd_rng_next(rng) % 12 == 0 &&
+                 pd_bench_buf_append(b, ",", 1))
             return -1;
     }
     return 0;
@@ -184,7 +189,8 @@ pd_status pd_bench_tok_load(const char *tokenizer_json, pd_bench_tok *bt, pd_err
     bt->chat_overhead = pd_bench_chat_tokens(bt, "");
     if (bt->chat_overhead < 0) {
         pd_tok_free(&bt->tok);
-        return pd_err_set(err, PD_ERR_FORMAT, "bench: cannot render a chat with %s", tokenizer_json);
+        return pd_err_set(err, PD_ERR_FORMAT, "bench: cannot render a chat with %s",
+                          tokenizer_json);
     }
     return PD_OK;
 }
@@ -197,8 +203,8 @@ void pd_bench_tok_free(pd_bench_tok *bt) {
 /* ---- retrieval --------------------------------------------------------------- */
 
 static const char *const projects[] = {
-    "Falcon", "Juniper", "Cobalt",  "Meridian", "Aurora", "Sequoia", "Tundra", "Obsidian",
-    "Zephyr", "Halcyon", "Quartz",  "Nimbus",   "Saffron", "Vortex", "Lumen",  "Pinnacle",
+    "Falcon", "Juniper", "Cobalt", "Meridian", "Aurora",  "Sequoia", "Tundra", "Obsidian",
+    "Zephyr", "Halcyon", "Quartz", "Nimbus",   "Saffron", "Vortex",  "Lumen",  "Pinnacle",
 };
 #define N_PROJECTS ((int)(sizeof projects / sizeof projects[0]))
 

@@ -22,10 +22,14 @@ static const char *endpoint_str(pd_bench_endpoint e) {
 
 static const char *mode_str(pd_bench_mode m) {
     switch (m) {
-    case PD_BENCH_MATRIX: return "matrix";
-    case PD_BENCH_RATE: return "rate";
-    case PD_BENCH_RETRIEVAL: return "retrieval";
-    case PD_BENCH_FUNCTIONAL: return "functional";
+    case PD_BENCH_MATRIX:
+        return "matrix";
+    case PD_BENCH_RATE:
+        return "rate";
+    case PD_BENCH_RETRIEVAL:
+        return "retrieval";
+    case PD_BENCH_FUNCTIONAL:
+        return "functional";
     }
     return "?";
 }
@@ -53,17 +57,28 @@ static const char *const metric_keys[N_METRICS] = {
 
 static double metric(const pd_bench_round *rd, int m) {
     switch (m) {
-    case M_THROUGHPUT: return rd->throughput_tok_s;
-    case M_REQ_THROUGHPUT: return rd->request_throughput_s;
-    case M_TTFT_P50: return rd->ttft.p50;
-    case M_TTFT_P95: return rd->ttft.p95;
-    case M_TPOT_P50: return rd->tpot.p50;
-    case M_TPOT_P95: return rd->tpot.p95;
-    case M_E2E_P50: return rd->e2e.p50;
-    case M_E2E_P95: return rd->e2e.p95;
-    case M_SLO: return rd->slo_ratio;
-    case M_SUCCESS: return rd->requests ? (double)rd->successes / rd->requests : NAN;
-    case M_SCORE: return rd->score_max ? (double)rd->score : NAN;
+    case M_THROUGHPUT:
+        return rd->throughput_tok_s;
+    case M_REQ_THROUGHPUT:
+        return rd->request_throughput_s;
+    case M_TTFT_P50:
+        return rd->ttft.p50;
+    case M_TTFT_P95:
+        return rd->ttft.p95;
+    case M_TPOT_P50:
+        return rd->tpot.p50;
+    case M_TPOT_P95:
+        return rd->tpot.p95;
+    case M_E2E_P50:
+        return rd->e2e.p50;
+    case M_E2E_P95:
+        return rd->e2e.p95;
+    case M_SLO:
+        return rd->slo_ratio;
+    case M_SUCCESS:
+        return rd->requests ? (double)rd->successes / rd->requests : NAN;
+    case M_SCORE:
+        return rd->score_max ? (double)rd->score : NAN;
     }
     return NAN;
 }
@@ -167,7 +182,9 @@ static pd_status write_rounds_csv(const pd_bench_run *run, const char *path, pd_
 
 /* ---- summary.json ----------------------------------------------------------------- */
 
-static json_t *num(double v) { return isnan(v) || isinf(v) ? json_null() : json_real(v); }
+static json_t *num(double v) {
+    return isnan(v) || isinf(v) ? json_null() : json_real(v);
+}
 
 static json_t *dist_json(const pd_bench_dist *d) {
     return json_pack("{s:i,s:o,s:o,s:o,s:o,s:o}", "n", d->n, "mean", num(d->mean), "p50",
@@ -201,8 +218,8 @@ static json_t *round_json(const pd_bench_run *run, const pd_bench_round *rd) {
     if (!isnan(rd->slo_ratio))
         json_object_set_new(o, "slo",
                             json_pack("{s:o,s:o,s:i,s:o}", "ttft_s", num(cfg->slo_ttft_s), "tpot_s",
-                                      num(cfg->slo_tpot_s), "compliant", rd->slo_compliant,
-                                      "ratio", num(rd->slo_ratio)));
+                                      num(cfg->slo_tpot_s), "compliant", rd->slo_compliant, "ratio",
+                                      num(rd->slo_ratio)));
     if (rd->score_max)
         json_object_set_new(o, "retrieval",
                             json_pack("{s:i,s:i}", "score", rd->score, "max", rd->score_max));
@@ -241,7 +258,9 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
     for (int gi = 0; gi < run->n_groups; gi++)
         text += run->groups[gi].prompts_text, ids += run->groups[gi].prompts_ids;
     json_object_set_new(root, "prompts",
-                        json_string(ids == 0 ? "text" : text == 0 ? "token_ids" : "mixed"));
+                        json_string(ids == 0    ? "text"
+                                    : text == 0 ? "token_ids"
+                                                : "mixed"));
 
     int tot_req = 0, tot_ok = 0, tot_fail[PD_BENCH_N_OUTCOMES] = {0};
     json_t *groups = json_array(), *not_run = json_array();
@@ -249,11 +268,11 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
         const pd_bench_group *g = &run->groups[gi];
         if (cfg->mode == PD_BENCH_FUNCTIONAL)
             break;
-        json_t *go = json_pack("{s:s,s:i,s:i,s:i,s:o,s:i,s:{s:i,s:i}}", "name", g->name,
-                               "input_tokens", g->in_tokens, "output_tokens", g->out_tokens,
-                               "concurrency", g->concurrency, "rate",
-                               g->rate > 0 ? json_real(g->rate) : json_null(), "phase", g->phase,
-                               "prompts", "text", g->prompts_text, "token_ids", g->prompts_ids);
+        json_t *go =
+            json_pack("{s:s,s:i,s:i,s:i,s:o,s:i,s:{s:i,s:i}}", "name", g->name, "input_tokens",
+                      g->in_tokens, "output_tokens", g->out_tokens, "concurrency", g->concurrency,
+                      "rate", g->rate > 0 ? json_real(g->rate) : json_null(), "phase", g->phase,
+                      "prompts", "text", g->prompts_text, "token_ids", g->prompts_ids);
         json_t *rounds = json_array();
         for (int r = 0; r < g->n_rounds; r++) {
             const pd_bench_round *rd = &g->rounds[r];
@@ -286,9 +305,9 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
         json_t *checks = json_array();
         for (int i = 0; i < run->n_checks; i++) {
             const pd_bench_check *c = &run->checks[i];
-            json_array_append_new(checks, json_pack("{s:s,s:i,s:i,s:s}", "name", c->name, "runs",
-                                                    c->runs, "passes", c->passes, "last_failure",
-                                                    c->last_failure));
+            json_array_append_new(checks,
+                                  json_pack("{s:s,s:i,s:i,s:s}", "name", c->name, "runs", c->runs,
+                                            "passes", c->passes, "last_failure", c->last_failure));
         }
         json_object_set_new(root, "checks", checks);
         tot_req = run->fn_requests, tot_ok = run->fn_successes;
@@ -306,11 +325,20 @@ json_t *pd_bench_summary_json(const pd_bench_run *run) {
 static void html_esc(FILE *f, const char *s) {
     for (; s && *s; s++) {
         switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        default:
+            fputc(*s, f);
         }
     }
 }
@@ -348,8 +376,10 @@ static void svg_chart(FILE *f, const char *title, const char *xlabel, const char
         top = 1;
 #define XP(i) (L + pw * ((i) + 0.5) / n)
 #define YP(v) (T + ph - ph * ((v) / top))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "viewBox=\"0 0 %.0f %.0f\" role=\"img\" font-family=\"sans-serif\">\n", W, H, W, H);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" role=\"img\" font-family=\"sans-serif\">\n",
+            W, H, W, H);
     fprintf(f, "<text x=\"%.0f\" y=\"20\" text-anchor=\"middle\" font-weight=\"bold\">", W / 2);
     html_esc(f, title);
     fputs("</text>\n", f);
@@ -370,8 +400,10 @@ static void svg_chart(FILE *f, const char *title, const char *xlabel, const char
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"12\">", L + pw / 2,
             H - 8);
     html_esc(f, xlabel);
-    fprintf(f, "</text>\n<text transform=\"translate(14 %.1f) rotate(-90)\" text-anchor=\"middle\" "
-               "font-size=\"12\">", T + ph / 2);
+    fprintf(f,
+            "</text>\n<text transform=\"translate(14 %.1f) rotate(-90)\" text-anchor=\"middle\" "
+            "font-size=\"12\">",
+            T + ph / 2);
     html_esc(f, ylabel);
     fputs("</text>\n", f);
     /* band: runs of consecutive points with data */
@@ -412,8 +444,10 @@ static void svg_chart(FILE *f, const char *title, const char *xlabel, const char
         if (!isnan(med[i])) {
             char lab[32];
             fmt_num(lab, sizeof lab, med[i]);
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#1f4e79\"><title>%s</title>"
-                       "</circle>\n", XP(i), YP(med[i]), lab);
+            fprintf(f,
+                    "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#1f4e79\"><title>%s</title>"
+                    "</circle>\n",
+                    XP(i), YP(med[i]), lab);
         }
     fputs("</svg>\n", f);
 #undef XP
@@ -546,8 +580,8 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
         text += run->groups[gi].prompts_text, ids += run->groups[gi].prompts_ids;
     fprintf(f, "<tr><th>prompts</th><td>%s</td></tr>",
             cfg->mode == PD_BENCH_FUNCTIONAL ? "fixed chat checks"
-            : ids == 0 ? "text of an exact token length (decoded and re-encoded with the model's "
-                         "tokenizer)"
+            : ids == 0  ? "text of an exact token length (decoded and re-encoded with the model's "
+                          "tokenizer)"
             : text == 0 ? "token ids (no text of the exact length was found)"
                         : "text where an exact text was found, token ids elsewhere");
     fprintf(f, "<tr><th>sampling</th><td>temperature %g, %s</td></tr>", cfg->temperature,
@@ -578,7 +612,8 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
             fputs("</div>\n", f);
         }
     } else if (cfg->mode == PD_BENCH_RATE) {
-        fprintf(f, "<h2>rate scan, input %d / output %d tokens, SLO TTFT ≤ %g s, TPOT ≤ %g s</h2>\n",
+        fprintf(f,
+                "<h2>rate scan, input %d / output %d tokens, SLO TTFT ≤ %g s, TPOT ≤ %g s</h2>\n",
                 cfg->shape_in[0], cfg->shape_out[0], cfg->slo_ttft_s, cfg->slo_tpot_s);
         group_table(f, run, 0, run->n_groups);
         fputs("<div class=\"charts\">\n", f);
@@ -616,8 +651,9 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
                 if (!header && run->interrupted)
                     fputs("<h2>rounds not run</h2><p>The run was interrupted:</p><ul>", f);
                 else if (!header)
-                    fprintf(f, "<h2>rounds not run</h2><p>Stopped after %d consecutive rounds with "
-                               "a failed request:</p><ul>",
+                    fprintf(f,
+                            "<h2>rounds not run</h2><p>Stopped after %d consecutive rounds with "
+                            "a failed request:</p><ul>",
                             cfg->stop_after_failed_rounds);
                 header = true;
                 fputs("<li>", f);
@@ -627,8 +663,9 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
     if (header)
         fputs("</ul>\n", f);
     if (run->n_notes) {
-        fprintf(f, "<h2>failures</h2><p>%d failed requests; raw answers in <code>failed/</code>. "
-                   "The first ones:</p><ul>",
+        fprintf(f,
+                "<h2>failures</h2><p>%d failed requests; raw answers in <code>failed/</code>. "
+                "The first ones:</p><ul>",
                 run->failed_files);
         for (int i = 0; i < run->n_notes; i++) {
             fputs("<li><code>", f);

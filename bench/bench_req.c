@@ -176,8 +176,8 @@ static void take_tool_call(pd_bench_req *r, const json_t *tc, size_t pos) {
         return;
     }
     json_t *ix = json_object_get(tc, "index");
-    size_t i = json_is_integer(ix) && json_integer_value(ix) >= 0 ? (size_t)json_integer_value(ix)
-                                                                   : pos;
+    size_t i =
+        json_is_integer(ix) && json_integer_value(ix) >= 0 ? (size_t)json_integer_value(ix) : pos;
     if (i > 64) {
         violate(r, PD_BENCH_SSE_ERROR, "tool call index %zu out of range", i);
         return;
@@ -185,8 +185,8 @@ static void take_tool_call(pd_bench_req *r, const json_t *tc, size_t pos) {
     if (!r->tool_calls)
         r->tool_calls = json_array();
     while (r->tool_calls && json_array_size(r->tool_calls) <= i)
-        json_array_append_new(r->tool_calls, json_pack("{s:s,s:s,s:s}", "id", "", "name", "",
-                                                       "arguments", ""));
+        json_array_append_new(r->tool_calls,
+                              json_pack("{s:s,s:s,s:s}", "id", "", "name", "", "arguments", ""));
     json_t *slot = r->tool_calls ? json_array_get(r->tool_calls, i) : NULL;
     if (!slot) {
         violate(r, PD_BENCH_SSE_ERROR, "out of memory keeping tool calls");
@@ -383,8 +383,7 @@ static void sse_line(pd_bench_req *r, const char *s, size_t n, double now) {
         size_t k = vl < sizeof r->event - 1 ? vl : sizeof r->event - 1;
         memcpy(r->event, v, k);
         r->event[k] = 0;
-    }
-    else if (!(fl == 2 && !memcmp(s, "id", 2)) && !(fl == 5 && !memcmp(s, "retry", 5))) {
+    } else if (!(fl == 2 && !memcmp(s, "id", 2)) && !(fl == 5 && !memcmp(s, "retry", 5))) {
         /* the spec ignores unknown fields; a server that sends them (a JSON
          * body where a stream was asked for, say) is not speaking SSE */
         char ex[96];

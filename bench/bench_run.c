@@ -97,8 +97,8 @@ static pd_status load_prompt(pd_bench_run *run, pd_bench_req *r, pd_bench_endpoi
         } else {
             /* no exact text: token ids, BOS first as the server would add it */
             int32_t *ids = NULL;
-            if (n - bos >= 1 && (st = pd_bench_prompt_ids(run->tok.tok, &run->rng, n - bos, &ids,
-                                                          err)) != PD_OK)
+            if (n - bos >= 1 &&
+                (st = pd_bench_prompt_ids(run->tok.tok, &run->rng, n - bos, &ids, err)) != PD_OK)
                 return st;
             prompt = json_array();
             if (bos)
@@ -138,8 +138,8 @@ static void write_failed(pd_bench_run *run, const pd_bench_req *r) {
     /* SSE comments first: the file stays a valid event stream */
     fprintf(f, ": pdserve bench failed request: group %s round %d index %d\n",
             run->groups[r->group].name, r->round, r->index);
-    fprintf(f, ": outcome %s: %s\n: http_status %ld\n", pd_bench_outcome_str(r->outcome),
-            r->detail, r->http_status);
+    fprintf(f, ": outcome %s: %s\n: http_status %ld\n", pd_bench_outcome_str(r->outcome), r->detail,
+            r->http_status);
     fprintf(f, ": request %s\n", r->body ? r->body : "");
     if (r->raw_truncated)
         fprintf(f, ": (raw answer truncated at %u bytes)\n", PD_BENCH_RAW_MAX);
@@ -171,9 +171,9 @@ static void record(pd_bench_run *run, pd_bench_req *reqs, int n) {
             if (run->n_notes < (int)(sizeof run->notes / sizeof run->notes[0])) {
                 char rel[96];
                 failed_name(r, rel, sizeof rel);
-                snprintf(run->notes[run->n_notes++], sizeof run->notes[0], "%s round %d #%d: %s: %s (%s)",
-                         run->groups[r->group].name, r->round, r->index,
-                         pd_bench_outcome_str(r->outcome), r->detail, rel);
+                snprintf(run->notes[run->n_notes++], sizeof run->notes[0],
+                         "%s round %d #%d: %s: %s (%s)", run->groups[r->group].name, r->round,
+                         r->index, pd_bench_outcome_str(r->outcome), r->detail, rel);
             }
         }
         if (run->requests_csv)
@@ -261,7 +261,8 @@ static pd_status build_round(pd_bench_run *run, int gi, int round, int n, double
         return pd_err_set(err, PD_ERR_NOMEM, "bench: out of memory for %d requests", n);
     double t = 0;
     for (int i = 0; i < n; i++) {
-        pd_status st = load_prompt(run, &reqs[i], run->cfg->endpoint, g->in_tokens, g->out_tokens, err);
+        pd_status st =
+            load_prompt(run, &reqs[i], run->cfg->endpoint, g->in_tokens, g->out_tokens, err);
         if (st != PD_OK) {
             free_reqs(reqs, i + 1);
             return st;
@@ -281,7 +282,9 @@ static pd_status build_round(pd_bench_run *run, int gi, int round, int n, double
     return PD_OK;
 }
 
-static bool round_failed(const pd_bench_round *rd) { return rd->successes < rd->requests; }
+static bool round_failed(const pd_bench_round *rd) {
+    return rd->successes < rd->requests;
+}
 
 /* Runs warm-up and rounds of group gi; *streak counts consecutive failed
  * rounds of the phase, *stopped is set when it reaches the limit. */
@@ -319,8 +322,8 @@ static pd_status run_group(pd_bench_run *run, int gi, int n_req, int warmup, int
             return st;
         progress_ctx pc = {run, g->name, r + 1, g->n_rounds};
         double t0 = 0, t1 = 0;
-        st = pd_bench_client_run(run->client, reqs, n_req, conc, open, progress, &pc, &t0, &t1,
-                                 err);
+        st =
+            pd_bench_client_run(run->client, reqs, n_req, conc, open, progress, &pc, &t0, &t1, err);
         if (pd_bench_stop_requested()) { /* the round stays "not run" */
             free_reqs(reqs, n_req);
             run->interrupted = true;
@@ -458,9 +461,9 @@ static pd_status run_retrieval(pd_bench_run *run, pd_err *err) {
 /* ---- functional --------------------------------------------------------------- */
 
 enum { CK_INTEGER, CK_JSON, CK_MEMORY, CK_STREAM, CK_TOOL, N_CHECKS };
-static const char *const check_names[N_CHECKS] = {
-    "integer_answer", "json_extraction", "multi_turn_memory", "stream_equals_nonstream",
-    "tool_call_round_trip"};
+static const char *const check_names[N_CHECKS] = {"integer_answer", "json_extraction",
+                                                  "multi_turn_memory", "stream_equals_nonstream",
+                                                  "tool_call_round_trip"};
 
 /* One chat request, run and recorded; returns the request (caller clears)
  * or a failed one. messages is consumed. */
@@ -615,11 +618,11 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
     }
     case CK_TOOL: {
         const char *q = "What is the weather in Paris right now? Use the get_weather tool.";
-        json_t *tools = json_pack(
-            "{s:[{s:s,s:{s:s,s:s,s:{s:s,s:{s:{s:s}},s:[s]}}}],s:s}", "tools", "type", "function",
-            "function", "name", "get_weather", "description", "Current weather of a city",
-            "parameters", "type", "object", "properties", "city", "type", "string", "required",
-            "city", "tool_choice", "auto");
+        json_t *tools =
+            json_pack("{s:[{s:s,s:{s:s,s:s,s:{s:s,s:{s:{s:s}},s:[s]}}}],s:s}", "tools", "type",
+                      "function", "function", "name", "get_weather", "description",
+                      "Current weather of a city", "parameters", "type", "object", "properties",
+                      "city", "type", "string", "required", "city", "tool_choice", "auto");
         json_t *tools2 = json_deep_copy(tools);
         st = chat_once(run, ck, rep, 0, user_messages(q), false, tools, &a, err);
         if (st != PD_OK || !REQ_OK(&a)) {
@@ -645,12 +648,12 @@ static pd_status run_check(pd_bench_run *run, int ck, int rep, char *why, size_t
             break;
         }
         const char *id = json_string_value(json_object_get(tc, "id"));
-        json_t *ms = json_pack(
-            "[{s:s,s:s},{s:s,s:n,s:[{s:s,s:s,s:{s:s,s:s}}]},{s:s,s:s,s:s}]", "role", "user",
-            "content", q, "role", "assistant", "content", "tool_calls", "id", id ? id : "call_0",
-            "type", "function", "function", "name", "get_weather", "arguments", args, "role", "tool",
-            "tool_call_id", id ? id : "call_0", "content",
-            "{\"city\": \"Paris\", \"temperature_c\": 18, \"sky\": \"clear\"}");
+        json_t *ms = json_pack("[{s:s,s:s},{s:s,s:n,s:[{s:s,s:s,s:{s:s,s:s}}]},{s:s,s:s,s:s}]",
+                               "role", "user", "content", q, "role", "assistant", "content",
+                               "tool_calls", "id", id ? id : "call_0", "type", "function",
+                               "function", "name", "get_weather", "arguments", args, "role", "tool",
+                               "tool_call_id", id ? id : "call_0", "content",
+                               "{\"city\": \"Paris\", \"temperature_c\": 18, \"sky\": \"clear\"}");
         json_decref(ao);
         st = chat_once(run, ck, rep, 1, ms, false, tools2, &b, err);
         if (st == PD_OK && REQ_OK(&b) && !strstr(b.text.data ? b.text.data : "", "18"))
@@ -706,10 +709,14 @@ static pd_status run_functional(pd_bench_run *run, pd_err *err) {
 
 pd_status pd_bench_run_mode(pd_bench_run *run, pd_err *err) {
     switch (run->cfg->mode) {
-    case PD_BENCH_MATRIX: return run_matrix(run, err);
-    case PD_BENCH_RATE: return run_rate(run, err);
-    case PD_BENCH_RETRIEVAL: return run_retrieval(run, err);
-    case PD_BENCH_FUNCTIONAL: return run_functional(run, err);
+    case PD_BENCH_MATRIX:
+        return run_matrix(run, err);
+    case PD_BENCH_RATE:
+        return run_rate(run, err);
+    case PD_BENCH_RETRIEVAL:
+        return run_retrieval(run, err);
+    case PD_BENCH_FUNCTIONAL:
+        return run_functional(run, err);
     }
     return pd_err_set(err, PD_ERR_INVALID, "bench: unknown mode");
 }

@@ -85,7 +85,8 @@ typedef struct {
  * runs out (the buffer is unchanged). */
 int pd_bench_buf_append(pd_bench_buf *b, const void *p, size_t n);
 /** printf-style append; returns 0 or -1 (out of memory, nothing appended). */
-int pd_bench_buf_printf(pd_bench_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int pd_bench_buf_printf(pd_bench_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void pd_bench_buf_free(pd_bench_buf *b);
 
 /* ------------------------------------------------------------------ */
@@ -103,39 +104,39 @@ void pd_bench_buf_free(pd_bench_buf *b);
 typedef struct {
     /* in */
     pd_bench_endpoint endpoint;
-    char *body;               /* JSON body, owned (freed by pd_bench_req_clear) */
-    bool stream;              /* the body asks for SSE with include_usage */
-    int max_tokens;           /* what the body asks for */
-    bool exact_length;        /* ignore_eos: completion_tokens must equal max_tokens */
-    int prompt_tokens_local;  /* the prompt length counted here (-1: unknown) */
-    bool prompt_is_ids;       /* /v1/completions prompt sent as token ids, not text */
-    int group, round, index;  /* where it belongs (round 0: warm-up) */
-    double arrival_s;         /* open loop: planned start, seconds after the round began */
+    char *body;              /* JSON body, owned (freed by pd_bench_req_clear) */
+    bool stream;             /* the body asks for SSE with include_usage */
+    int max_tokens;          /* what the body asks for */
+    bool exact_length;       /* ignore_eos: completion_tokens must equal max_tokens */
+    int prompt_tokens_local; /* the prompt length counted here (-1: unknown) */
+    bool prompt_is_ids;      /* /v1/completions prompt sent as token ids, not text */
+    int group, round, index; /* where it belongs (round 0: warm-up) */
+    double arrival_s;        /* open loop: planned start, seconds after the round began */
 
     /* out: measures */
     pd_bench_outcome outcome;
-    char detail[240];         /* why it failed, human-readable ("" on success) */
-    long http_status;         /* 0 until headers arrived */
-    int http_version;         /* 10, 11, 20, 30 (HTTP/1.0 ... HTTP/3); 0 unknown */
-    int transport;            /* 0 ok, 1 timeout, 2 other transport error */
+    char detail[240];                       /* why it failed, human-readable ("" on success) */
+    long http_status;                       /* 0 until headers arrived */
+    int http_version;                       /* 10, 11, 20, 30 (HTTP/1.0 ... HTTP/3); 0 unknown */
+    int transport;                          /* 0 ok, 1 timeout, 2 other transport error */
     double t_start, t_first, t_last, t_end; /* pd_now_s(); t_first = 0 until text came */
-    int n_fragments;          /* non-empty text fragments seen */
-    bool done;                /* data: [DONE] seen */
+    int n_fragments;                        /* non-empty text fragments seen */
+    bool done;                              /* data: [DONE] seen */
     bool have_usage;
     int64_t prompt_tokens, completion_tokens, total_tokens; /* from usage (-1: absent) */
     char finish_reason[32];
-    pd_bench_buf text;        /* the answer's text (content; completions: text) */
-    pd_bench_buf raw;         /* the bytes received, up to PD_BENCH_RAW_MAX */
-    json_t *tool_calls;       /* array of {id,name,arguments} or NULL */
+    pd_bench_buf text;  /* the answer's text (content; completions: text) */
+    pd_bench_buf raw;   /* the bytes received, up to PD_BENCH_RAW_MAX */
+    json_t *tool_calls; /* array of {id,name,arguments} or NULL */
 
     /* parser state */
-    pd_bench_buf line, data;  /* SSE: the current line, the current event's data */
-    char event[32];           /* SSE: the current event's "event:" field */
-    bool saw_data;            /* SSE: the current event had a data field */
+    pd_bench_buf line, data; /* SSE: the current line, the current event's data */
+    char event[32];          /* SSE: the current event's "event:" field */
+    bool saw_data;           /* SSE: the current event had a data field */
     bool raw_truncated;
     pd_bench_outcome violation; /* first in-stream violation (utf8/sse_error), or SUCCESS */
     char violation_detail[200];
-    int bad_usage;            /* 1 when some usage object was malformed */
+    int bad_usage; /* 1 when some usage object was malformed */
     char usage_detail[120];
     int n_events;
 } pd_bench_req;
@@ -176,10 +177,10 @@ double pd_bench_req_e2e(const pd_bench_req *r);
 typedef struct pd_bench_client pd_bench_client;
 
 typedef struct {
-    const char *base_url;  /* "http://HOST:PORT", no trailing path */
-    bool http2;            /* h2c with prior knowledge for http://, ALPN for https:// */
-    double timeout_s;      /* per request, whole answer; <= 0: none */
-    const char *api_key;   /* Authorization: Bearer ...; NULL: none */
+    const char *base_url; /* "http://HOST:PORT", no trailing path */
+    bool http2;           /* h2c with prior knowledge for http://, ALPN for https:// */
+    double timeout_s;     /* per request, whole answer; <= 0: none */
+    const char *api_key;  /* Authorization: Bearer ...; NULL: none */
 } pd_bench_client_opts;
 
 /** Starts a client (libcurl multi, one connection pool). *c_p is set only on
@@ -226,11 +227,11 @@ pd_status pd_bench_client_run(pd_bench_client *c, pd_bench_req *reqs, int n, int
 
 /** The tokenizer and how the server counts a prompt. */
 typedef struct {
-    pd_tokenizer *tok;  /* owned */
-    bool add_bos;       /* tokenizer_config.json add_bos_token: servers prepend BOS to a
-                           /v1/completions text prompt */
-    int32_t bos_id;     /* -1 when there is none */
-    int chat_overhead;  /* tokens of the chat template around one user message */
+    pd_tokenizer *tok; /* owned */
+    bool add_bos;      /* tokenizer_config.json add_bos_token: servers prepend BOS to a
+                          /v1/completions text prompt */
+    int32_t bos_id;    /* -1 when there is none */
+    int chat_overhead; /* tokens of the chat template around one user message */
 } pd_bench_tok;
 
 /** Loads tokenizer_json (and tokenizer_config.json next to it, when present,
@@ -299,20 +300,20 @@ pd_bench_dist pd_bench_dist_of(double *v, int n);
 
 /** One measured round of one group. */
 typedef struct {
-    int round;  /* 1-based */
-    bool run;   /* false: not run (its phase was stopped) */
+    int round; /* 1-based */
+    bool run;  /* false: not run (its phase was stopped) */
     int requests, successes;
-    int failures[PD_BENCH_N_OUTCOMES]; /* by outcome; [PD_BENCH_SUCCESS] unused */
-    double duration_s;                 /* first start to last end */
-    int64_t output_tokens;             /* completion tokens of the successes */
-    double throughput_tok_s;           /* output_tokens / duration_s */
-    double request_throughput_s;       /* successes / duration_s */
-    pd_bench_dist ttft, tpot, e2e;     /* over the successes */
+    int failures[PD_BENCH_N_OUTCOMES];                /* by outcome; [PD_BENCH_SUCCESS] unused */
+    double duration_s;                                /* first start to last end */
+    int64_t output_tokens;                            /* completion tokens of the successes */
+    double throughput_tok_s;                          /* output_tokens / duration_s */
+    double request_throughput_s;                      /* successes / duration_s */
+    pd_bench_dist ttft, tpot, e2e;                    /* over the successes */
     double prompt_tokens_local, prompt_tokens_server; /* medians */
-    int prompt_mismatches;             /* requests whose usage.prompt_tokens != local count */
-    double slo_ratio;                  /* rate: compliant / requests; NAN otherwise */
+    int prompt_mismatches; /* requests whose usage.prompt_tokens != local count */
+    double slo_ratio;      /* rate: compliant / requests; NAN otherwise */
     int slo_compliant;
-    int score, score_max;              /* retrieval: codes found / hidden */
+    int score, score_max; /* retrieval: codes found / hidden */
 } pd_bench_round;
 
 /** Fills *rd (round number and score are left to the caller) from the n
@@ -365,8 +366,8 @@ typedef struct {
     double rate;                            /* requests/s (rate mode), else 0 */
     int phase;                              /* groups of a phase stop together */
     int n_rounds;
-    pd_bench_round *rounds;                 /* n_rounds, owned */
-    int prompts_text, prompts_ids;          /* how the prompts were sent */
+    pd_bench_round *rounds;        /* n_rounds, owned */
+    int prompts_text, prompts_ids; /* how the prompts were sent */
 } pd_bench_group;
 
 /** A functional check's tally. */
@@ -382,25 +383,25 @@ typedef struct {
     pd_bench_client *client;
     pd_bench_tok tok;
     bool have_tok;
-    char model[256];            /* the served model name used in requests */
+    char model[256]; /* the served model name used in requests */
     pd_rng rng;
     FILE *requests_csv;
-    char started_at[32];        /* ISO 8601, UTC */
+    char started_at[32]; /* ISO 8601, UTC */
     int n_groups;
-    pd_bench_group *groups;     /* owned */
+    pd_bench_group *groups; /* owned */
     int n_checks;
     pd_bench_check checks[8];
-    int fn_requests, fn_successes;           /* functional: every request's outcome */
+    int fn_requests, fn_successes; /* functional: every request's outcome */
     int fn_failures[PD_BENCH_N_OUTCOMES];
-    int failed_files;           /* raw answers written under failed/ */
-    char host_info[320];        /* the client machine, for the report */
-    int n_notes;                /* the first failures, for the report */
+    int failed_files;    /* raw answers written under failed/ */
+    char host_info[320]; /* the client machine, for the report */
+    int n_notes;         /* the first failures, for the report */
     char notes[24][320];
-    double t_origin;            /* pd_now_s() when the run started */
-    bool any_failure;           /* a measured request or a check failed */
-    bool interrupted;           /* stopped by a signal: the rest is not run */
-    int http_versions[4];       /* measured requests answered over HTTP/1.0, 1.1, 2, 3 */
-    json_t *extra;              /* --extra-body, parsed; NULL when absent */
+    double t_origin;      /* pd_now_s() when the run started */
+    bool any_failure;     /* a measured request or a check failed */
+    bool interrupted;     /* stopped by a signal: the rest is not run */
+    int http_versions[4]; /* measured requests answered over HTTP/1.0, 1.1, 2, 3 */
+    json_t *extra;        /* --extra-body, parsed; NULL when absent */
 } pd_bench_run;
 
 /** Runs the configured mode: groups and rounds (or checks) are filled and

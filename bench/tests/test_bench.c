@@ -126,15 +126,19 @@ static void test_timing(void **state) {
 /* ---- each rule ------------------------------------------------------------------------ */
 
 #define EV(text) "data: {\"choices\":[{\"index\":0,\"text\":\"" text "\"}]}\n\n"
-#define USAGE(p, c) "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":" #p ",\"completion_tokens\":" #c ",\"total_tokens\":" #p "+" #c "}}\n\n"
-#define USAGE_OK(c) "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":" #c "}}\n\n"
+#define USAGE(p, c)                                                                                \
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":" #p ",\"completion_tokens\":" #c          \
+    ",\"total_tokens\":" #p "+" #c "}}\n\n"
+#define USAGE_OK(c)                                                                                \
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":" #c "}}\n\n"
 #define DONE "data: [DONE]\n\n"
 
 static void test_rules(void **state) {
     (void)state;
     assert_int_equal(classify(EV("a") EV("b") USAGE_OK(2) DONE, 2, true, 0, 200), PD_BENCH_SUCCESS);
     /* empty text: 200, [DONE], usage says 2 tokens, but nothing to read */
-    assert_int_equal(classify(EV("") EV("") USAGE_OK(2) DONE, 2, true, 0, 200), PD_BENCH_EMPTY_TEXT);
+    assert_int_equal(classify(EV("") EV("") USAGE_OK(2) DONE, 2, true, 0, 200),
+                     PD_BENCH_EMPTY_TEXT);
     assert_int_equal(classify(USAGE_OK(2) DONE, 2, true, 0, 200), PD_BENCH_EMPTY_TEXT);
     /* no [DONE] on a cleanly ended stream */
     assert_int_equal(classify(EV("a") EV("b") USAGE_OK(2), 2, true, 0, 200), PD_BENCH_NO_DONE);
@@ -154,14 +158,17 @@ static void test_rules(void **state) {
                      PD_BENCH_BAD_USAGE);
     assert_int_equal(classify(EV("a") USAGE_OK(0) DONE, 2, false, 0, 200), PD_BENCH_BAD_USAGE);
     /* SSE errors: error object, event: error, malformed JSON, data after [DONE] */
-    assert_int_equal(classify(EV("a") "data: {\"error\":{\"message\":\"boom\"}}\n\n" USAGE_OK(1) DONE,
+    assert_int_equal(classify(EV("a") "data: {\"error\":{\"message\":\"boom\"}}\n\n" USAGE_OK(1)
+                                  DONE,
                               1, true, 0, 200),
                      PD_BENCH_SSE_ERROR);
-    assert_int_equal(classify(EV("a") "event: error\ndata: {\"message\":\"x\"}\n\n" USAGE_OK(1) DONE,
+    assert_int_equal(classify(EV("a") "event: error\ndata: {\"message\":\"x\"}\n\n" USAGE_OK(1)
+                                  DONE,
                               1, true, 0, 200),
                      PD_BENCH_SSE_ERROR);
-    assert_int_equal(classify(EV("a") "data: {\"choices\": [\n\n" USAGE_OK(1) DONE, 1, true, 0, 200),
-                     PD_BENCH_SSE_ERROR);
+    assert_int_equal(
+        classify(EV("a") "data: {\"choices\": [\n\n" USAGE_OK(1) DONE, 1, true, 0, 200),
+        PD_BENCH_SSE_ERROR);
     assert_int_equal(classify(EV("a") USAGE_OK(1) DONE EV("b"), 1, true, 0, 200),
                      PD_BENCH_SSE_ERROR);
     assert_int_equal(classify(EV("a") "data: [1,2]\n\n" USAGE_OK(1) DONE, 1, true, 0, 200),
@@ -172,7 +179,8 @@ static void test_rules(void **state) {
                               1, true, 0, 200),
                      PD_BENCH_SSE_ERROR);
     /* invalid UTF-8: raw bytes, and a lone surrogate escape */
-    assert_int_equal(classify(EV("a\xff") USAGE_OK(1) DONE, 1, true, 0, 200), PD_BENCH_INVALID_UTF8);
+    assert_int_equal(classify(EV("a\xff") USAGE_OK(1) DONE, 1, true, 0, 200),
+                     PD_BENCH_INVALID_UTF8);
     assert_int_equal(classify(EV("a\xc0\xaf") USAGE_OK(1) DONE, 1, true, 0, 200),
                      PD_BENCH_INVALID_UTF8);
     assert_int_equal(classify(EV("a\\udc80") USAGE_OK(1) DONE, 1, true, 0, 200),
@@ -228,23 +236,28 @@ static void test_nonstream_and_chat(void **state) {
     /* streamed chat with a tool call split over deltas: no text, not empty */
     const char *tc =
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n"
-        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\","
-        "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"ci\"}}]}}]}\n\n"
+        "data: "
+        "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"ci\"}}]}"
+        "}]}\n\n"
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
-        "{\"arguments\":\"ty\\\": \\\"Paris\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n" USAGE_OK(7) DONE;
+        "{\"arguments\":\"ty\\\": "
+        "\\\"Paris\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n" USAGE_OK(7) DONE;
     start(&r, PD_BENCH_EP_CHAT, true, 16, false);
     feed_all(&r, tc, strlen(tc), 5, 0);
     assert_int_equal(r.outcome, PD_BENCH_SUCCESS);
     assert_int_equal(json_array_size(r.tool_calls), 1);
     json_t *c0 = json_array_get(r.tool_calls, 0);
     assert_string_equal(json_string_value(json_object_get(c0, "name")), "get_weather");
-    assert_string_equal(json_string_value(json_object_get(c0, "arguments")), "{\"city\": \"Paris\"}");
+    assert_string_equal(json_string_value(json_object_get(c0, "arguments")),
+                        "{\"city\": \"Paris\"}");
     assert_string_equal(json_string_value(json_object_get(c0, "id")), "call_1");
     assert_string_equal(r.finish_reason, "tool_calls");
     pd_bench_req_clear(&r);
     /* chat content null and reasoning text: TTFT from the reasoning */
-    const char *rs = "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\",\"content\":null}}]}\n\n"
-                     "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n" USAGE_OK(2) DONE;
+    const char *rs =
+        "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\",\"content\":null}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n" USAGE_OK(2) DONE;
     start(&r, PD_BENCH_EP_CHAT, true, 2, true);
     feed_all(&r, rs, strlen(rs), 0, 0);
     assert_int_equal(r.outcome, PD_BENCH_SUCCESS);
@@ -316,7 +329,8 @@ static int load_tok(void **state) {
     if (c && *c)
         snprintf(path, sizeof path, "%s/tokenizer-deepseek_v3/tokenizer.json", c);
     else
-        snprintf(path, sizeof path, "%s/.cache/tokenizer-deepseek_v3/tokenizer.json", PD_SOURCE_DIR);
+        snprintf(path, sizeof path, "%s/.cache/tokenizer-deepseek_v3/tokenizer.json",
+                 PD_SOURCE_DIR);
     pd_err err = {{0}};
     if (pd_bench_tok_load(path, &bt, &err) != PD_OK) {
         fprintf(stderr, "cannot load %s: %s (deploy/fetch-tokenizer.sh)\n", path, err.msg);
@@ -386,7 +400,8 @@ static void test_retrieval(void **state) {
         assert_true(pos[1] > 0.4 && pos[1] < 0.6);
         assert_true(pos[2] > 0.8 && pos[2] < 0.97);
         char ans[256];
-        snprintf(ans, sizeof ans, "Sure:\n```json\n{\"%s\": \"%s\", \"%s\": \"%s\", \"%s\": \"%s\"}\n```",
+        snprintf(ans, sizeof ans,
+                 "Sure:\n```json\n{\"%s\": \"%s\", \"%s\": \"%s\", \"%s\": \"%s\"}\n```",
                  rt.names[0], rt.codes[0], rt.names[1], rt.codes[1], rt.names[2], rt.codes[2]);
         assert_int_equal(pd_bench_retrieval_score(&rt, ans), 3);
         snprintf(ans, sizeof ans, "{\"%s\": \"%s\", \"%s\": \"WRONG\"}", rt.names[1], rt.codes[1],
@@ -404,9 +419,12 @@ static void test_retrieval(void **state) {
 
 int main(void) {
     const struct CMUnitTest plain[] = {
-        cmocka_unit_test(test_sse_every_split), cmocka_unit_test(test_timing),
-        cmocka_unit_test(test_rules),           cmocka_unit_test(test_precedence),
-        cmocka_unit_test(test_nonstream_and_chat), cmocka_unit_test(test_percentiles),
+        cmocka_unit_test(test_sse_every_split),
+        cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_rules),
+        cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_nonstream_and_chat),
+        cmocka_unit_test(test_percentiles),
         cmocka_unit_test(test_round),
     };
     const struct CMUnitTest tok[] = {
