@@ -584,8 +584,17 @@ static pd_status write_html(const pd_bench_run *run, const char *path, pd_err *e
                           "tokenizer)"
             : text == 0 ? "token ids (no text of the exact length was found)"
                         : "text where an exact text was found, token ids elsewhere");
-    fprintf(f, "<tr><th>sampling</th><td>temperature %g, %s</td></tr>", cfg->temperature,
-            cfg->ignore_eos ? "ignore_eos, fixed max_tokens" : "stops at EOS");
+    bool fixed = cfg->ignore_eos && (cfg->mode == PD_BENCH_MATRIX || cfg->mode == PD_BENCH_RATE);
+    if (fixed)
+        fprintf(f,
+                "<tr><th>sampling</th><td>temperature %g, ignore_eos, fixed max_tokens</td></tr>",
+                cfg->temperature);
+    else
+        fprintf(f, "<tr><th>sampling</th><td>temperature %g, answers stop at EOS%s</td></tr>",
+                cfg->temperature,
+                cfg->mode == PD_BENCH_MATRIX || cfg->mode == PD_BENCH_RATE
+                    ? ""
+                    : ", max_tokens from --max-tokens");
     fputs("</table>\n<p>A request counts as a success only with HTTP 200, non-empty text, "
           "<code>[DONE]</code>, valid usage, exactly <code>max_tokens</code> completion tokens "
           "under <code>ignore_eos</code>, no SSE error, and valid UTF-8 and JSON in every event. "

@@ -22,8 +22,10 @@
 
 /* ---- request bodies --------------------------------------------------------- */
 
-/* Common fields; consumes prompt_or_messages (a string, id array or
- * messages array). Returns the body text (heap) or NULL when out of memory. */
+/* The JSON body: model, prompt (completions: a string or an id array) or
+ * messages (chat), max_tokens, temperature, ignore_eos, stream with usage,
+ * then the fields of more and of --extra-body. Consumes prompt and more.
+ * Returns the body text (heap) or NULL when out of memory. */
 static char *make_body(const pd_bench_run *run, pd_bench_endpoint ep, json_t *prompt,
                        int max_tokens, bool ignore_eos, bool stream, json_t *more) {
     json_t *b = json_object();
