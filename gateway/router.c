@@ -589,16 +589,14 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     gw_sub *s = sub_find(r, rr->request_id);
     if (!s || s->state != SUB_RESERVING) {
         if (rr->ok) { /* nobody wants it any more: give the blocks back */
-            gw_replica *x = replica_by_env(r, m->envelope, m->envelope_len);
-            /* also to a replica out of rotation: one that stalled past its
-             * heartbeats still holds the reservation (fault matrix) */
-            if (x) {
-                Pdserve__Abort a = PDSERVE__ABORT__INIT;
-                a.request_id = rr->request_id;
-                a.reason = "no longer wanted";
-                a.never_granted = true;
-                send_to(r, x, PD_MSG_ABORT, &a.base);
-            }
+            /* also to a replica out of rotation or not registered (yet):
+             * one that stalled past its heartbeats, or that answers a
+             * gateway that restarted, still holds the reservation */
+            Pdserve__Abort a = PDSERVE__ABORT__INIT;
+            a.request_id = rr->request_id;
+            a.reason = "no longer wanted";
+            a.never_granted = true;
+            pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_ABORT, &a.base); /* to the sender */
         }
         return;
     }
@@ -648,9 +646,18 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
         gw_replica *d = NULL;
         for (gw_replica *x = r->replicas; x && k->decode_replica_id; x = x->next)
             if (!strcmp(x->id, k->decode_replica_id) && (!d || x->alive)) d = x;
+        k->aborted = true;
         if (d) {
-            k->aborted = true;
             send_to(r, d, PD_MSG_KV_COMPLETE, &k->base);
+        } else if (k->decode_replica_id && k->decode_replica_id[0]) {
+            /* not registered (yet): a restarted gateway first hears what
+             * replicas queued while it was down. A replica's control
+             * socket is named by its replica id (ZMQ_ROUTING_ID). */
+            pd_status st = pd_msg_send(r->sock, k->decode_replica_id, strlen(k->decode_replica_id),
+                                       PD_MSG_KV_COMPLETE, &k->base);
+            if (st != PD_OK)
+                PD_LOGW(LOGM, "KvComplete of %s for unregistered decode replica %s lost (%s)", k->request_id,
+                        k->decode_replica_id, pd_status_str(st));
         }
         return;
     }

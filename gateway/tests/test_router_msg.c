@@ -30,7 +30,7 @@ typedef struct {
     pd_tokenizer *tok;
     pd_router *router;
     pd_gw_server *gw;
-    void *zctx, *decode, *prefill;
+    void *zctx, *decode, *prefill, *decode_new; /* decode_new: never registers */
     bool beat_decode, beat_prefill; /* the fakes send heartbeats while pumping */
     double last_beat;
     char endpoint[128];
@@ -163,6 +163,7 @@ static int setup(void **state) {
     f->zctx = zmq_ctx_new();
     f->decode = fake_replica(f, "t-decode");
     f->prefill = fake_replica(f, "t-prefill");
+    f->decode_new = fake_replica(f, "t-decode-new");
     *state = f;
     return 0;
 }
@@ -173,6 +174,7 @@ static int teardown(void **state) {
     pd_router_free(&f->router);
     zmq_close(f->decode);
     zmq_close(f->prefill);
+    zmq_close(f->decode_new);
     zmq_ctx_term(f->zctx);
     event_base_free(f->base);
     pd_tok_free(&f->tok);
@@ -335,11 +337,44 @@ static void test_reserve_reply_from_stalled_decode(void **state) {
     pd_msg_clear(&m);
 }
 
+/* A restarted gateway hears what replicas queued while it was down before
+ * they register again: a prefill replica's KvComplete for a request of the
+ * old gateway, a decode replica's ReserveReply. Dropped, they left the
+ * decode replica's reservation quarantined for good (fault matrix:
+ * kill-gateway while a prefill runs). They go to the replica by its
+ * routing id (its replica id) / to the sender. */
+static void test_unregistered_decode_hears_leftovers(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    void *d2 = f->decode_new; /* connected, never registered */
+    Pdserve__KvComplete k = PDSERVE__KV_COMPLETE__INIT;
+    k.request_id = "cmpl-of-the-old-gateway-0";
+    k.reservation_id = 11;
+    k.decode_replica_id = "t-decode-new";
+    k.prefill_replica_id = "t-prefill";
+    pd_msg_send(f->prefill, NULL, 0, PD_MSG_KV_COMPLETE, &k.base);
+    pd_msg m;
+    assert_true(wait_msg(f, d2, PD_MSG_KV_COMPLETE, &m));
+    assert_true(((Pdserve__KvComplete *)m.msg)->aborted);
+    pd_msg_clear(&m);
+    Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+    rr.request_id = "cmpl-of-the-old-gateway-1";
+    rr.ok = true;
+    rr.reservation_id = 12;
+    pd_msg_send(d2, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
+    assert_true(wait_msg(f, d2, PD_MSG_ABORT, &m));
+    Pdserve__Abort *a = (Pdserve__Abort *)m.msg;
+    assert_string_equal(a->request_id, "cmpl-of-the-old-gateway-1");
+    assert_true(a->never_granted);
+    pd_msg_clear(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_unknown_finish_reason),
         cmocka_unit_test(test_kv_complete_reaches_stalled_decode),
         cmocka_unit_test(test_reserve_reply_from_stalled_decode),
+        cmocka_unit_test(test_unregistered_decode_hears_leftovers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
