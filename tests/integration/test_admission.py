@@ -85,7 +85,13 @@ def main():
     # ---- no replica -> 503 ----
     st = Stack(tmp, model, [], [])
     try:
-        time.sleep(0.5)
+        t0 = time.time()  # the gateway alone answers /health 503 (not ready) once it listens
+        while time.time() - t0 < 60:
+            try:
+                request(st.port, "GET", "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
         code, hdr, data = post(st.port, {"model": "tiny", "prompt": "hi", "max_tokens": 2})
         body = json.loads(data)
         check(code == 503 and "Retry-After" in hdr and body["error"]["code"] == 503,
