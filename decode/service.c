@@ -247,8 +247,7 @@ static void expire_reservations(decode_svc *d) {
             state == PD_KVX_RESV_EXPIRED) {
             *pp = p->next;
             send_error(d, p->gen->request_id, "the prompt's KV cache did not arrive in time");
-            p->blocks = NULL;
-            parked_free(p);
+            parked_free(p); /* the table keeps its own copy of the block ids */
         } else {
             pp = &p->next;
         }
@@ -336,8 +335,7 @@ static void handle(decode_svc *d, pd_msg *msg) {
             if (p) {
                 pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
                 send_error(d, k->request_id, "the prompt's KV cache transfer was refused");
-                p->blocks = NULL; /* the table hands them back */
-                parked_free(p);
+                parked_free(p); /* the table hands the blocks back (it copied their ids) */
             }
             break;
         }
@@ -385,8 +383,7 @@ static void handle(decode_svc *d, pd_msg *msg) {
                 pd_kvx_resv_release(d->resv, a->request_id, p->resv, NULL);
                 if (a->never_granted)
                     pd_kvx_resv_fenced(d->resv, a->request_id, p->resv, writer_id(p->gen->prefill_replica_id), NULL);
-                p->blocks = NULL;
-                parked_free(p);
+                parked_free(p); /* the ids array only: the table copied it (LeakSanitizer, fault matrix) */
                 break;
             }
         /* drop tokens not yet sent */
