@@ -15,10 +15,13 @@ static void gen_usage(FILE *f) {
             "usage: pdserve generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [--chat] [-n N]\n"
             "                        [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
             "                        [--ids] [--ignore-eos] [--chunked-prefill-size N] [--block-size N]\n"
-            "                        [--device cpu|cuda] [--threads N] [--dump-logits FILE]\n"
+            "                        [--device cpu|cuda] [--threads N] [--tensor-parallel-size N]\n"
+            "                        [--dump-logits FILE]\n"
             "  --chat      render the prompt as one user turn of the DeepSeek-V3 chat encoding\n"
             "  --ids       print token ids (prompt then completion) instead of text\n"
-            "  -n N        maximum new tokens (default 16)\n");
+            "  -n N        maximum new tokens (default 16)\n"
+            "  --tensor-parallel-size N  shard the model over N ranks (CUDA: GPUs 0..N-1; CPU: N threads);\n"
+            "              N must divide the attention heads and intermediate sizes (default 1)\n");
 }
 
 static int parse_ids(const char *s, int32_t **ids_p, size_t *n_p) {
@@ -45,7 +48,7 @@ static int parse_ids(const char *s, int32_t **ids_p, size_t *n_p) {
 int pd_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *device = "cpu", *dump = NULL;
     bool chat = false, print_ids = false, ignore_eos = false;
-    int max_new = 16, chunk = 512, block_size = 64, threads = 0;
+    int max_new = 16, chunk = 512, block_size = 64, threads = 0, tp = 1;
     pd_sampling_params sp = pd_sampling_defaults();
     sp.temperature = 0.0f;
     static const struct option opts[] = {
@@ -57,7 +60,8 @@ int pd_cmd_generate(int argc, char **argv) {
         {"ids", no_argument, 0, 'i'}, {"ignore-eos", no_argument, 0, 'e'},
         {"chunked-prefill-size", required_argument, 0, 'C'}, {"block-size", required_argument, 0, 'B'},
         {"device", required_argument, 0, 'd'}, {"threads", required_argument, 0, 't'},
-        {"dump-logits", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"dump-logits", required_argument, 0, 'D'}, {"tensor-parallel-size", required_argument, 0, 'X'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
@@ -79,17 +83,19 @@ int pd_cmd_generate(int argc, char **argv) {
         case 'd': device = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 'D': dump = optarg; break;
+        case 'X': tp = atoi(optarg); break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
     }
-    if (!model_dir || (!prompt && !prompt_ids) || max_new < 0 || chunk <= 0 || block_size <= 0) {
+    if (!model_dir || (!prompt && !prompt_ids) || max_new < 0 || chunk <= 0 || block_size <= 0 || tp < 1 ||
+        tp > PD_TP_MAX_RANKS) {
         gen_usage(stderr);
         return 2;
     }
     pd_err err = {{0}};
     int rc = 1;
-    pd_backend *be = NULL;
+    pd_backend *bes[PD_TP_MAX_RANKS] = {0};
     pd_model *m = NULL;
     pd_tokenizer *tok = NULL;
     pd_kv_cache *kv = NULL;
@@ -100,12 +106,12 @@ int pd_cmd_generate(int argc, char **argv) {
     pd_seq_kv seq = {0};
     FILE *dumpf = NULL;
 
-    if (pd_backend_init(device, threads, &be, &err) != PD_OK) {
+    if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK) {
         fprintf(stderr, "pdserve generate: %s\n", err.msg);
         return 1;
     }
     double t0 = pd_now_s();
-    if (pd_model_load(model_dir, be, &m, &err) != PD_OK) {
+    if (pd_model_load_tp(model_dir, bes, tp, &m, &err) != PD_OK) {
         fprintf(stderr, "pdserve generate: %s\n", err.msg);
         goto out;
     }
@@ -229,9 +235,9 @@ int pd_cmd_generate(int argc, char **argv) {
     printf("\n");
     pd_detok_free(&dt);
     fprintf(stderr,
-            "pdserve generate: load %.2f s; prefill %d tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s "
-            "(%.2f tok/s)\n",
-            t_load, n_prompt, t_prefill, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
+            "pdserve generate: TP %d; load %.2f s; prefill %d tokens in %.3f s (%.1f tok/s); decode %d tokens in "
+            "%.3f s (%.2f tok/s)\n",
+            tp, t_load, n_prompt, t_prefill, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
             n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0);
     rc = 0;
 out:
@@ -244,6 +250,7 @@ out:
     pd_kv_cache_free(&kv);
     pd_tok_free(&tok);
     pd_model_free(&m);
-    pd_backend_free(&be);
+    for (int r = 0; r < tp; r++)
+        pd_backend_free(&bes[r]);
     return rc;
 }

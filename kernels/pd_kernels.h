@@ -139,6 +139,14 @@ typedef struct {
                             const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
                             const pd_weight *down, float *out);
 
+    /* ---- tensor parallelism (pd_backend_init_tp) ---- */
+    /** x[0..n) = the sum over every rank of the group of that rank's x[0..n),
+     * in place, the same bits on every rank. Every rank of the group calls
+     * it with the same n, in the same order, each from its own thread; it is
+     * queued like any operation (a graph may record it). A no-op on a
+     * backend that is a group of one. */
+    void (*all_reduce_sum)(pd_backend *be, float *x, size_t n);
+
     /* ---- optional: NULL where the backend has no use for them ---- */
     /** Page-locked host memory for staging copies (NULL: the backend's own
      * memory is host memory, so nothing needs staging). NULL on failure. */
@@ -160,12 +168,20 @@ typedef struct {
     pd_status (*graph_end)(pd_backend *be, void **graph_p);
     pd_status (*graph_launch)(pd_backend *be, void *graph);
     void (*graph_free)(pd_backend *be, void *graph);
+    /** Makes the calling thread's operations go to this backend's device
+     * (CUDA: cudaSetDevice); a rank's thread calls it once before its first
+     * operation. NULL where any thread will do. */
+    void (*thread_bind)(pd_backend *be);
 } pd_backend_i;
+
+/* The largest tensor-parallel group: the GPUs of one host. */
+#define PD_TP_MAX_RANKS 8
 
 struct pd_backend {
     const pd_backend_i *ops;
     void *ctx;
     int n_threads;
+    int rank, n_ranks; /* place in its tensor-parallel group; 0 and 1 alone */
 };
 
 /** Creates the CPU backend with n_threads worker threads (0: all cores).
@@ -178,6 +194,23 @@ pd_status pd_backend_cuda_init(int device, pd_backend **be_p, pd_err *err);
 
 /** Creates a backend by name ("cpu", "cuda"). */
 pd_status pd_backend_init(const char *name, int n_threads, pd_backend **be_p, pd_err *err);
+
+/** Tensor parallelism within one process: creates the n_ranks backends of
+ * one group, bes_p[r] being rank r, joined by the communicator that
+ * all_reduce_sum uses. Rank r's operations must come from one thread per
+ * rank (each rank's thread calls thread_bind first, where it is set).
+ *  - CPU: n_ranks backends over the same memory (n_threads workers each, 0:
+ *    all cores); all_reduce_sum meets the other ranks' threads at a barrier.
+ *  - CUDA: rank r on device r, NCCL communicators from ncclCommInitAll
+ *    (libnccl.so.2, or $PD_NCCL_LIB, loaded at run time; not needed for a
+ *    group of one).
+ * n_ranks 1 gives what pd_backend_init gives. Free each with
+ * pd_backend_free. Errors: PD_ERR_INVALID (n_ranks outside 1 ..
+ * PD_TP_MAX_RANKS, unknown name), PD_ERR_UNSUPPORTED (fewer devices than
+ * ranks, no NCCL, no CUDA in this build), PD_ERR_NOMEM, PD_ERR_IO. */
+pd_status pd_backend_init_tp(const char *name, int n_ranks, int n_threads, pd_backend **bes_p, pd_err *err);
+pd_status pd_backend_cpu_init_tp(int n_ranks, int n_threads, pd_backend **bes_p, pd_err *err);
+pd_status pd_backend_cuda_init_tp(int n_ranks, pd_backend **bes_p, pd_err *err);
 
 /** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);

@@ -16,6 +16,13 @@
  * decode tokens only (one new token per sequence, the steady state of a
  * decode replica) is recorded as a graph the first time its number of
  * sequences is seen, and replayed after that.
+ *
+ * Tensor parallelism (model_impl.h, pd_model_load_tp): every rank runs this
+ * same step on its own thread over its shard — nh / n_ranks heads, I /
+ * n_ranks intermediate units — and the two row-parallel products (o_proj;
+ * the MLP or MoE's down projections) give partial sums that all_reduce_sum
+ * adds up before the residual add, so every rank carries the same x. Only
+ * rank 0 computes the logits.
  */
 #include "model_impl.h"
 
@@ -34,21 +41,21 @@ static size_t args_ints(const pd_fwd_ws *w) {
     return 3 * (size_t)w->cap_t + 2 * (size_t)w->cap_seqs + (size_t)w->cap_blocks;
 }
 
-static void ws_drop_graphs(pd_model *m) {
-    pd_fwd_ws *w = &m->ws;
+static void ws_drop_graphs(pd_model_rank *rk) {
+    pd_fwd_ws *w = &rk->ws;
     for (int i = 0; i <= PD_FWD_MAX_GRAPH_SEQS; i++)
         if (w->graphs[i].graph) {
-            m->be->ops->graph_free(m->be, w->graphs[i].graph);
+            rk->be->ops->graph_free(rk->be, w->graphs[i].graph);
             w->graphs[i].graph = NULL;
         }
 }
 
-static void ws_release(pd_model *m) {
-    pd_fwd_ws *w = &m->ws;
-    pd_backend *be = m->be;
-    ws_drop_graphs(m);
-    float **bufs[] = {&w->x, &w->h, &w->qa, &w->q, &w->ckv, &w->attn, &w->gu, &w->act, &w->mo, &w->rlog, &w->hl,
-                      &w->logits, &w->ew};
+static void ws_release(pd_model_rank *rk) {
+    pd_fwd_ws *w = &rk->ws;
+    pd_backend *be = rk->be;
+    ws_drop_graphs(rk);
+    float **bufs[] = {&w->x, &w->h,    &w->qa, &w->q,  &w->ckv,    &w->attn, &w->gu,
+                      &w->act, &w->mo, &w->rlog, &w->hl, &w->logits, &w->ew,   &w->zeros};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i])
             be->ops->free(be, *bufs[i]);
@@ -68,19 +75,24 @@ static void ws_release(pd_model *m) {
     w->cap_t = w->cap_out = w->cap_seqs = w->cap_blocks = 0;
 }
 
-void pd_fwd_ws_free(pd_model *m) {
-    ws_release(m);
+void pd_fwd_ws_free(pd_model_rank *rk) {
+    ws_release(rk);
 }
 
 /* Makes the buffers hold a step of T tokens, n_out logits rows, n_seqs
  * sequences and n_blocks decode block-table entries. Growth rounds up, so
  * that a server settles after its first few steps. */
-static pd_status ws_reserve(pd_model *m, int T, int n_out, int n_seqs, int n_blocks, pd_err *err) {
-    pd_fwd_ws *w = &m->ws;
-    if (T <= w->cap_t && n_out <= w->cap_out && n_seqs <= w->cap_seqs && n_blocks <= w->cap_blocks)
+static bool ws_fits(const pd_fwd_ws *w, int T, int n_out, int n_seqs, int n_blocks) {
+    return T <= w->cap_t && n_out <= w->cap_out && n_seqs <= w->cap_seqs && n_blocks <= w->cap_blocks;
+}
+
+static pd_status ws_reserve(const pd_model *m, pd_model_rank *rk, int T, int n_out, int n_seqs, int n_blocks,
+                            pd_err *err) {
+    pd_fwd_ws *w = &rk->ws;
+    if (ws_fits(w, T, n_out, n_seqs, n_blocks))
         return PD_OK;
     const pd_model_config *c = &m->cfg;
-    pd_backend *be = m->be;
+    pd_backend *be = rk->be;
     int cap_t = T > w->cap_t ? T : w->cap_t, cap_out = n_out > w->cap_out ? n_out : w->cap_out;
     int cap_seqs = n_seqs > w->cap_seqs ? n_seqs : w->cap_seqs;
     int cap_blocks = n_blocks > w->cap_blocks ? 2 * n_blocks : w->cap_blocks;
@@ -88,19 +100,22 @@ static pd_status ws_reserve(pd_model *m, int T, int n_out, int n_seqs, int n_blo
     if (cap_out < 16) cap_out = 16;
     if (cap_seqs < 64) cap_seqs = 64;
     if (cap_blocks < 1024) cap_blocks = 1024;
-    ws_release(m);
+    ws_release(rk);
     w->gen++;
     w->cap_t = cap_t;
     w->cap_out = cap_out;
     w->cap_seqs = cap_seqs;
     w->cap_blocks = cap_blocks;
     size_t Tn = (size_t)cap_t;
-    int H = c->hidden_size, nh = c->num_attention_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    int H = c->hidden_size, nh = rk->n_heads, qd = c->qk_nope_head_dim + c->qk_rope_head_dim;
     int D = c->kv_lora_rank + c->qk_rope_head_dim, topk = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
     int inter_max = c->intermediate_size;
     int moe_shared = c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
     if (moe_shared > inter_max) inter_max = moe_shared;
     if (c->moe_intermediate_size > inter_max) inter_max = c->moe_intermediate_size;
+    inter_max /= rk->n_ranks; /* every intermediate size is divided evenly */
+    bool lm = rk->rank == 0; /* only rank 0 computes logits */
+    bool zeros = rk->n_ranks > 1 && c->n_shared_experts == 0;
     const size_t f = sizeof(float);
     w->x = be->ops->alloc(be, Tn * H * f);
     w->h = be->ops->alloc(be, Tn * H * f);
@@ -114,15 +129,16 @@ static pd_status ws_reserve(pd_model *m, int T, int n_out, int n_seqs, int n_blo
     w->rlog = c->n_routed_experts > 0 ? be->ops->alloc(be, Tn * c->n_routed_experts * f) : NULL;
     w->eids = be->ops->alloc(be, Tn * topk * sizeof(int32_t));
     w->ew = be->ops->alloc(be, Tn * topk * f);
-    w->hl = be->ops->alloc(be, (size_t)cap_out * H * f);
-    w->logits = be->ops->alloc(be, (size_t)cap_out * c->vocab_size * f);
+    w->hl = lm ? be->ops->alloc(be, (size_t)cap_out * H * f) : NULL;
+    w->logits = lm ? be->ops->alloc(be, (size_t)cap_out * c->vocab_size * f) : NULL;
+    w->zeros = zeros ? be->ops->alloc(be, Tn * H * f) : NULL;
     w->args = be->ops->alloc(be, args_ints(w) * sizeof(int32_t));
     w->hargs = be->ops->host_alloc ? be->ops->host_alloc(be, args_ints(w) * sizeof(int32_t))
                                    : malloc(args_ints(w) * sizeof(int32_t));
     if (!w->x || !w->h || (c->q_lora_rank > 0 && !w->qa) || !w->q || !w->ckv || !w->attn || !w->gu || !w->act ||
-        !w->mo || (c->n_routed_experts > 0 && !w->rlog) || !w->eids || !w->ew || !w->hl || !w->logits || !w->args ||
-        !w->hargs) {
-        ws_release(m);
+        !w->mo || (c->n_routed_experts > 0 && !w->rlog) || !w->eids || !w->ew || (lm && (!w->hl || !w->logits)) ||
+        (zeros && !w->zeros) || !w->args || !w->hargs) {
+        ws_release(rk);
         return pd_err_set(err, PD_ERR_NOMEM, "forward: out of memory for buffers of %d tokens", T);
     }
     return PD_OK;
@@ -133,19 +149,30 @@ static pd_status ws_reserve(pd_model *m, int T, int n_out, int n_seqs, int n_blo
 /* Queues the step over the uploaded arguments. Only the prefill chunks'
  * attention reads host memory (their block tables); a step of decode
  * tokens only queues nothing that waits on the host. */
-static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, int n_seqs, int T, int n_out) {
+/* x += Σ over ranks of partial[rank] (T rows of H): the ranks' partial sums
+ * of a row-parallel product added up in place, then the residual add. */
+static void add_reduced(pd_model_rank *rk, int T, int H, float *x, float *partial) {
+    pd_backend *be = rk->be;
+    be->ops->all_reduce_sum(be, partial, (size_t)T * H);
+    be->ops->add(be, (size_t)T * H, x, partial);
+}
+
+static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, const pd_batch_seq *seqs, int n_seqs,
+                      int T, int n_out) {
     const pd_model_config *c = &m->cfg;
-    pd_backend *be = m->be;
-    pd_fwd_ws *w = &m->ws;
-    int H = c->hidden_size, nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim;
+    pd_backend *be = rk->be;
+    pd_fwd_ws *w = &rk->ws;
+    bool tp = rk->n_ranks > 1;
+    int H = c->hidden_size, nh = rk->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim;
     int dv = c->v_head_dim, kvr = c->kv_lora_rank, qd = dn + dr, D = kvr + dr;
     const int32_t *ids = w->args, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
     const int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
     float *x = w->x, *h = w->h, *q = w->q, *ckv = w->ckv, *attn = w->attn;
+    float *cache = kv->rank_data[rk->rank];
 
-    be->ops->embed_ids(be, T, H, ids, &m->embed, x);
+    be->ops->embed_ids(be, T, H, ids, &rk->embed, x);
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        const pd_layer_weights *L = &m->layers[l];
+        const pd_layer_weights *L = &rk->layers[l];
         /* ---- attention ---- */
         be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
         if (c->q_lora_rank > 0) {
@@ -156,12 +183,12 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
         } else {
             be->ops->gemm(be, T, h, &L->q, q, false);
         }
-        be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, m->inv_freq_b, m->rope_mscale);
+        be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, rk->inv_freq_b, m->rope_mscale);
         be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
         be->ops->rmsnorm(be, T, kvr, ckv, D, L->kv_a_norm, c->rms_norm_eps, ckv, D);
-        be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, m->inv_freq_b, m->rope_mscale);
+        be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, rk->inv_freq_b, m->rope_mscale);
         /* the new tokens' (c_KV, k_pe) into their cache slots */
-        be->ops->kv_store(be, T, D, ckv, D, kv->data, slots, (size_t)l * kv->block_size);
+        be->ops->kv_store(be, T, D, ckv, D, cache, slots, (size_t)l * kv->block_size);
         for (int s = 0, t = 0; s < n_seqs;) {
             if (seqs[s].n_tokens == 1) { /* a run of decode tokens: one batched call */
                 int s0 = s;
@@ -170,7 +197,7 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
                 pd_mla_decode_args d = {
                     .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .v_dim = dv, .kv_lora_rank = kvr,
                     .softmax_scale = m->softmax_scale, .n_seqs = s - s0, .q = q + (size_t)t * nh * qd,
-                    .cache = kv->data, .n_layers = kv->n_layers, .layer = l, .block_size = kv->block_size,
+                    .cache = cache, .n_layers = kv->n_layers, .layer = l, .block_size = kv->block_size,
                     .seq_lens = lens + s0, .block_off = boff + s0, .blocks = blocks, .kv_b = &L->kv_b,
                     .out = attn + (size_t)t * nh * dv,
                 };
@@ -182,7 +209,7 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
             pd_mla_args a = {
                 .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .v_dim = dv, .kv_lora_rank = kvr,
                 .softmax_scale = m->softmax_scale, .n_q = b->n_tokens, .start_pos = b->kv->num_tokens,
-                .q = q + (size_t)t * nh * qd, .cache = kv->data, .n_layers = kv->n_layers, .layer = l,
+                .q = q + (size_t)t * nh * qd, .cache = cache, .n_layers = kv->n_layers, .layer = l,
                 .block_size = kv->block_size, .block_table = b->kv->block_table, .kv_b = &L->kv_b,
                 .absorbed = false, .out = attn + (size_t)t * nh * dv,
             };
@@ -190,11 +217,18 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
             t += b->n_tokens;
             s++;
         }
-        be->ops->gemm(be, T, attn, &L->o, x, true); /* x += W_o · a */
+        if (!tp) {
+            be->ops->gemm(be, T, attn, &L->o, x, true); /* x += W_o · a */
+        } else {
+            be->ops->gemm(be, T, attn, &L->o, w->mo, false); /* this rank's heads' share of W_o · a */
+            add_reduced(rk, T, H, x, w->mo);
+        }
         /* ---- MLP / MoE ---- */
         be->ops->rmsnorm(be, T, H, x, H, L->post_norm, c->rms_norm_eps, h, H);
         if (!L->is_moe) {
-            mlp_forward(be, &L->mlp, T, h, w->gu, w->act, x, true);
+            mlp_forward(be, &L->mlp, T, h, w->gu, w->act, tp ? w->mo : x, !tp);
+            if (tp)
+                add_reduced(rk, T, H, x, w->mo);
             continue;
         }
         be->ops->gemm(be, T, h, &L->router, w->rlog, false);
@@ -205,19 +239,26 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
             .routed_scaling_factor = c->routed_scaling_factor, .e_score_correction_bias = L->router_bias,
         };
         be->ops->moe_route_ids(be, T, w->rlog, &rp, w->eids, w->ew);
-        /* x += shared(h) + routed(h); without shared experts the routed
-         * outputs go straight into x */
-        float *mo = c->n_shared_experts > 0 ? w->mo : x;
+        /* x += shared(h) + routed(h); with one rank and no shared experts
+         * the routed outputs go straight into x, else they add up in mo
+         * (the experts accumulate into it: zeros first without shared ones) */
+        float *mo = c->n_shared_experts > 0 || tp ? w->mo : x;
         if (c->n_shared_experts > 0)
             mlp_forward(be, &L->shared, T, h, w->gu, w->act, mo, false);
-        be->ops->moe_experts_ids(be, T, H, c->moe_intermediate_size, h, w->eids, w->ew, c->num_experts_per_tok,
-                                 c->n_routed_experts, L->experts_gate_up, L->experts_down, mo);
-        if (c->n_shared_experts > 0)
+        else if (tp)
+            be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
+        be->ops->moe_experts_ids(be, T, H, c->moe_intermediate_size / rk->n_ranks, h, w->eids, w->ew,
+                                 c->num_experts_per_tok, c->n_routed_experts, L->experts_gate_up, L->experts_down, mo);
+        if (tp)
+            add_reduced(rk, T, H, x, mo);
+        else if (c->n_shared_experts > 0)
             be->ops->add(be, (size_t)T * H, x, mo);
     }
+    if (rk->rank != 0)
+        return; /* x is the same on every rank: rank 0 alone computes the logits */
     /* ---- final norm and lm_head on the rows asked for ---- */
     if (n_out == T) { /* every row (decode steps; all_logits) */
-        be->ops->rmsnorm(be, T, H, x, H, m->final_norm, c->rms_norm_eps, w->hl, H);
+        be->ops->rmsnorm(be, T, H, x, H, rk->final_norm, c->rms_norm_eps, w->hl, H);
     } else {
         int r = 0;
         for (int s = 0, t = 0; s < n_seqs; s++) {
@@ -227,21 +268,21 @@ static void fwd_queue(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, in
                 be->ops->copy(be, w->hl + (size_t)r * H, x + (size_t)(t + i) * H, (size_t)H * sizeof(float));
             t += b->n_tokens;
         }
-        be->ops->rmsnorm(be, n_out, H, w->hl, H, m->final_norm, c->rms_norm_eps, w->hl, H);
+        be->ops->rmsnorm(be, n_out, H, w->hl, H, rk->final_norm, c->rms_norm_eps, w->hl, H);
     }
-    be->ops->gemm(be, n_out, w->hl, &m->lm_head, w->logits, false);
+    be->ops->gemm(be, n_out, w->hl, &rk->lm_head, w->logits, false);
 }
 
 /* Replays the step's graph when one was recorded for this many sequences
  * over this cache and these buffers; true when it ran. */
-static bool graph_replay(pd_model *m, pd_kv_cache *kv, int n_seqs) {
-    pd_fwd_ws *w = &m->ws;
-    pd_backend *be = m->be;
+static bool graph_replay(pd_model_rank *rk, const float *cache, int n_seqs) {
+    pd_fwd_ws *w = &rk->ws;
+    pd_backend *be = rk->be;
     if (w->no_graphs || !be->ops->graph_begin || n_seqs > PD_FWD_MAX_GRAPH_SEQS)
         return false;
     if (!w->graphs[n_seqs].graph)
         return false;
-    if (w->graphs[n_seqs].cache == kv->data && w->graphs[n_seqs].gen == w->gen &&
+    if (w->graphs[n_seqs].cache == cache && w->graphs[n_seqs].gen == w->gen &&
         be->ops->graph_launch(be, w->graphs[n_seqs].graph) == PD_OK)
         return true;
     be->ops->graph_free(be, w->graphs[n_seqs].graph); /* stale: record it again */
@@ -249,29 +290,89 @@ static bool graph_replay(pd_model *m, pd_kv_cache *kv, int n_seqs) {
     return false;
 }
 
-static void graph_record(pd_model *m, pd_kv_cache *kv, const pd_batch_seq *seqs, int n_seqs) {
-    pd_fwd_ws *w = &m->ws;
-    pd_backend *be = m->be;
+static void graph_record(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, const pd_batch_seq *seqs,
+                         int n_seqs) {
+    pd_fwd_ws *w = &rk->ws;
+    pd_backend *be = rk->be;
     if (w->no_graphs || !be->ops->graph_begin || n_seqs > PD_FWD_MAX_GRAPH_SEQS)
         return;
     void *g = NULL;
     if (be->ops->graph_begin(be) != PD_OK)
         return; /* switched off for now */
-    fwd_queue(m, kv, seqs, n_seqs, n_seqs, n_seqs);
+    fwd_queue(m, rk, kv, seqs, n_seqs, n_seqs, n_seqs);
     if (be->ops->graph_end(be, &g) != PD_OK) {
         w->no_graphs = true; /* this model's steps cannot be recorded */
         return;
     }
     w->graphs[n_seqs].graph = g;
-    w->graphs[n_seqs].cache = kv->data;
+    w->graphs[n_seqs].cache = kv->rank_data[rk->rank];
     w->graphs[n_seqs].gen = w->gen;
+}
+
+/* One step, as every rank runs it (each on its own thread). */
+typedef struct {
+    const pd_model *m;
+    pd_kv_cache *kv;
+    const pd_batch_seq *seqs;
+    int n_seqs, T, n_out, n_blocks;
+    bool decode_only;
+    float *logits; /* host, rank 0 writes it */
+    pd_status status[PD_TP_MAX_RANKS]; /* of reserve_on_rank */
+    pd_err err[PD_TP_MAX_RANKS];
+} step_job;
+
+static void reserve_on_rank(void *arg, int rank) {
+    step_job *j = arg;
+    j->status[rank] = ws_reserve(j->m, &j->m->ranks[rank], j->T, j->n_out, j->n_seqs, j->n_blocks, &j->err[rank]);
+}
+
+static void step_on_rank(void *arg, int rank) {
+    step_job *j = arg;
+    const pd_model *m = j->m;
+    pd_model_rank *rk = &m->ranks[rank];
+    pd_kv_cache *kv = j->kv;
+    pd_backend *be = rk->be;
+    const pd_batch_seq *seqs = j->seqs;
+    int n_seqs = j->n_seqs;
+    pd_fwd_ws *w = &rk->ws;
+
+    /* host arguments, in the layout of w->args */
+    int32_t *ids = w->hargs, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
+    int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
+    int nb = 0;
+    for (int s = 0, t = 0; s < n_seqs; s++) {
+        const pd_seq_kv *sk = seqs[s].kv;
+        for (int i = 0; i < seqs[s].n_tokens; i++, t++) {
+            int p = sk->num_tokens + i;
+            ids[t] = seqs[s].tokens[i];
+            pos[t] = p;
+            slots[t] = sk->block_table[p / kv->block_size] * kv->n_layers * kv->block_size + p % kv->block_size;
+        }
+        lens[s] = sk->num_tokens + seqs[s].n_tokens;
+        boff[s] = nb;
+        if (seqs[s].n_tokens == 1) {
+            int nblk = (lens[s] + kv->block_size - 1) / kv->block_size;
+            memcpy(blocks + nb, sk->block_table, (size_t)nblk * sizeof(int32_t));
+            nb += nblk;
+        }
+    }
+    be->ops->upload(be, w->args, w->hargs, (size_t)(blocks + nb - w->hargs) * sizeof(int32_t));
+
+    bool replayed = j->decode_only && graph_replay(rk, kv->rank_data[rank], n_seqs);
+    if (!replayed)
+        fwd_queue(m, rk, kv, seqs, n_seqs, j->T, j->n_out);
+    if (rank == 0)
+        be->ops->download(be, j->logits, w->logits, (size_t)j->n_out * m->cfg.vocab_size * sizeof(float));
+    if (j->decode_only && !replayed)
+        graph_record(m, rk, kv, seqs, n_seqs);
 }
 
 pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, float *logits, pd_err *err) {
     const pd_model_config *c = &m->cfg;
-    pd_backend *be = m->be;
     int T = 0, n_out = 0, n_blocks = 0;
     bool decode_only = n_seqs > 0;
+    if (kv->m != m)
+        return pd_err_set(err, PD_ERR_INVALID, "the KV cache belongs to another model");
     for (int s = 0; s < n_seqs; s++) {
         pd_batch_seq *b = &seqs[s];
         if (b->n_tokens <= 0)
@@ -298,39 +399,21 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
         else
             decode_only = false;
     }
-    pd_status st = ws_reserve(m, T, n_out, n_seqs, n_blocks, err);
-    if (st != PD_OK)
-        return st;
-    pd_fwd_ws *w = &m->ws;
-
-    /* host arguments, in the layout of w->args */
-    int32_t *ids = w->hargs, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
-    int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
-    int nb = 0;
-    for (int s = 0, t = 0; s < n_seqs; s++) {
-        const pd_seq_kv *sk = seqs[s].kv;
-        for (int i = 0; i < seqs[s].n_tokens; i++, t++) {
-            int p = sk->num_tokens + i;
-            ids[t] = seqs[s].tokens[i];
-            pos[t] = p;
-            slots[t] = sk->block_table[p / kv->block_size] * kv->n_layers * kv->block_size + p % kv->block_size;
-        }
-        lens[s] = sk->num_tokens + seqs[s].n_tokens;
-        boff[s] = nb;
-        if (seqs[s].n_tokens == 1) {
-            int nblk = (lens[s] + kv->block_size - 1) / kv->block_size;
-            memcpy(blocks + nb, sk->block_table, (size_t)nblk * sizeof(int32_t));
-            nb += nblk;
-        }
+    step_job *j = &(step_job){.m = m, .kv = kv, .seqs = seqs, .n_seqs = n_seqs, .T = T, .n_out = n_out,
+                              .n_blocks = n_blocks, .decode_only = decode_only, .logits = logits};
+    /* Buffers first, on every rank, and the step only when every rank has
+     * them: a rank that stopped halfway would leave the others waiting in
+     * all_reduce_sum. */
+    bool fits = true;
+    for (int r = 0; r < m->n_ranks; r++)
+        fits = fits && ws_fits(&m->ranks[r].ws, T, n_out, n_seqs, n_blocks);
+    if (!fits) {
+        pd_tp_run(m->team, m->n_ranks, reserve_on_rank, j);
+        for (int r = 0; r < m->n_ranks; r++)
+            if (j->status[r] != PD_OK)
+                return pd_err_set(err, j->status[r], "%s", j->err[r].msg);
     }
-    be->ops->upload(be, w->args, w->hargs, (size_t)(blocks + nb - w->hargs) * sizeof(int32_t));
-
-    bool replayed = decode_only && graph_replay(m, kv, n_seqs);
-    if (!replayed)
-        fwd_queue(m, kv, seqs, n_seqs, T, n_out);
-    be->ops->download(be, logits, w->logits, (size_t)n_out * c->vocab_size * sizeof(float));
-    if (decode_only && !replayed)
-        graph_record(m, kv, seqs, n_seqs);
+    pd_tp_run(m->team, m->n_ranks, step_on_rank, j);
     for (int s = 0; s < n_seqs; s++)
         seqs[s].kv->num_tokens += seqs[s].n_tokens;
     return PD_OK;

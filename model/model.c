@@ -1,4 +1,5 @@
-/* Loading a checkpoint onto a backend, and the paged latent KV cache. */
+/* Loading a checkpoint onto a backend (one rank's shard per backend with
+ * tensor parallelism), and the paged latent KV cache. */
 #include "model_impl.h"
 
 #include <math.h>
@@ -54,10 +55,16 @@ static void rope_init(pd_model *m) {
 
 typedef struct {
     pd_model *m;
+    pd_model_rank *rk; /* the rank being loaded */
     pd_safetensors *st;
     const char *dir;
     pd_err *err;
 } loader;
+
+/* Which part of a weight a rank holds: all of it (replicated), its share of
+ * the rows (output features: heads, intermediate units) or of the columns
+ * (input features), the shares in rank order. */
+typedef enum { PART_ALL, PART_ROWS, PART_COLS } tp_part;
 
 /* Reads tensor `name` of shape [rows, cols] (cols 0: 1-D) as fp32 into a
  * fresh host buffer, dequantising FP8 blocks (value × weight_scale_inv). */
@@ -122,30 +129,59 @@ static pd_status load_f32(loader *ld, const char *name, int64_t rows, int64_t co
  * bf16 (a wrong shape or a missing tensor takes the fp32 path, which says
  * what is wrong). */
 static bool bf16_direct(loader *ld, const char *name, int64_t rows, int64_t cols) {
-    const pd_backend_i *ops = ld->m->be->ops;
+    const pd_backend_i *ops = ld->rk->be->ops;
     const pd_st_tensor *t = pd_st_find(ld->st, name);
     return ops->weight_alloc && ops->weight_set_bf16 && t && t->dtype == PD_DT_BF16 && t->ndim == 2 &&
            t->shape[0] == rows && t->shape[1] == cols;
 }
 
-static pd_status load_weight(loader *ld, const char *name, int64_t rows, int64_t cols, pd_weight *w) {
-    pd_backend *be = ld->m->be;
-    if (bf16_direct(ld, name, rows, cols)) {
-        pd_status st = be->ops->weight_alloc(be, (int)rows, (int)cols, w);
-        if (st == PD_OK)
-            st = be->ops->weight_set_bf16(be, w, 0, (int)rows, pd_st_find(ld->st, name)->data);
-        if (st != PD_OK)
-            return pd_err_set(ld->err, st, "%s: cannot place '%s' on the %s backend", ld->dir, name, be->ops->name);
-        return PD_OK;
+/* Columns [c0, c0 + nc) of a row-major [rows, cols] matrix of esz-byte
+ * elements, as a fresh [rows, nc] matrix; NULL when out of memory. */
+static void *cols_copy(const void *src, size_t esz, int64_t rows, int64_t cols, int64_t c0, int64_t nc) {
+    char *d = malloc((size_t)(rows * nc) * esz);
+    if (!d)
+        return NULL;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(d + (size_t)(r * nc) * esz, (const char *)src + (size_t)(r * cols + c0) * esz, (size_t)nc * esz);
+    return d;
+}
+
+/* Loads this rank's `part` of the [rows, cols] weight `name`. */
+static pd_status load_weight(loader *ld, const char *name, int64_t rows, int64_t cols, tp_part part, pd_weight *w) {
+    pd_backend *be = ld->rk->be;
+    int64_t r0 = 0, nr = rows, c0 = 0, nc = cols;
+    if (part == PART_ROWS) {
+        nr = rows / ld->rk->n_ranks;
+        r0 = nr * ld->rk->rank;
+    } else if (part == PART_COLS) {
+        nc = cols / ld->rk->n_ranks;
+        c0 = nc * ld->rk->rank;
     }
-    float *h;
-    pd_status st = load_f32(ld, name, rows, cols, &h);
+    pd_status st;
+    if (bf16_direct(ld, name, rows, cols)) {
+        const uint16_t *src = (const uint16_t *)pd_st_find(ld->st, name)->data + r0 * cols;
+        uint16_t *part_cols = nc < cols ? cols_copy(src, sizeof *src, rows, cols, c0, nc) : NULL;
+        if (nc < cols && !part_cols)
+            return pd_err_set(ld->err, PD_ERR_NOMEM, "%s: out of memory loading '%s'", ld->dir, name);
+        st = be->ops->weight_alloc(be, (int)nr, (int)nc, w);
+        if (st == PD_OK)
+            st = be->ops->weight_set_bf16(be, w, 0, (int)nr, part_cols ? part_cols : src);
+        free(part_cols);
+    } else {
+        float *h;
+        if ((st = load_f32(ld, name, rows, cols, &h)) != PD_OK)
+            return st;
+        float *part_cols = nc < cols ? cols_copy(h, sizeof *h, rows, cols, c0, nc) : NULL;
+        if (nc < cols && !part_cols) {
+            free(h);
+            return pd_err_set(ld->err, PD_ERR_NOMEM, "%s: out of memory loading '%s'", ld->dir, name);
+        }
+        st = be->ops->weight_from_f32(be, part_cols ? part_cols : h + r0 * cols, (int)nr, (int)nc, w);
+        free(part_cols);
+        free(h);
+    }
     if (st != PD_OK)
-        return st;
-    st = ld->m->be->ops->weight_from_f32(ld->m->be, h, (int)rows, (int)cols, w);
-    free(h);
-    if (st != PD_OK)
-        return pd_err_set(ld->err, st, "%s: cannot place '%s' on the %s backend", ld->dir, name, ld->m->be->ops->name);
+        return pd_err_set(ld->err, st, "%s: cannot place '%s' on the %s backend", ld->dir, name, be->ops->name);
     return PD_OK;
 }
 
@@ -154,7 +190,7 @@ static pd_status load_vec(loader *ld, const char *name, int64_t n, float **out) 
     pd_status st = load_f32(ld, name, n, 0, &h);
     if (st != PD_OK)
         return st;
-    pd_backend *be = ld->m->be;
+    pd_backend *be = ld->rk->be;
     *out = be->ops->alloc(be, (size_t)n * sizeof(float));
     if (!*out) {
         free(h);
@@ -165,56 +201,183 @@ static pd_status load_vec(loader *ld, const char *name, int64_t n, float **out) 
     return PD_OK;
 }
 
-/* gate_proj and up_proj stacked into one [2I, H] weight. */
+/* gate_proj and up_proj, this rank's rows of each, stacked into one
+ * [2I, H] weight; down_proj's matching columns. */
 static pd_status load_mlp(loader *ld, const char *prefix, int64_t h, int64_t inter, pd_mlp_weights *mw) {
     char n1[192], n2[192], n3[192];
     snprintf(n1, sizeof n1, "%s.gate_proj.weight", prefix);
     snprintf(n2, sizeof n2, "%s.up_proj.weight", prefix);
     snprintf(n3, sizeof n3, "%s.down_proj.weight", prefix);
-    pd_backend *be = ld->m->be;
+    pd_backend *be = ld->rk->be;
+    int64_t il = inter / ld->rk->n_ranks, r0 = il * ld->rk->rank;
+    pd_status st;
     if (bf16_direct(ld, n1, inter, h) && bf16_direct(ld, n2, inter, h)) {
-        pd_status st = be->ops->weight_alloc(be, (int)(2 * inter), (int)h, &mw->gate_up);
+        const uint16_t *g = pd_st_find(ld->st, n1)->data, *u = pd_st_find(ld->st, n2)->data;
+        st = be->ops->weight_alloc(be, (int)(2 * il), (int)h, &mw->gate_up);
         if (st == PD_OK)
-            st = be->ops->weight_set_bf16(be, &mw->gate_up, 0, (int)inter, pd_st_find(ld->st, n1)->data);
+            st = be->ops->weight_set_bf16(be, &mw->gate_up, 0, (int)il, g + r0 * h);
         if (st == PD_OK)
-            st = be->ops->weight_set_bf16(be, &mw->gate_up, (int)inter, (int)inter, pd_st_find(ld->st, n2)->data);
-        if (st != PD_OK)
-            return pd_err_set(ld->err, st, "cannot place '%s' on the backend", n1);
-        mw->inter = (int)inter;
-        return load_weight(ld, n3, h, inter, &mw->down);
-    }
-    float *g, *u;
-    pd_status st = load_f32(ld, n1, inter, h, &g);
-    if (st != PD_OK)
-        return st;
-    st = load_f32(ld, n2, inter, h, &u);
-    if (st != PD_OK) {
-        free(g);
-        return st;
-    }
-    float *gu = malloc((size_t)(2 * inter * h) * sizeof(float));
-    if (!gu) {
+            st = be->ops->weight_set_bf16(be, &mw->gate_up, (int)il, (int)il, u + r0 * h);
+    } else {
+        float *g, *u;
+        if ((st = load_f32(ld, n1, inter, h, &g)) != PD_OK)
+            return st;
+        if ((st = load_f32(ld, n2, inter, h, &u)) != PD_OK) {
+            free(g);
+            return st;
+        }
+        float *gu = malloc((size_t)(2 * il * h) * sizeof(float));
+        if (!gu) {
+            free(g);
+            free(u);
+            return pd_err_set(ld->err, PD_ERR_NOMEM, "out of memory");
+        }
+        memcpy(gu, g + r0 * h, (size_t)(il * h) * sizeof(float));
+        memcpy(gu + il * h, u + r0 * h, (size_t)(il * h) * sizeof(float));
         free(g);
         free(u);
-        return pd_err_set(ld->err, PD_ERR_NOMEM, "out of memory");
+        st = be->ops->weight_from_f32(be, gu, (int)(2 * il), (int)h, &mw->gate_up);
+        free(gu);
     }
-    memcpy(gu, g, (size_t)(inter * h) * sizeof(float));
-    memcpy(gu + inter * h, u, (size_t)(inter * h) * sizeof(float));
-    free(g);
-    free(u);
-    st = ld->m->be->ops->weight_from_f32(ld->m->be, gu, (int)(2 * inter), (int)h, &mw->gate_up);
-    free(gu);
     if (st != PD_OK)
         return pd_err_set(ld->err, st, "cannot place '%s' on the backend", n1);
-    mw->inter = (int)inter;
-    return load_weight(ld, n3, h, inter, &mw->down);
+    mw->inter = (int)il;
+    return load_weight(ld, n3, h, inter, PART_COLS, &mw->down);
+}
+
+/* Loads rank ld->rk's shard: every tensor the config implies, in the
+ * checkpoint's order of layers. */
+static pd_status load_rank(loader *ld) {
+    const pd_model_config *c = &ld->m->cfg;
+    pd_model_rank *rk = ld->rk;
+    pd_backend *be = rk->be;
+    int64_t h = c->hidden_size, nh = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    rk->n_heads = (int)(nh / rk->n_ranks);
+    rk->layers = pd_xcalloc((size_t)c->num_hidden_layers, sizeof *rk->layers);
+    pd_status st = load_weight(ld, "model.embed_tokens.weight", c->vocab_size, h, PART_ALL, &rk->embed);
+    for (int i = 0; i < c->num_hidden_layers && st == PD_OK; i++) {
+        pd_layer_weights *L = &rk->layers[i];
+        char p[160], n[256];
+#define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
+        snprintf(p, sizeof p, "model.layers.%d", i);
+        if (st == PD_OK) st = load_vec(ld, NAME("input_layernorm.weight"), h, &L->input_norm);
+        if (st == PD_OK) st = load_vec(ld, NAME("post_attention_layernorm.weight"), h, &L->post_norm);
+        if (c->q_lora_rank > 0) {
+            if (st == PD_OK)
+                st = load_weight(ld, NAME("self_attn.q_a_proj.weight"), c->q_lora_rank, h, PART_ALL, &L->q_a);
+            if (st == PD_OK) st = load_vec(ld, NAME("self_attn.q_a_layernorm.weight"), c->q_lora_rank, &L->q_a_norm);
+            if (st == PD_OK)
+                st = load_weight(ld, NAME("self_attn.q_b_proj.weight"), nh * qk, c->q_lora_rank, PART_ROWS, &L->q_b);
+        } else if (st == PD_OK) {
+            st = load_weight(ld, NAME("self_attn.q_proj.weight"), nh * qk, h, PART_ROWS, &L->q);
+        }
+        if (st == PD_OK)
+            st = load_weight(ld, NAME("self_attn.kv_a_proj_with_mqa.weight"), c->kv_lora_rank + c->qk_rope_head_dim, h,
+                             PART_ALL, &L->kv_a);
+        if (st == PD_OK) st = load_vec(ld, NAME("self_attn.kv_a_layernorm.weight"), c->kv_lora_rank, &L->kv_a_norm);
+        if (st == PD_OK)
+            st = load_weight(ld, NAME("self_attn.kv_b_proj.weight"), nh * (c->qk_nope_head_dim + c->v_head_dim),
+                             c->kv_lora_rank, PART_ROWS, &L->kv_b);
+        if (st == PD_OK)
+            st = load_weight(ld, NAME("self_attn.o_proj.weight"), h, nh * c->v_head_dim, PART_COLS, &L->o);
+        L->is_moe = pd_config_layer_is_moe(c, i);
+        if (!L->is_moe) {
+            snprintf(n, sizeof n, "%s.mlp", p);
+            if (st == PD_OK) st = load_mlp(ld, n, h, c->intermediate_size, &L->mlp);
+            continue;
+        }
+        if (st == PD_OK) st = load_weight(ld, NAME("mlp.gate.weight"), c->n_routed_experts, h, PART_ALL, &L->router);
+        if (st == PD_OK && c->arch == PD_ARCH_DEEPSEEK_V3)
+            st = load_vec(ld, NAME("mlp.gate.e_score_correction_bias"), c->n_routed_experts, &L->router_bias);
+        L->experts_gate_up = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
+        L->experts_down = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
+        for (int e = 0; e < c->n_routed_experts && st == PD_OK; e++) {
+            pd_mlp_weights mw;
+            char ep[200];
+            snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);
+            st = load_mlp(ld, ep, h, c->moe_intermediate_size, &mw);
+            L->experts_gate_up[e] = mw.gate_up;
+            L->experts_down[e] = mw.down;
+        }
+        if (st == PD_OK && c->n_shared_experts > 0) {
+            snprintf(n, sizeof n, "%s.mlp.shared_experts", p);
+            st = load_mlp(ld, n, h, (int64_t)c->moe_intermediate_size * c->n_shared_experts, &L->shared);
+        }
+#undef NAME
+    }
+    if (st == PD_OK) st = load_vec(ld, "model.norm.weight", h, &rk->final_norm);
+    if (st == PD_OK) {
+        if (c->tie_word_embeddings)
+            rk->lm_head = rk->embed;
+        else
+            st = load_weight(ld, "lm_head.weight", c->vocab_size, h, PART_ALL, &rk->lm_head);
+    }
+    if (st != PD_OK)
+        return st;
+    int half = c->qk_rope_head_dim / 2;
+    rk->inv_freq_b = be->ops->alloc(be, (size_t)(half > 0 ? half : 1) * sizeof(float));
+    if (!rk->inv_freq_b)
+        return pd_err_set(ld->err, PD_ERR_NOMEM, "%s: out of backend memory", ld->dir);
+    be->ops->upload(be, rk->inv_freq_b, ld->m->inv_freq, (size_t)half * sizeof(float));
+    return PD_OK;
+}
+
+/* Tensor parallelism divides heads and intermediate sizes evenly: a size
+ * that does not divide them is refused here, before anything is loaded. */
+static pd_status tp_check(const pd_model_config *c, int n, const char *path, pd_err *err) {
+    bool any_dense = false, any_moe = false;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (pd_config_layer_is_moe(c, l))
+            any_moe = true;
+        else
+            any_dense = true;
+    }
+    const char *what = NULL;
+    int size = 0;
+    if (c->num_attention_heads % n)
+        what = "num_attention_heads", size = c->num_attention_heads;
+    else if (any_dense && c->intermediate_size % n)
+        what = "intermediate_size", size = c->intermediate_size;
+    else if (any_moe && c->moe_intermediate_size % n)
+        what = "moe_intermediate_size", size = c->moe_intermediate_size;
+    if (what)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "%s: tensor parallel size %d does not divide %s (%d); use a size that divides the heads "
+                          "and intermediate sizes",
+                          path, n, what, size);
+    return PD_OK;
+}
+
+typedef struct {
+    pd_model *m;
+    pd_safetensors *st;
+    const char *dir;
+    pd_status status[PD_TP_MAX_RANKS];
+    pd_err err[PD_TP_MAX_RANKS];
+} load_job;
+
+static void load_on_rank(void *arg, int rank) {
+    load_job *j = arg;
+    loader ld = {j->m, &j->m->ranks[rank], j->st, j->dir, &j->err[rank]};
+    j->status[rank] = load_rank(&ld);
 }
 
 pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err *err) {
+    return pd_model_load_tp(dir, &be, 1, m_p, err);
+}
+
+pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks, pd_model **m_p, pd_err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    if (n_ranks < 1 || n_ranks > PD_TP_MAX_RANKS)
+        return pd_err_set(err, PD_ERR_INVALID, "tensor parallel size %d: expected 1 to %d", n_ranks,
+                          PD_TP_MAX_RANKS);
+    for (int r = 0; n_ranks > 1 && r < n_ranks; r++)
+        if (bes[r]->n_ranks != n_ranks || bes[r]->rank != r)
+            return pd_err_set(err, PD_ERR_INVALID, "backend %d is rank %d of %d, not rank %d of %d", r, bes[r]->rank,
+                              bes[r]->n_ranks, r, n_ranks);
     pd_model *m = pd_xcalloc(1, sizeof *m);
-    m->be = be;
+    m->be = bes[0];
     pd_status st = pd_config_load(path, &m->cfg, err);
     if (st != PD_OK) {
         free(m);
@@ -225,83 +388,36 @@ pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err 
         free(m);
         return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s: more than 1024 experts, 256 per token or 256 groups", path);
     }
-    loader ld = {m, NULL, dir, err};
-    st = pd_st_open_dir(dir, &ld.st, err);
-    if (st != PD_OK) {
+    if ((st = tp_check(c, n_ranks, path, err)) != PD_OK) {
         free(m);
         return st;
     }
-    int64_t h = c->hidden_size, nh = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    m->layers = pd_xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
-    st = load_weight(&ld, "model.embed_tokens.weight", c->vocab_size, h, &m->embed);
-    for (int i = 0; i < c->num_hidden_layers && st == PD_OK; i++) {
-        pd_layer_weights *L = &m->layers[i];
-        char p[160], n[256];
-#define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
-        snprintf(p, sizeof p, "model.layers.%d", i);
-        if (st == PD_OK) st = load_vec(&ld, NAME("input_layernorm.weight"), h, &L->input_norm);
-        if (st == PD_OK) st = load_vec(&ld, NAME("post_attention_layernorm.weight"), h, &L->post_norm);
-        if (c->q_lora_rank > 0) {
-            if (st == PD_OK) st = load_weight(&ld, NAME("self_attn.q_a_proj.weight"), c->q_lora_rank, h, &L->q_a);
-            if (st == PD_OK) st = load_vec(&ld, NAME("self_attn.q_a_layernorm.weight"), c->q_lora_rank, &L->q_a_norm);
-            if (st == PD_OK) st = load_weight(&ld, NAME("self_attn.q_b_proj.weight"), nh * qk, c->q_lora_rank, &L->q_b);
-        } else if (st == PD_OK) {
-            st = load_weight(&ld, NAME("self_attn.q_proj.weight"), nh * qk, h, &L->q);
-        }
-        if (st == PD_OK)
-            st = load_weight(&ld, NAME("self_attn.kv_a_proj_with_mqa.weight"), c->kv_lora_rank + c->qk_rope_head_dim, h,
-                             &L->kv_a);
-        if (st == PD_OK) st = load_vec(&ld, NAME("self_attn.kv_a_layernorm.weight"), c->kv_lora_rank, &L->kv_a_norm);
-        if (st == PD_OK)
-            st = load_weight(&ld, NAME("self_attn.kv_b_proj.weight"), nh * (c->qk_nope_head_dim + c->v_head_dim),
-                             c->kv_lora_rank, &L->kv_b);
-        if (st == PD_OK) st = load_weight(&ld, NAME("self_attn.o_proj.weight"), h, nh * c->v_head_dim, &L->o);
-        L->is_moe = pd_config_layer_is_moe(c, i);
-        if (!L->is_moe) {
-            snprintf(n, sizeof n, "%s.mlp", p);
-            if (st == PD_OK) st = load_mlp(&ld, n, h, c->intermediate_size, &L->mlp);
-            continue;
-        }
-        if (st == PD_OK) st = load_weight(&ld, NAME("mlp.gate.weight"), c->n_routed_experts, h, &L->router);
-        if (st == PD_OK && c->arch == PD_ARCH_DEEPSEEK_V3)
-            st = load_vec(&ld, NAME("mlp.gate.e_score_correction_bias"), c->n_routed_experts, &L->router_bias);
-        L->experts_gate_up = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
-        L->experts_down = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
-        for (int e = 0; e < c->n_routed_experts && st == PD_OK; e++) {
-            pd_mlp_weights mw;
-            char ep[200];
-            snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);
-            st = load_mlp(&ld, ep, h, c->moe_intermediate_size, &mw);
-            L->experts_gate_up[e] = mw.gate_up;
-            L->experts_down[e] = mw.down;
-        }
-        if (st == PD_OK && c->n_shared_experts > 0) {
-            snprintf(n, sizeof n, "%s.mlp.shared_experts", p);
-            st = load_mlp(&ld, n, h, (int64_t)c->moe_intermediate_size * c->n_shared_experts, &L->shared);
-        }
-#undef NAME
+    m->n_ranks = n_ranks;
+    m->ranks = pd_xcalloc((size_t)n_ranks, sizeof *m->ranks);
+    for (int r = 0; r < n_ranks; r++)
+        m->ranks[r] = (pd_model_rank){.be = bes[r], .rank = r, .n_ranks = n_ranks};
+    rope_init(m);
+    m->softmax_scale = pd_config_softmax_scale(c);
+    if (n_ranks > 1 && (st = pd_tp_team_init(bes, n_ranks, &m->team, err)) != PD_OK) {
+        pd_model_free(&m);
+        return st;
     }
-    if (st == PD_OK) st = load_vec(&ld, "model.norm.weight", h, &m->final_norm);
+    load_job *j = pd_xcalloc(1, sizeof *j);
+    j->m = m;
+    j->dir = dir;
+    st = pd_st_open_dir(dir, &j->st, err);
     if (st == PD_OK) {
-        if (c->tie_word_embeddings)
-            m->lm_head = m->embed;
-        else
-            st = load_weight(&ld, "lm_head.weight", c->vocab_size, h, &m->lm_head);
+        pd_tp_run(m->team, n_ranks, load_on_rank, j);
+        for (int r = 0; r < n_ranks && st == PD_OK; r++)
+            if ((st = j->status[r]) != PD_OK)
+                pd_err_set(err, st, "%s", j->err[r].msg);
     }
-    pd_st_close(&ld.st);
+    pd_st_close(&j->st);
+    free(j);
     if (st != PD_OK) {
         pd_model_free(&m);
         return st;
     }
-    rope_init(m);
-    m->softmax_scale = pd_config_softmax_scale(c);
-    size_t fb = (size_t)(c->qk_rope_head_dim / 2 > 0 ? c->qk_rope_head_dim / 2 : 1) * sizeof(float);
-    m->inv_freq_b = be->ops->alloc(be, fb);
-    if (!m->inv_freq_b) {
-        pd_model_free(&m);
-        return pd_err_set(err, PD_ERR_NOMEM, "%s: out of backend memory", dir);
-    }
-    be->ops->upload(be, m->inv_freq_b, m->inv_freq, (size_t)(c->qk_rope_head_dim / 2) * sizeof(float));
     *m_p = m;
     return PD_OK;
 }
@@ -316,17 +432,15 @@ static void ffree(pd_backend *be, float *p) {
         be->ops->free(be, p);
 }
 
-void pd_model_free(pd_model **m_p) {
-    if (!m_p || !*m_p)
-        return;
-    pd_model *m = *m_p;
-    pd_backend *be = m->be;
-    pd_fwd_ws_free(m);
-    if (m->inv_freq_b)
-        be->ops->free(be, m->inv_freq_b);
-    if (m->layers) {
+static void free_on_rank(void *arg, int rank) {
+    pd_model *m = arg;
+    pd_model_rank *rk = &m->ranks[rank];
+    pd_backend *be = rk->be;
+    pd_fwd_ws_free(rk);
+    ffree(be, rk->inv_freq_b);
+    if (rk->layers) {
         for (int i = 0; i < m->cfg.num_hidden_layers; i++) {
-            pd_layer_weights *L = &m->layers[i];
+            pd_layer_weights *L = &rk->layers[i];
             ffree(be, L->input_norm);
             ffree(be, L->post_norm);
             ffree(be, L->q_a_norm);
@@ -351,12 +465,22 @@ void pd_model_free(pd_model **m_p) {
             free(L->experts_gate_up);
             free(L->experts_down);
         }
-        free(m->layers);
+        free(rk->layers);
     }
-    if (m->lm_head.data != m->embed.data)
-        wfree(be, &m->lm_head);
-    wfree(be, &m->embed);
-    ffree(be, m->final_norm);
+    if (rk->lm_head.data != rk->embed.data)
+        wfree(be, &rk->lm_head);
+    wfree(be, &rk->embed);
+    ffree(be, rk->final_norm);
+}
+
+void pd_model_free(pd_model **m_p) {
+    if (!m_p || !*m_p)
+        return;
+    pd_model *m = *m_p;
+    if (m->ranks && (m->team || m->n_ranks == 1)) /* else the threads never started: nothing was loaded */
+        pd_tp_run(m->team, m->n_ranks, free_on_rank, m);
+    pd_tp_team_free(&m->team);
+    free(m->ranks);
     free(m->inv_freq);
     free(m);
     *m_p = NULL;
@@ -366,7 +490,32 @@ const pd_model_config *pd_model_config_of(const pd_model *m) {
     return &m->cfg;
 }
 
+int pd_model_tp_size(const pd_model *m) {
+    return m->n_ranks;
+}
+
 /* ---- paged latent KV cache ---- */
+
+typedef struct {
+    pd_kv_cache *kv;
+    size_t bytes;
+    const int *blocks; /* kv_stage: the blocks to copy */
+    int n, dir;
+} kv_job;
+
+static void kv_alloc_on_rank(void *arg, int rank) {
+    kv_job *j = arg;
+    pd_backend *be = j->kv->m->ranks[rank].be;
+    j->kv->rank_data[rank] = be->ops->alloc(be, j->bytes);
+}
+
+static void kv_free_on_rank(void *arg, int rank) {
+    kv_job *j = arg;
+    pd_backend *be = j->kv->m->ranks[rank].be;
+    if (j->kv->rank_data[rank])
+        be->ops->free(be, j->kv->rank_data[rank]);
+    j->kv->rank_data[rank] = NULL;
+}
 
 pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd_kv_cache **kv_p, pd_err *err) {
     if (block_size <= 0 || num_blocks <= 0)
@@ -377,17 +526,22 @@ pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd
         return pd_err_set(err, PD_ERR_LIMIT, "KV cache: %d blocks of %d tokens × %d layers is more than 2^31 rows",
                           num_blocks, block_size, m->cfg.num_hidden_layers);
     pd_kv_cache *kv = pd_xcalloc(1, sizeof *kv);
+    kv->m = m;
     kv->be = m->be;
     kv->block_size = block_size;
     kv->num_blocks = num_blocks;
     kv->n_layers = m->cfg.num_hidden_layers;
     kv->dim = m->cfg.kv_lora_rank + m->cfg.qk_rope_head_dim;
-    size_t bytes = (size_t)num_blocks * pd_kv_cache_block_bytes(kv);
-    kv->data = m->be->ops->alloc(m->be, bytes);
-    if (!kv->data) {
-        free(kv);
-        return pd_err_set(err, PD_ERR_NOMEM, "KV cache: cannot allocate %zu bytes (%d blocks)", bytes, num_blocks);
-    }
+    kv_job j = {.kv = kv, .bytes = (size_t)num_blocks * pd_kv_cache_block_bytes(kv)};
+    pd_tp_run(m->team, m->n_ranks, kv_alloc_on_rank, &j);
+    for (int r = 0; r < m->n_ranks; r++)
+        if (!kv->rank_data[r]) {
+            pd_tp_run(m->team, m->n_ranks, kv_free_on_rank, &j);
+            free(kv);
+            return pd_err_set(err, PD_ERR_NOMEM, "KV cache: cannot allocate %zu bytes (%d blocks) on rank %d", j.bytes,
+                              num_blocks, r);
+        }
+    kv->data = kv->rank_data[0];
     kv->free_list = pd_xmalloc((size_t)num_blocks * sizeof(int));
     for (int i = 0; i < num_blocks; i++)
         kv->free_list[i] = num_blocks - 1 - i; /* pop from the end: block 0 first */
@@ -400,7 +554,8 @@ void pd_kv_cache_free(pd_kv_cache **kv_p) {
     if (!kv_p || !*kv_p)
         return;
     pd_kv_cache *kv = *kv_p;
-    kv->be->ops->free(kv->be, kv->data);
+    kv_job j = {.kv = kv};
+    pd_tp_run(kv->m->team, kv->m->n_ranks, kv_free_on_rank, &j);
     if (kv->host_pool)
         kv->be->ops->host_free(kv->be, kv->host_pool);
     free(kv->free_list);
@@ -442,25 +597,42 @@ void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err) {
     return kv->host_pool;
 }
 
-/* Copies blocks between the cache and its host pool; direction 0: to the
- * pool (download), 1: from it (upload). */
-static pd_status kv_stage(pd_kv_cache *kv, const int *blocks, int n, int dir, pd_err *err) {
-    pd_backend *be = kv->be;
-    if (!be->ops->host_alloc)
-        return PD_OK;
-    if (!kv->host_pool)
-        return pd_err_set(err, PD_ERR_INVALID, "KV cache: no host pool (call pd_kv_cache_host_pool first)");
+/* Rank `rank`'s part of moving blocks between the cache and the host pool.
+ * Out (dir 0): rank 0's copy to the pool (every rank's is the same). In
+ * (dir 1): the pool to every rank's copy; where the pool is rank 0's cache
+ * (host memory), rank 0's blocks to the other ranks' copies. */
+static void kv_stage_on_rank(void *arg, int rank) {
+    kv_job *j = arg;
+    pd_kv_cache *kv = j->kv;
+    pd_backend *be = kv->m->ranks[rank].be;
+    bool pooled = be->ops->host_alloc != NULL;
+    if (j->dir == 0 ? rank != 0 || !pooled : rank == 0 && !pooled)
+        return;
     size_t bb = pd_kv_cache_block_bytes(kv);
-    for (int i = 0; i < n; i++) {
+    const char *src = pooled ? (const char *)kv->host_pool : (const char *)kv->data;
+    for (int i = 0; i < j->n; i++) {
+        size_t off = (size_t)j->blocks[i] * bb;
+        char *d = (char *)kv->rank_data[rank] + off;
+        if (j->dir == 0)
+            be->ops->download(be, (char *)kv->host_pool + off, d, bb);
+        else if (pooled)
+            be->ops->upload(be, d, src + off, bb);
+        else
+            be->ops->copy(be, d, src + off, bb);
+    }
+}
+
+static pd_status kv_stage(pd_kv_cache *kv, const int *blocks, int n, int dir, pd_err *err) {
+    if (kv->be->ops->host_alloc && !kv->host_pool)
+        return pd_err_set(err, PD_ERR_INVALID, "KV cache: no host pool (call pd_kv_cache_host_pool first)");
+    for (int i = 0; i < n; i++)
         if (blocks[i] < 0 || blocks[i] >= kv->num_blocks)
             return pd_err_set(err, PD_ERR_INVALID, "KV cache: block %d outside the cache (%d blocks)", blocks[i],
                               kv->num_blocks);
-        char *h = (char *)kv->host_pool + (size_t)blocks[i] * bb, *d = (char *)kv->data + (size_t)blocks[i] * bb;
-        if (dir == 0)
-            be->ops->download(be, h, d, bb);
-        else
-            be->ops->upload(be, d, h, bb);
-    }
+    if (n == 0 || (!kv->be->ops->host_alloc && kv->m->n_ranks == 1))
+        return PD_OK; /* nothing to copy: the pool is the only copy */
+    kv_job j = {.kv = kv, .blocks = blocks, .n = n, .dir = dir};
+    pd_tp_run(kv->m->team, kv->m->n_ranks, kv_stage_on_rank, &j);
     return PD_OK;
 }
 

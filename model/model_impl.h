@@ -23,10 +23,13 @@ typedef struct {
  * Hugging Face layout and names, in a stable order. */
 void pd_model_tensor_specs(const pd_model_config *cfg, pd_tensor_spec **specs_p, size_t *n_p);
 
+/* Shapes below are one rank's (tensor parallelism, Megatron-LM style, as
+ * DeepSeek-V2/V3 are served): nh = num_attention_heads / n_ranks heads, I
+ * = the intermediate size / n_ranks. With one rank they are the model's. */
 typedef struct {
     pd_weight gate_up; /* [2I, H]: gate rows then up rows */
     pd_weight down;    /* [H, I] */
-    int inter;
+    int inter;         /* I, this rank's */
 } pd_mlp_weights;
 
 typedef struct {
@@ -35,15 +38,15 @@ typedef struct {
     float *q_a_norm;               /* [q_lora_rank] */
     pd_weight kv_a;                /* [kvr + dr, H] */
     float *kv_a_norm;              /* [kvr] */
-    pd_weight kv_b;                /* [nH*(dn+dv), kvr] */
-    pd_weight o;                   /* [H, nH*dv] */
+    pd_weight kv_b;                /* [nh*(dn+dv), kvr] */
+    pd_weight o;                   /* [H, nh*dv] */
     bool is_moe;
     pd_mlp_weights mlp;    /* dense layers */
     pd_weight router;      /* [E, H] */
     float *router_bias;    /* [E] or NULL */
     pd_weight *experts_gate_up; /* [E] */
     pd_weight *experts_down;    /* [E] */
-    pd_mlp_weights shared; /* shared experts (inter = moe_inter * n_shared) */
+    pd_mlp_weights shared; /* shared experts (inter = moe_inter * n_shared / n_ranks) */
 } pd_layer_weights;
 
 /* Decode steps of up to this many sequences are recorded as graphs. */
@@ -58,6 +61,7 @@ typedef struct {
 typedef struct {
     int cap_t, cap_out, cap_seqs, cap_blocks;
     float *x, *h, *qa, *q, *ckv, *attn, *gu, *act, *mo, *rlog, *hl, *logits;
+    float *zeros; /* [cap_t, H] zeros, only for ranks > 1 without shared experts */
     int32_t *eids;
     float *ew;
     int32_t *args, *hargs;
@@ -70,25 +74,57 @@ typedef struct {
     bool no_graphs; /* recording a step failed once: never again */
 } pd_fwd_ws;
 
-void pd_fwd_ws_free(pd_model *m);
-
-struct pd_model {
-    pd_model_config cfg;
+/* One rank's shard of the model and its forward buffers. Tensor
+ * parallelism (Megatron-LM; DeepSeek-V2/V3 served this way): attention
+ * heads are divided over the ranks (q_b_proj / q_proj and kv_b_proj rows,
+ * o_proj columns, by head); the MLA latent path (q_a_proj, kv_a_proj_with_mqa
+ * and their norms) is replicated, so every rank writes the same latent KV
+ * cache; dense MLPs, shared experts and every routed expert are divided
+ * along their intermediate dimension (gate/up rows, down columns); router,
+ * norms, embedding and lm_head are replicated. o_proj and the MLP/MoE give
+ * partial sums that all_reduce_sum adds up on every rank. */
+typedef struct {
     pd_backend *be;
+    int rank, n_ranks;
+    int n_heads; /* this rank's heads */
     pd_weight embed, lm_head;
     float *final_norm;
     pd_layer_weights *layers;
-    float *inv_freq;  /* [dr/2] host: YaRN-adjusted rope frequencies */
-    float *inv_freq_b; /* the same in backend memory */
+    float *inv_freq_b; /* the model's inv_freq in this rank's memory */
     pd_fwd_ws ws;
+} pd_model_rank;
+
+void pd_fwd_ws_free(pd_model_rank *rk);
+
+/* The rank threads of a model of several ranks (tp.c): rank r's work runs
+ * on thread r, bound to rank r's backend (thread_bind). */
+typedef struct pd_tp_team pd_tp_team;
+pd_status pd_tp_team_init(pd_backend *const *bes, int n_ranks, pd_tp_team **t_p, pd_err *err);
+void pd_tp_team_free(pd_tp_team **t_p);
+/* Runs fn(arg, r) for every rank r, each on its rank's thread (team NULL:
+ * rank 0 on the caller's thread), and returns when all have returned. */
+void pd_tp_run(pd_tp_team *t, int n_ranks, void (*fn)(void *arg, int rank), void *arg);
+
+struct pd_model {
+    pd_model_config cfg;
+    pd_backend *be; /* rank 0's */
+    int n_ranks;
+    pd_model_rank *ranks; /* [n_ranks] */
+    pd_tp_team *team;     /* NULL with one rank */
+    float *inv_freq;  /* [dr/2] host: YaRN-adjusted rope frequencies */
     float rope_mscale; /* YaRN attention factor applied to cos/sin */
     float softmax_scale;
 };
 
+/* The latent KV cache: the same on every rank (each computes the latents
+ * from the same hidden states), so one block table serves all copies and
+ * only rank 0's is exported. */
 struct pd_kv_cache {
-    pd_backend *be;
+    const pd_model *m;
+    pd_backend *be; /* rank 0's */
     int block_size, num_blocks, n_layers, dim;
-    float *data; /* backend memory: [num_blocks][n_layers][block_size][dim] */
+    float *data; /* rank 0's copy, backend memory: [num_blocks][n_layers][block_size][dim] */
+    float *rank_data[PD_TP_MAX_RANKS]; /* every rank's copy; rank_data[0] == data */
     void *host_pool; /* host mirror for transfers, when data is not host memory */
     int *free_list;
     int n_free;

@@ -189,14 +189,35 @@ typedef struct pd_model pd_model;
  * tensor), PD_ERR_SHAPE (shape differs from the config); err names the file
  * and tensor. */
 pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err *err);
+
+/** Tensor parallelism: loads dir sharded over the n_ranks backends of one
+ * group (pd_backend_init_tp), rank r's shard on bes[r], and starts one
+ * thread per rank that runs that rank's share of every later call on the
+ * model and its caches. Sharding (Megatron-LM style, as DeepSeek-V2/V3 are
+ * served): attention heads divided over the ranks; the MLA latent path
+ * replicated, so the latent KV cache is the same on every rank; dense MLPs,
+ * shared and routed experts divided along their intermediate dimension;
+ * router, norms, embedding and lm_head replicated; one all-reduce after
+ * o_proj and one after the MLP / MoE of every layer. Everything else in
+ * this header works unchanged on the result; the logits are the same up to
+ * fp32 rounding (the partial sums add up in another order).
+ * n_ranks 1 is pd_model_load. The backends must outlive the model.
+ * Errors: those of pd_model_load; PD_ERR_INVALID (bes are not ranks 0 ..
+ * n_ranks-1 of one group, or n_ranks does not divide num_attention_heads,
+ * intermediate_size or moe_intermediate_size: err names which). */
+pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks, pd_model **m_p, pd_err *err);
 void pd_model_free(pd_model **m_p);
 const pd_model_config *pd_model_config_of(const pd_model *m);
+/** Number of tensor-parallel ranks (1 unless loaded with pd_model_load_tp). */
+int pd_model_tp_size(const pd_model *m);
 
 /** Paged latent KV cache: num_blocks blocks of block_size tokens; each
  * token slot of each layer holds kv_lora_rank (normalised latent c_KV) +
  * qk_rope_head_dim (roped k_pe) fp32 values. Layout [block][layer][slot][D]
  * with D = kv_lora_rank + qk_rope_head_dim, so one block is contiguous for
- * transfer. */
+ * transfer. With tensor parallelism every rank holds a copy with the same
+ * contents; block pointers, the host pool and downloads are rank 0's,
+ * uploads write every rank's. Free a cache before its model. */
 typedef struct pd_kv_cache pd_kv_cache;
 pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd_kv_cache **kv_p,
                            pd_err *err);

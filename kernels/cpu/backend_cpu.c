@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 static void *cpu_alloc(pd_backend *be, size_t bytes) {
@@ -366,7 +367,55 @@ static void cpu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter,
     cpu_moe_experts(be, rows, hidden, inter, x, ids, weights, top_k, gate_up, down, out);
 }
 
+/* ---- tensor parallelism: the ranks of a group are threads of this
+ * process, so the communicator is a barrier and a table of the buffers the
+ * ranks are reducing ---- */
+
+typedef struct {
+    int n_ranks, refs; /* refs: backends of the group not yet destroyed */
+    pthread_mutex_t mu;
+    pthread_barrier_t bar;
+    float *bufs[PD_TP_MAX_RANKS];
+    size_t n[PD_TP_MAX_RANKS];
+} cpu_comm;
+
+/* Every rank posts its buffer; once all have (barrier), rank r sums slice r
+ * of the elements over the ranks, in rank order, and writes the sum into
+ * every rank's buffer, so all ranks end with the same bits; the second
+ * barrier holds each rank until every slice is written. */
+static void cpu_all_reduce_sum(pd_backend *be, float *x, size_t n) {
+    cpu_comm *g = be->ctx;
+    if (!g || g->n_ranks == 1)
+        return;
+    int r = be->rank, N = g->n_ranks;
+    g->bufs[r] = x;
+    g->n[r] = n;
+    pthread_barrier_wait(&g->bar);
+    for (int j = 0; j < N; j++)
+        PD_ASSERT(g->n[j] == n); /* every rank runs the same step */
+    size_t lo = n * r / N, hi = n * (r + 1) / N;
+    for (size_t i = lo; i < hi; i++) {
+        float s = g->bufs[0][i];
+        for (int j = 1; j < N; j++)
+            s += g->bufs[j][i];
+        for (int j = 0; j < N; j++)
+            g->bufs[j][i] = s;
+    }
+    pthread_barrier_wait(&g->bar);
+}
+
 static void cpu_destroy(pd_backend *be) {
+    cpu_comm *g = be->ctx;
+    if (g) {
+        pthread_mutex_lock(&g->mu);
+        bool last = --g->refs == 0;
+        pthread_mutex_unlock(&g->mu);
+        if (last) {
+            pthread_barrier_destroy(&g->bar);
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+        }
+    }
     free(be);
 }
 
@@ -395,6 +444,7 @@ static const pd_backend_i cpu_ops = {
     .mla_decode = cpu_mla_decode,
     .moe_route_ids = cpu_moe_route_ids,
     .moe_experts_ids = cpu_moe_experts_ids,
+    .all_reduce_sum = cpu_all_reduce_sum,
 };
 
 pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p) {
@@ -403,8 +453,42 @@ pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p) {
         return PD_ERR_NOMEM;
     be->ops = &cpu_ops;
     be->n_threads = n_threads;
+    be->n_ranks = 1;
     if (n_threads > 0)
         openblas_set_num_threads(n_threads);
     *be_p = be;
+    return PD_OK;
+}
+
+pd_status pd_backend_cpu_init_tp(int n_ranks, int n_threads, pd_backend **bes_p, pd_err *err) {
+    if (n_ranks < 1 || n_ranks > PD_TP_MAX_RANKS)
+        return pd_err_set(err, PD_ERR_INVALID, "tensor parallel size %d: expected 1 to %d", n_ranks,
+                          PD_TP_MAX_RANKS);
+    if (n_ranks == 1)
+        return pd_backend_cpu_init(n_threads, &bes_p[0]);
+    cpu_comm *g = calloc(1, sizeof *g);
+    if (!g)
+        return pd_err_set(err, PD_ERR_NOMEM, "out of memory for a CPU group of %d ranks", n_ranks);
+    g->n_ranks = n_ranks;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_barrier_init(&g->bar, NULL, (unsigned)n_ranks);
+    for (int r = 0; r < n_ranks; r++) {
+        pd_backend *be = NULL;
+        if (pd_backend_cpu_init(n_threads, &be) != PD_OK) {
+            for (int q = 0; q < r; q++)
+                pd_backend_free(&bes_p[q]); /* the last one frees g */
+            if (r == 0) {
+                pthread_barrier_destroy(&g->bar);
+                pthread_mutex_destroy(&g->mu);
+                free(g);
+            }
+            return pd_err_set(err, PD_ERR_NOMEM, "out of memory for CPU rank %d", r);
+        }
+        be->ctx = g;
+        be->rank = r;
+        be->n_ranks = n_ranks;
+        g->refs++;
+        bes_p[r] = be;
+    }
     return PD_OK;
 }

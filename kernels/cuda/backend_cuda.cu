@@ -253,7 +253,11 @@ static void cu_graph_free(pd_backend *be, void *graph) {
 
 static void cu_destroy(pd_backend *be) {
     cu_ctx *c = cu_of(be);
+    int prev = 0; /* any thread may destroy any rank's backend */
+    cudaGetDevice(&prev);
+    cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cu_comm_free(c);
     for (int i = 0; i < c->n_wtabs; i++) {
         cudaFree((void *)c->wtabs[i].dev);
         free(c->wtabs[i].host);
@@ -270,6 +274,7 @@ static void cu_destroy(pd_backend *be) {
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
+    cudaSetDevice(prev);
 }
 
 static const pd_backend_i cu_ops = {
@@ -297,6 +302,7 @@ static const pd_backend_i cu_ops = {
     .mla_decode = cu_mla_decode,
     .moe_route_ids = cu_moe_route_ids,
     .moe_experts_ids = cu_moe_experts_ids,
+    .all_reduce_sum = cu_all_reduce_sum,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .weight_alloc = cu_weight_alloc,
@@ -305,6 +311,7 @@ static const pd_backend_i cu_ops = {
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
+    .thread_bind = cu_thread_bind,
 };
 
 extern "C" {
@@ -385,6 +392,7 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
     be->ops = &cu_ops;
     be->ctx = c;
     be->n_threads = 0;
+    be->n_ranks = 1;
     CU_LOGI("device %d: %s, %d SMs, %.1f GiB, weights %s", device, prop.name, c->n_sm,
             prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), weights == PD_CUDA_WEIGHTS_BF16 ? "bf16" : "fp32");
     *be_p = be;

@@ -69,6 +69,7 @@ typedef struct {
     bool no_gemv, no_moe_device; /* pd_cuda_features switched off */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
+    void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
     pd_status status; /* first error, sticky */
     char msg[512];
 } cu_ctx;
@@ -192,5 +193,9 @@ void *cu_host_alloc(pd_backend *be, size_t bytes);
 void cu_host_free(pd_backend *be, void *p);
 pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p);
 pd_status cu_weight_set_bf16(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src);
+void cu_all_reduce_sum(pd_backend *be, float *x, size_t n);
+void cu_thread_bind(pd_backend *be);
+/* Destroys c's NCCL communicator, if any (comm.cu). */
+void cu_comm_free(cu_ctx *c);
 
 #endif

@@ -136,9 +136,11 @@ void cu_weight_free(pd_backend *be, pd_weight *w) {
 
 /* ---- page-locked host memory and bf16 loading ---- */
 
+/* Portable: page-locked for every device, so that each rank of a
+ * tensor-parallel group copies from a KV host pool at full speed. */
 void *cu_host_alloc(pd_backend *be, size_t bytes) {
     void *p = NULL;
-    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault);
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         CU_LOGW("cudaHostAlloc(%zu bytes): %s", bytes, cudaGetErrorString(e));

@@ -25,12 +25,21 @@
  * again. Growing while recording is refused; a recording that fails turns
  * graphs off for the backend, which keeps working without them.
  *
+ * Tensor parallelism (pd_backend_cuda_init_tp): one backend per GPU, rank
+ * r on device r, one NCCL communicator per rank from ncclCommInitAll (NCCL
+ * loaded at run time); all_reduce_sum is ncclAllReduce on the rank's
+ * stream, so it is recorded in a step's graph like any operation. Each
+ * rank's operations come from that rank's thread (thread_bind sets its
+ * device). A rank whose backend has failed still queues its all-reduces, so
+ * that the others do not wait for ever; its numbers are garbage, and only
+ * rank 0's failure shows in the logits (NaN).
+ *
  * One file per op family, each in three layers (static __global__ kernel →
  * static launcher taking a cudaStream_t → table entry that checks its
  * arguments): memory.cu (memory, weights, page-locked host memory), gemm.cu
  * (cuBLASLt and the grouped skinny GEMM), norm.cu, rope.cu, elementwise.cu
- * (silu_mul, add, embed, kv_store), mla.cu, moe.cu; backend_cuda.cu holds
- * the table, the handles and the graphs.
+ * (silu_mul, add, embed, kv_store), mla.cu, moe.cu, comm.cu (NCCL);
+ * backend_cuda.cu holds the table, the handles and the graphs.
  */
 #ifndef PD_CUDA_H
 #define PD_CUDA_H

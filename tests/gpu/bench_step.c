@@ -2,7 +2,7 @@
  * ceiling measured in the same run.
  *
  *   bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 10] [--variants
- * all|fast]
+ * all|fast] [--tp N]
  *
  * For every context L and batch B: B sequences whose first L tokens are in
  * the KV cache (random latents written straight into the cache: a decode
@@ -24,6 +24,11 @@
  * time, so each one's effect is measured in the same run: all on; no graphs;
  * no graphs and no skinny GEMM; and also no device MoE (ids back to the host
  * every layer, as the first CUDA version did).
+ *
+ * --tp N: the model sharded over GPUs 0..N-1 (pd_model_load_tp); bytes
+ * and the ceiling stay one GPU's, so the ratio says how far N GPUs get
+ * past one GPU's copy ceiling. Only rank 0's cache holds the random
+ * latents (the others' hold zeros: the same work).
  *
  * Built by tests/gpu/build.sh, run by tests/gpu/run.sh on a GPU host. */
 #include <cuda_runtime.h>
@@ -110,7 +115,7 @@ typedef struct {
 
 int main(int argc, char **argv) {
     const char *dir = NULL;
-    int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10;
+    int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10, tp = 1;
     bool all_variants = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc)
@@ -121,28 +126,32 @@ int main(int argc, char **argv) {
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--variants") && i + 1 < argc)
             all_variants = strcmp(argv[++i], "fast") != 0;
+        else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
+            tp = atoi(argv[++i]);
         else
             dir = argv[i];
     }
-    if (!dir || steps < 1 || steps > 200) {
+    if (!dir || steps < 1 || steps > 200 || tp < 1 || tp > PD_TP_MAX_RANKS) {
         fprintf(stderr,
                 "usage: bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps N] "
-                "[--variants all|fast]\n");
+                "[--variants all|fast] [--tp N]\n");
         return 2;
     }
     pd_err err = {{0}};
-    pd_backend *be = NULL;
-    if (pd_backend_cuda_init_ex(0, PD_CUDA_WEIGHTS_BF16, &be, &err) != PD_OK) {
+    pd_backend *bes[PD_TP_MAX_RANKS] = {0}, *be = NULL;
+    if ((tp == 1 ? pd_backend_cuda_init_ex(0, PD_CUDA_WEIGHTS_BF16, &bes[0], &err)
+                 : pd_backend_cuda_init_tp(tp, bes, &err)) != PD_OK) {
         fprintf(stderr, "bench_step: %s\n", err.msg);
         return 1;
     }
+    be = bes[0];
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     time_t tnow = time(NULL);
     char date[32];
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tnow));
-    printf("# bench_step %s: %s, %d SMs; model %s\n\n", date, prop.name, prop.multiProcessorCount,
-           dir);
+    printf("# bench_step %s: %s, %d SMs; model %s; tensor parallel size %d\n\n", date, prop.name,
+           prop.multiProcessorCount, dir, tp);
 
     /* ceiling: a 1 GiB device-to-device copy, bytes read + written */
     size_t cb = (size_t)1 << 30;
@@ -172,15 +181,16 @@ int main(int argc, char **argv) {
 
     double t0 = now_s();
     pd_model *m = NULL;
-    if (pd_model_load(dir, be, &m, &err) != PD_OK) {
+    if (pd_model_load_tp(dir, bes, tp, &m, &err) != PD_OK) {
         fprintf(stderr, "bench_step: %s\n", err.msg);
         return 1;
     }
     pd_err e2 = {{0}};
-    if (pd_backend_cuda_status(be, &e2) != PD_OK) {
-        fprintf(stderr, "bench_step: load: %s\n", e2.msg);
-        return 1;
-    }
+    for (int r = 0; r < tp; r++)
+        if (pd_backend_cuda_status(bes[r], &e2) != PD_OK) {
+            fprintf(stderr, "bench_step: load, rank %d: %s\n", r, e2.msg);
+            return 1;
+        }
     const pd_model_config *c = pd_model_config_of(m);
     size_t free_b, total_b;
     CK(cudaMemGetInfo(&free_b, &total_b));
@@ -240,7 +250,8 @@ int main(int argc, char **argv) {
             }
             double wbytes, kvbytes;
             for (int vi = 0; vi < n_var; vi++) {
-                pd_backend_cuda_set_features(be, &vars[vi].f);
+                for (int r = 0; r < tp; r++)
+                    pd_backend_cuda_set_features(bes[r], &vars[vi].f);
                 double t[256];
                 for (int it = 0; it < steps + 3; it++) {
                     for (int s = 0; s < B; s++) {
@@ -260,10 +271,11 @@ int main(int argc, char **argv) {
                     if (it >= 3)
                         t[it - 3] = b - a;
                 }
-                if (pd_backend_cuda_status(be, &e2) != PD_OK) {
-                    fprintf(stderr, "bench_step: backend error: %s\n", e2.msg);
-                    return 1;
-                }
+                for (int r = 0; r < tp; r++)
+                    if (pd_backend_cuda_status(bes[r], &e2) != PD_OK) {
+                        fprintf(stderr, "bench_step: backend error, rank %d: %s\n", r, e2.msg);
+                        return 1;
+                    }
                 bool finite = true;
                 for (int i = 0; i < V && finite; i++)
                     finite = isfinite(logits[i]);
@@ -286,10 +298,12 @@ int main(int argc, char **argv) {
             pd_kv_cache_free(&kv);
         }
     pd_cuda_features on = {true, true, true};
-    pd_backend_cuda_set_features(be, &on);
+    for (int r = 0; r < tp; r++)
+        pd_backend_cuda_set_features(bes[r], &on);
     free(fill);
     free(logits);
     pd_model_free(&m);
-    pd_backend_free(&be);
+    for (int r = 0; r < tp; r++)
+        pd_backend_free(&bes[r]);
     return 0;
 }

@@ -3,6 +3,7 @@
 # GPU host, and packs it into .carry-cuda/pack.tar.xz (git-ignored; carry
 # .carry-cuda and .cache there):
 #   bin/test_backend_ops  every op, CUDA against CPU   (kernels/tests/)
+#   bin/test_all_reduce   all_reduce_sum over every GPU through NCCL, plain and in a graph (kernels/tests/)
 #   bin/test_model_cuda   tiny / tiny-v2 against the transformers fixtures (kernels/cuda/tests/)
 #   bin/pdserve           the whole server, for generate and the serving test on the GPU
 #   bin/bench_cuda        GEMM and MLA against the copy and GEMM ceilings (tests/gpu/bench_cuda.c)
@@ -20,7 +21,8 @@ set -eu
 cd "$(git rev-parse --show-toplevel)"
 ROOT=$PWD
 OUTD=$ROOT/.carry-cuda
-grep -qx '/.carry-cuda/' .git/info/exclude 2>/dev/null || echo '/.carry-cuda/' >>.git/info/exclude
+EXCLUDE=$(git rev-parse --git-common-dir)/info/exclude # .git is a file in a worktree
+grep -qx '/.carry-cuda/' "$EXCLUDE" 2>/dev/null || echo '/.carry-cuda/' >>"$EXCLUDE"
 
 if [ "${1:-}" = "--tree" ]; then
     SRC=$ROOT
@@ -33,7 +35,8 @@ else
     mkdir -p "$SRC/kernels" "$SRC/tests/gpu"
     cp -r kernels/. "$SRC/kernels/"
     cp -r tests/gpu/. "$SRC/tests/gpu/"
-    for f in model/forward.c model/model.c model/model_impl.h model/pd_model.h decode/service.c prefill/service.c; do
+    for f in model/forward.c model/model.c model/tp.c model/model_impl.h model/pd_model.h cli/generate.c \
+        decode/service.c prefill/service.c; do
         cp "$f" "$SRC/$f"
     done
     B=$SRC/build
@@ -41,7 +44,7 @@ fi
 # CMAKE_CUDA_ARCHITECTURES=OFF: pdcore is declared before CUDA is enabled and
 # CMake (3.25) otherwise refuses its empty CUDA_ARCHITECTURES.
 cmake -S "$SRC" -B "$B" -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=OFF -DPD_CACHE_DIR="$ROOT/.cache" >/dev/null
-cmake --build "$B" -j"$(nproc)" --target test_backend_ops test_model_cuda pdcuda pdserve
+cmake --build "$B" -j"$(nproc)" --target test_backend_ops test_all_reduce test_model_cuda pdcuda pdserve
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 "$NVCC" -O2 -o "$B/bench_cuda" "$SRC/tests/gpu/bench_cuda.c" -I"$SRC/common" -I"$SRC/kernels" \
     "$B/libpdcuda.a" -lcublasLt -lcublas -lcudart
@@ -55,7 +58,8 @@ LINK=$(sed -e 's|^.*-o test_model_cuda||' -e 's|[^ ]*libcmocka[^ ]*||' \
 STAGE=$B/carry
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
-cp "$B/test_backend_ops" "$B/test_model_cuda" "$B/pdserve" "$B/bench_cuda" "$B/bench_step" "$STAGE/bin/"
+cp "$B/test_backend_ops" "$B/test_all_reduce" "$B/test_model_cuda" "$B/pdserve" "$B/bench_cuda" "$B/bench_step" \
+    "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
 for bin in "$STAGE"/bin/*; do
     ldd "$bin" | awk '/=> \// {print $3}'

@@ -11,7 +11,12 @@
 #   bench     bench_cuda: GEMM and MLA against the ceilings          -> bench.md
 #   v2lite    mkmodel v2-lite into /tmp (started first, in the background), then
 #             bench_step (decode steps), the transformers peer, and generate -> step.md, peer.md, v2lite.log
-# Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's).
+#   tp        tensor parallelism over 2 GPUs: test_all_reduce; generate on tiny at TP 1 and 2 (greedy
+#             ids must match, bf16 and fp32); then (mkmodel v2-lite started first, in the background)
+#             logits of generate at TP 2 against TP 1 (cmp_logits.py) and bench_step --tp 1, 2 -> tp.log, tp-step.md
+# Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
+# flags in the tp step). NCCL_NVLS_ENABLE=0 is kept (NVLink multicast must stay off on shared hosts);
+# NCCL is found by ldconfig, else PD_NCCL_LIB is set to the first libnccl.so.2 on the disk.
 set -u
 cd "$(dirname "$0")/../.."
 R=$PWD
@@ -27,13 +32,17 @@ done
 [ -z "$CUBLAS_DIR" ] && CUBLAS_DIR=$(dirname "$(find / -name 'libcublasLt.so.13*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$C/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PD_SOURCE_DIR=$R PD_BUILD_DIR=${TMPDIR:-/tmp}/pdserve-gpu PD_CACHE_DIR=$R/.cache PD_BIN=$C/bin/pdserve
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+if [ -z "${PD_NCCL_LIB:-}" ] && ! ldconfig -p | grep -q 'libnccl.so.2 '; then
+    PD_NCCL_LIB=$(find /usr/lib /usr/local /opt -name 'libnccl.so.2*' 2>/dev/null | head -1)
+    [ -n "$PD_NCCL_LIB" ] && export PD_NCCL_LIB && echo "NCCL: $PD_NCCL_LIB"
+fi
 mkdir -p "$PD_BUILD_DIR"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv,noheader
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
-case " $* " in *" v2lite "*)
+case " $* " in *" v2lite "* | *" tp "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -69,6 +78,41 @@ for what in "$@"; do
         timeout 150 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 32 --ignore-eos \
             --device cuda >"$O/v2lite.log" 2>&1 || rc=1
         cat "$O/step.md" "$O/peer.md"; tail -4 "$O/v2lite.log"; f=v2lite.log ;;
+    tp)
+        L=$O/tp.log
+        : >"$L"
+        timeout 120 "$C/bin/test_all_reduce" >>"$L" 2>&1 || rc=1
+        "$C/bin/pdserve" mkmodel --preset tiny --seed 1 --out "$PD_BUILD_DIR/gen-tiny" >/dev/null 2>&1
+        for w in bf16 f32; do
+            for n in 1 2; do
+                PD_CUDA_WEIGHTS=$w timeout 60 "$C/bin/pdserve" generate --model "$PD_BUILD_DIR/gen-tiny" --ids \
+                    --prompt "The capital of France is" -n 24 --ignore-eos --device cuda --tensor-parallel-size $n \
+                    >"$PD_BUILD_DIR/tiny-$w-$n.ids" 2>>"$L" || rc=1
+            done
+            if cmp -s "$PD_BUILD_DIR/tiny-$w-1.ids" "$PD_BUILD_DIR/tiny-$w-2.ids"; then
+                echo "tiny $w: greedy ids at TP 2 identical to TP 1: $(tail -1 "$PD_BUILD_DIR/tiny-$w-2.ids")" >>"$L"
+            else
+                echo "tiny $w: greedy ids DIFFER" >>"$L"; cat "$PD_BUILD_DIR"/tiny-$w-*.ids >>"$L"; rc=1
+            fi
+        done
+        wait "$MKPID"
+        cat "$O/mkmodel.log" >>"$L"
+        if [ -e "$V2/config.json" ]; then
+            for n in 1 2; do
+                timeout 90 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 16 \
+                    --ignore-eos --ids --device cuda --tensor-parallel-size $n --dump-logits "$PD_BUILD_DIR/v2-$n.bin" \
+                    >>"$L" 2>&1 || rc=1
+            done
+            echo "v2-lite logits, TP 2 against TP 1:" >>"$L"
+            python3 tests/gpu/cmp_logits.py "$PD_BUILD_DIR/v2-2.bin" "$PD_BUILD_DIR/v2-1.bin" "$V2" >>"$L" 2>&1 || rc=1
+            : >"$O/tp-step.md"
+            for n in 1 2; do
+                timeout 150 "$C/bin/bench_step" "$V2" --tp $n --variants fast ${TP_STEP_ARGS:---contexts 1024} \
+                    >>"$O/tp-step.md" 2>>"$L" || rc=1
+            done
+            cat "$O/tp-step.md"
+        fi
+        cat "$L"; f=tp.log ;;
     *) echo "unknown step $what"; exit 2 ;;
     esac
     echo "== $what: $(($(date +%s) - t0)) s"
