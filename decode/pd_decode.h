@@ -36,14 +36,23 @@ typedef struct {
     bool ignore_eos;
     const int32_t *stop_token_ids;
     int n_stop_token_ids;
-    bool want_logprobs;
+    bool want_logprobs; /* report the sampled token's logprob */
+    int top_logprobs;   /* with want_logprobs: also the this many most likely tokens,
+                           0..PD_MAX_TOP_LOGPROBS (OpenAI top_logprobs) */
 } pd_sched_request;
 
 /** Events the scheduler reports after a step, in order. token events come
  * one per generated token; finished follows the last token of a request
- * (finish_reason "stop" or "length"); error ends a request that cannot run. */
+ * (finish_reason "stop" or "length"); error ends a request that cannot run.
+ * on_token: logprob is the log softmax of the model's logits at token
+ * (before penalties and temperature, after the min_tokens mask of EOS and
+ * stop ids; 0 unless want_logprobs); top_ids /
+ * top_logprobs hold the n_top most likely tokens under the same log
+ * softmax, best first, ties to the lower id (n_top = min(top_logprobs,
+ * vocab), 0 when not asked); all borrowed for the call. */
 typedef struct {
-    void (*on_token)(void *user, const char *request_id, int32_t token, float logprob);
+    void (*on_token)(void *user, const char *request_id, int32_t token, float logprob,
+                     const int32_t *top_ids, const float *top_logprobs, int n_top);
     void (*on_finished)(void *user, const char *request_id, const char *finish_reason);
     void (*on_error)(void *user, const char *request_id, const char *message);
 } pd_sched_callbacks;
@@ -58,7 +67,8 @@ void pd_sched_free(pd_sched **s_p);
 
 /** Queues a request whose prompt this replica prefills itself.
  * Errors: PD_ERR_INVALID (empty prompt, bad sampling params, duplicate id,
- * prompt + max_tokens past max_position_embeddings), PD_ERR_LIMIT (the
+ * prompt + max_tokens past max_position_embeddings, top_logprobs outside
+ * 0..PD_MAX_TOP_LOGPROBS), PD_ERR_LIMIT (the
  * prompt can never fit in the KV cache). */
 pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err);
 

@@ -20,6 +20,7 @@ typedef struct seq {
     int n_tokens, cap, n_prompt, n_generated;
     int max_tokens, min_tokens;
     bool ignore_eos, want_logprobs;
+    int top_logprobs;
     int32_t *stop_ids;
     int n_stop;
     pd_sampler *smp;
@@ -119,6 +120,9 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
         return pd_err_set(err, PD_ERR_INVALID, "request %s: duplicate request id", r->request_id);
     if (r->n_prompt <= 0)
         return pd_err_set(err, PD_ERR_INVALID, "request %s: empty prompt", r->request_id);
+    if (r->top_logprobs < 0 || r->top_logprobs > PD_MAX_TOP_LOGPROBS)
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: top_logprobs %d outside 0..%d", r->request_id,
+                          r->top_logprobs, PD_MAX_TOP_LOGPROBS);
     if (r->max_tokens <= 0)
         return pd_err_set(err, PD_ERR_INVALID, "request %s: max_tokens must be at least 1", r->request_id);
     if ((int64_t)r->n_prompt + r->max_tokens > c->max_position_embeddings)
@@ -147,6 +151,7 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     q->min_tokens = r->min_tokens;
     q->ignore_eos = r->ignore_eos;
     q->want_logprobs = r->want_logprobs;
+    q->top_logprobs = r->want_logprobs ? r->top_logprobs : 0;
     if (r->n_stop_token_ids > 0) {
         q->stop_ids = pd_xmalloc((size_t)r->n_stop_token_ids * sizeof(int32_t));
         memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof(int32_t));
@@ -350,11 +355,17 @@ int pd_sched_step(pd_sched *s) {
             for (int k = 0; k < q->n_stop; k++)
                 if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
         }
-        float lp = 0.0f;
-        int32_t t = pd_sampler_sample(q->smp, lg, q->want_logprobs ? &lp : NULL);
+        /* logprobs (and the top ones, by a bounded selection) of the
+         * logits as they stand here: the model's, min_tokens mask applied,
+         * before penalties and temperature */
+        float lp = 0.0f, top_lp[PD_MAX_TOP_LOGPROBS];
+        int32_t top_id[PD_MAX_TOP_LOGPROBS];
+        int n_top = 0;
+        int32_t t = pd_sampler_sample_top(q->smp, lg, q->want_logprobs ? &lp : NULL, q->top_logprobs, top_id,
+                                          top_lp, &n_top);
         s->generation_tokens_total++;
         const char *fin = seq_accept(s, q, t);
-        s->cb.on_token(s->user, q->id, t, lp);
+        s->cb.on_token(s->user, q->id, t, lp, top_id, top_lp, n_top);
         if (fin) {
             seq_unlink(s, q);
             s->cb.on_finished(s->user, q->id, fin);

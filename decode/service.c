@@ -23,6 +23,10 @@ typedef struct pending_tokens {
     char id[128];
     int32_t *ids;
     float *logprobs;
+    int32_t *top_ids; /* [cap][PD_MAX_TOP_LOGPROBS], n_top[i] used per token */
+    float *top_lps;
+    int *n_top;
+    bool any_top; /* some token has alternatives: Tokens carries top_logprobs */
     int n, cap;
     const char *finish;
     char error[256];
@@ -98,15 +102,42 @@ static pending_tokens *pend_get(decode_svc *d, const char *id) {
     return p;
 }
 
-static void cb_token(void *u, const char *id, int32_t t, float lp) {
+/* realloc that does not return on failure, as pd_xmalloc */
+static void *xrealloc(void *ptr, size_t n) {
+    void *q = realloc(ptr, n);
+    if (!q) {
+        PD_LOGE(LOGM, "out of memory (%zu bytes)", n);
+        abort();
+    }
+    return q;
+}
+
+static void cb_token(void *u, const char *id, int32_t t, float lp, const int32_t *top_ids, const float *top_lps,
+                     int n_top) {
     pending_tokens *p = pend_get(u, id);
     if (p->n == p->cap) {
         p->cap = p->cap ? 2 * p->cap : 16;
-        p->ids = realloc(p->ids, (size_t)p->cap * sizeof *p->ids);
-        p->logprobs = realloc(p->logprobs, (size_t)p->cap * sizeof *p->logprobs);
+        p->ids = xrealloc(p->ids, (size_t)p->cap * sizeof *p->ids);
+        p->logprobs = xrealloc(p->logprobs, (size_t)p->cap * sizeof *p->logprobs);
+        p->n_top = xrealloc(p->n_top, (size_t)p->cap * sizeof *p->n_top);
+        if (p->top_ids) {
+            p->top_ids = xrealloc(p->top_ids, (size_t)p->cap * PD_MAX_TOP_LOGPROBS * sizeof *p->top_ids);
+            p->top_lps = xrealloc(p->top_lps, (size_t)p->cap * PD_MAX_TOP_LOGPROBS * sizeof *p->top_lps);
+        }
+    }
+    if (n_top > PD_MAX_TOP_LOGPROBS) n_top = PD_MAX_TOP_LOGPROBS;
+    if (n_top > 0 && !p->top_ids) {
+        p->top_ids = pd_xmalloc((size_t)p->cap * PD_MAX_TOP_LOGPROBS * sizeof *p->top_ids);
+        p->top_lps = pd_xmalloc((size_t)p->cap * PD_MAX_TOP_LOGPROBS * sizeof *p->top_lps);
+    }
+    if (n_top > 0) {
+        memcpy(p->top_ids + (size_t)p->n * PD_MAX_TOP_LOGPROBS, top_ids, (size_t)n_top * sizeof *top_ids);
+        memcpy(p->top_lps + (size_t)p->n * PD_MAX_TOP_LOGPROBS, top_lps, (size_t)n_top * sizeof *top_lps);
+        p->any_top = true;
     }
     p->ids[p->n] = t;
     p->logprobs[p->n] = lp;
+    p->n_top[p->n] = n_top > 0 ? n_top : 0;
     p->n++;
 }
 static void cb_finished(void *u, const char *id, const char *reason) {
@@ -137,10 +168,30 @@ static void flush_tokens(decode_svc *d) {
         t.finished = p->finish != NULL || p->error[0];
         t.finish_reason = (char *)(p->finish ? p->finish : "");
         t.error = p->error;
+        /* one TopLogprobs per id (borrowing the pending arrays) */
+        Pdserve__TopLogprobs *top = NULL, **topp = NULL;
+        if (p->any_top) {
+            top = pd_xmalloc((size_t)p->n * sizeof *top);
+            topp = pd_xmalloc((size_t)p->n * sizeof *topp);
+            for (int i = 0; i < p->n; i++) {
+                pdserve__top_logprobs__init(&top[i]);
+                top[i].n_ids = top[i].n_logprobs = (size_t)p->n_top[i];
+                top[i].ids = p->top_ids + (size_t)i * PD_MAX_TOP_LOGPROBS;
+                top[i].logprobs = p->top_lps + (size_t)i * PD_MAX_TOP_LOGPROBS;
+                topp[i] = &top[i];
+            }
+            t.n_top_logprobs = (size_t)p->n;
+            t.top_logprobs = topp;
+        }
         if (pd_msg_send(d->sock, NULL, 0, PD_MSG_TOKENS, &t.base) != PD_OK)
             PD_LOGW(LOGM, "request %s: could not send %d tokens to the gateway", p->id, p->n);
+        free(topp);
+        free(top);
         free(p->ids);
         free(p->logprobs);
+        free(p->n_top);
+        free(p->top_ids);
+        free(p->top_lps);
         free(p);
     }
 }
@@ -166,6 +217,8 @@ static pd_sched_request request_from(const Pdserve__Generate *g) {
         .sampling = sampling_from(g->sampling), .max_tokens = (int)g->max_tokens, .min_tokens = (int)g->min_tokens,
         .ignore_eos = g->ignore_eos, .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = (int)g->n_stop_token_ids,
         .want_logprobs = g->logprobs >= 0,
+        /* the gateway allows at most PD_MAX_TOP_LOGPROBS; a larger ask gets that many */
+        .top_logprobs = g->logprobs < 0 ? 0 : g->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : g->logprobs,
     };
     return r;
 }
@@ -550,6 +603,9 @@ int pd_decode_main(int argc, char **argv) {
             handle(&d, &msg);
             pd_msg_clear(&msg);
         }
+        /* a request that ended on its prefilled first token (KvComplete
+         * with max_tokens 1, or EOS) has no step to flush its finish */
+        flush_tokens(&d);
         double t_step = pd_now_s();
         if (pd_sched_step(d.sched) > 0) {
             pd_hist_observe(&d.step_seconds, pd_now_s() - t_step);

@@ -35,6 +35,7 @@
  * accepts the request also names the client's X-Request-Id when one came.
  */
 #include <ctype.h>
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -45,6 +46,7 @@ typedef struct {
     int32_t id;
     float logprob;
     bool has;
+    int n_top; /* alternatives known for it, in the choice's top_ids / top_lps */
 } gw_tok_lp;
 
 typedef struct {
@@ -63,6 +65,8 @@ typedef struct {
     int n_skipped_special; /* special tokens that showed no text (skip_special_tokens) */
     gw_tok_lp *lp;         /* logprobs of tokens not yet sent (stream) or all */
     int n_lp, cap_lp;
+    int32_t *top_ids; /* [cap_lp][r.logprobs]: the alternatives of lp[i] at i * r.logprobs */
+    float *top_lps;
     size_t text_offset; /* completions logprobs: bytes of text before the next token */
 } gw_choice;
 
@@ -203,7 +207,64 @@ static json_t *token_json(const pd_gw_request *req, int32_t id, json_t **bytes_p
     return gw_json_text(b ? b : "", len);
 }
 
-/* Logprobs of ch->lp[0..n_lp) in the shape of the endpoint, or null. */
+/* A logprob as JSON: vLLM's max(logprob, -9999.0), which also makes -inf
+ * (a masked token) and NaN valid JSON. */
+static json_t *lp_json(float logprob) {
+    double v = logprob;
+    if (!(v >= -9999.0) || isinf(v))
+        v = -9999.0;
+    return json_real(v);
+}
+
+/* Chat: {token, logprob, bytes} of one token. */
+static json_t *chat_lp_entry(const pd_gw_request *req, int32_t id, json_t *lp) {
+    json_t *bytes;
+    json_t *tok = token_json(req, id, &bytes);
+    return json_pack("{s:o, s:o, s:o}", "token", tok, "logprob", lp, "bytes", bytes);
+}
+
+/* Completions: {token text: logprob} at one position: the alternatives and
+ * the sampled token (OpenAI: "up to logprobs + 1" entries), best first (a
+ * sampled token whose logprob the engine did not report: last, null); a
+ * text that two ids share keeps its first (larger) logprob. null when
+ * logprobs is 0 and nothing is known. */
+static void completion_top_put(const pd_gw_request *req, json_t *d, int32_t id, json_t *lp) {
+    json_t *tok = token_json(req, id, NULL);
+    const char *key = json_string_value(tok);
+    if (key && !json_object_get(d, key))
+        json_object_set(d, key, lp);
+    json_decref(tok);
+    json_decref(lp);
+}
+
+static json_t *completion_top_json(const pd_gw_request *req, const gw_tok_lp *t, const int32_t *ids,
+                                   const float *lps) {
+    if (!t->has && t->n_top == 0 && req->r.logprobs == 0)
+        return json_null();
+    bool add_sampled = true;
+    for (int j = 0; j < t->n_top; j++)
+        if (ids[j] == t->id)
+            add_sampled = false; /* listed already */
+    json_t *d = json_object();
+    for (int j = 0;;) {
+        if (add_sampled &&
+            (j == t->n_top ||
+             (t->has && (t->logprob > lps[j] || (t->logprob == lps[j] && t->id < ids[j]))))) {
+            completion_top_put(req, d, t->id, t->has ? lp_json(t->logprob) : json_null());
+            add_sampled = false;
+            continue;
+        }
+        if (j == t->n_top)
+            break;
+        completion_top_put(req, d, ids[j], lp_json(lps[j]));
+        j++;
+    }
+    return d;
+}
+
+/* Logprobs of ch->lp[0..n_lp) in the shape of the endpoint, or null. Top
+ * logprobs are the engine's alternatives (pd_gw_on_tokens_top); an engine
+ * that reports none gets the sampled token alone there. */
 static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
     if (req->r.logprobs < 0)
         return json_null();
@@ -211,38 +272,32 @@ static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
     if (req->kind == GW_KIND_CHAT) {
         json_t *content = json_array();
         for (int i = 0; i < ch->n_lp; i++) {
-            json_t *bytes;
-            json_t *tok = token_json(req, ch->lp[i].id, &bytes);
-            json_t *lp = ch->lp[i].has ? json_real(ch->lp[i].logprob) : json_null();
+            const gw_tok_lp *t = &ch->lp[i];
+            json_t *lp = t->has ? lp_json(t->logprob) : json_null();
             json_t *top = json_array();
-            if (k > 0) /* only the sampled token is known to the gateway */
-                json_array_append_new(
-                    top, json_pack("{s:O, s:O, s:O}", "token", tok, "logprob", lp, "bytes", bytes));
-            json_array_append_new(content,
-                                  json_pack("{s:o, s:o, s:o, s:o}", "token", tok, "logprob", lp,
-                                            "bytes", bytes, "top_logprobs", top));
+            for (int j = 0; j < t->n_top; j++)
+                json_array_append_new(top, chat_lp_entry(req, ch->top_ids[(size_t)i * k + j],
+                                                         lp_json(ch->top_lps[(size_t)i * k + j])));
+            if (t->n_top == 0 && k > 0)
+                json_array_append_new(top, chat_lp_entry(req, t->id, json_incref(lp)));
+            json_t *e = chat_lp_entry(req, t->id, lp);
+            json_object_set_new(e, "top_logprobs", top);
+            json_array_append_new(content, e);
         }
         return json_pack("{s:o}", "content", content);
     }
     json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
     for (int i = 0; i < ch->n_lp; i++) {
-        json_t *tok = token_json(req, ch->lp[i].id, NULL);
-        json_t *lp = ch->lp[i].has ? json_real(ch->lp[i].logprob) : json_null();
-        json_array_append(tokens, tok);
-        json_array_append(tlp, lp);
-        if (k > 0) {
-            json_t *d = json_object();
-            json_object_set(d, json_string_value(tok), lp);
-            json_array_append_new(top, d);
-        } else {
-            json_array_append_new(top, json_null());
-        }
+        const gw_tok_lp *t = &ch->lp[i];
+        json_array_append_new(tokens, token_json(req, t->id, NULL));
+        json_array_append_new(tlp, t->has ? lp_json(t->logprob) : json_null());
+        json_array_append_new(top,
+                              completion_top_json(req, t, k ? ch->top_ids + (size_t)i * k : NULL,
+                                                  k ? ch->top_lps + (size_t)i * k : NULL));
         json_array_append_new(off, json_integer((json_int_t)ch->text_offset));
         size_t blen = 0;
-        pd_tok_token_bytes(req->srv->tok, ch->lp[i].id, &blen);
+        pd_tok_token_bytes(req->srv->tok, t->id, &blen);
         ch->text_offset += blen;
-        json_decref(tok);
-        json_decref(lp);
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp,
                      "top_logprobs", top, "text_offset", off);
@@ -380,6 +435,30 @@ static bool push_token(pd_gw_request *req, gw_choice *ch, int32_t id) {
 
 /* ---- the engine's calls ------------------------------------------------- */
 
+/* Appends one token's logprob and its n_top (<= r.logprobs) alternatives to
+ * ch->lp / ch->top_*. */
+static void keep_logprobs(pd_gw_request *req, gw_choice *ch, int32_t id, const float *logprob,
+                          const int32_t *top_ids, const float *top_lps, int n_top) {
+    size_t k = (size_t)req->r.logprobs;
+    if (ch->n_lp == ch->cap_lp) {
+        ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 16;
+        ch->lp = realloc(ch->lp, (size_t)ch->cap_lp * sizeof *ch->lp);
+        if (!ch->lp)
+            abort();
+        if (k > 0) {
+            ch->top_ids = realloc(ch->top_ids, (size_t)ch->cap_lp * k * sizeof *ch->top_ids);
+            ch->top_lps = realloc(ch->top_lps, (size_t)ch->cap_lp * k * sizeof *ch->top_lps);
+            if (!ch->top_ids || !ch->top_lps)
+                abort();
+        }
+    }
+    if (n_top > 0) {
+        memcpy(ch->top_ids + (size_t)ch->n_lp * k, top_ids, (size_t)n_top * sizeof *top_ids);
+        memcpy(ch->top_lps + (size_t)ch->n_lp * k, top_lps, (size_t)n_top * sizeof *top_lps);
+    }
+    ch->lp[ch->n_lp++] = (gw_tok_lp){id, logprob ? *logprob : 0, logprob != NULL, n_top};
+}
+
 static bool bad_call(const pd_gw_request *req, int choice, const char *what) {
     if (!req) {
         PD_LOGE(GW_MOD, "%s: NULL request", what);
@@ -398,6 +477,11 @@ static bool bad_call(const pd_gw_request *req, int choice, const char *what) {
 
 void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
                      int n) {
+    pd_gw_on_tokens_top(req, choice, ids, logprobs, NULL, NULL, 0, n);
+}
+
+void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
+                         const int32_t *top_ids, const float *top_logprobs, int k, int n) {
     if (bad_call(req, choice, "on_tokens"))
         return;
     if (n < 1 || !ids) {
@@ -407,6 +491,10 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
     gw_choice *ch = &req->ch[choice];
     if (ch->finished)
         return; /* stopped by a stop string; the rest is discarded */
+    /* alternatives: what the request asked for, of what the engine knows */
+    int n_top = top_ids && top_logprobs && k > 0 ? k : 0;
+    if (n_top > req->r.logprobs)
+        n_top = req->r.logprobs > 0 ? req->r.logprobs : 0;
     req->in_cb = true;
     if (!req->got_token) {
         req->got_token = true;
@@ -424,15 +512,10 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
             }
         }
         ch->n_tokens++;
-        if (req->r.logprobs >= 0) {
-            if (ch->n_lp == ch->cap_lp) {
-                ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 16;
-                ch->lp = realloc(ch->lp, (size_t)ch->cap_lp * sizeof *ch->lp);
-                if (!ch->lp)
-                    abort();
-            }
-            ch->lp[ch->n_lp++] = (gw_tok_lp){ids[i], logprobs ? logprobs[i] : 0, logprobs != NULL};
-        }
+        if (req->r.logprobs >= 0)
+            keep_logprobs(req, ch, ids[i], logprobs ? &logprobs[i] : NULL,
+                          n_top ? top_ids + (size_t)i * k : NULL,
+                          n_top ? top_logprobs + (size_t)i * k : NULL, n_top);
         if (is_stop_token(req, ids[i])) {
             ch->held_stop_id = ids[i];
             continue;
@@ -546,6 +629,8 @@ static void req_free(pd_gw_request *req) {
         if (req->ch[i].text)
             evbuffer_free(req->ch[i].text);
         free(req->ch[i].lp);
+        free(req->ch[i].top_ids);
+        free(req->ch[i].top_lps);
     }
     free(req->ch);
     gw_oai_req_clear(&req->r);

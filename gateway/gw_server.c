@@ -46,6 +46,10 @@ static pd_status check_config(const pd_gw_config *c, pd_err *err) {
         return pd_err_set(err, PD_ERR_INVALID,
                           "gateway: vocab_size, max_stop_strings, max_logprobs and "
                           "default_max_tokens must be >= 0");
+    if (c->max_logprobs > PD_MAX_TOP_LOGPROBS)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "gateway: --max-logprobs %d: replicas report at most %d alternatives",
+                          c->max_logprobs, PD_MAX_TOP_LOGPROBS);
     if (c->max_request_body_bytes == 0 || c->max_header_bytes < 256 || c->max_header_count < 1)
         return pd_err_set(err, PD_ERR_INVALID,
                           "gateway: max_request_body_bytes must be > 0, max_header_bytes >= 256, "

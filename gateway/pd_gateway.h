@@ -13,7 +13,7 @@
  *                              with pd_gw_server_add_get; POST /v1/completions
  *                              and /v1/chat/completions ─▶ worker pool (parse
  *                              JSON, validate, render, tokenize) ─▶ engine
- *   engine ─pd_gw_on_tokens/on_finish/on_error─▶ detokenize, stop strings,
+ *   engine ─pd_gw_on_tokens(_top)/on_finish/on_error─▶ detokenize, stop strings,
  *                              SSE chunks or the final JSON
  *
  * Threads: everything here runs on the thread that runs the event_base given
@@ -60,7 +60,8 @@ typedef struct {
     int vocab_size;         /* ids accepted in token prompts / stop_token_ids are < this;
                                0 = the tokenizer's pd_tok_vocab_size */
     int max_stop_strings;   /* --max-stop-strings; default 16 */
-    int max_logprobs;       /* --max-logprobs; default 20 */
+    int max_logprobs;       /* --max-logprobs; default 20, at most PD_MAX_TOP_LOGPROBS (20:
+                               what replicas report) */
     int default_max_tokens; /* max_tokens when the request gives none; 0 (default) = whatever
                                is left of max_model_len after the prompt */
     size_t max_request_body_bytes;  /* --max-request-body-bytes; default 64 MiB; larger → 413 */
@@ -111,7 +112,7 @@ typedef struct {
     int n_stop_token_ids;
     int n;        /* choices, 1..128; each is an independent sample of the same prompt */
     int logprobs; /* -1: off; else the request wants the sampled token's logprob and this
-                     many top alternatives (the gateway today uses only the sampled one) */
+                     many top alternatives (0..max_logprobs; see pd_gw_on_tokens_top) */
 } pd_gw_gen_params;
 
 /** The engine, as a table of functions over an opaque context (the style of
@@ -156,6 +157,17 @@ void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
  * choice index, n < 1) are logged and ignored. */
 void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
                      int n);
+
+/** As pd_gw_on_tokens, with the k most likely tokens at each of the n
+ * positions (what the request's logprobs asked for): top_ids[i * k + j] and
+ * top_logprobs[i * k + j], j < k, for ids[i], best first. The gateway
+ * renders at most the request's count of them (chat top_logprobs: that
+ * many; completions: those and the sampled token). k = 0 or NULL arrays:
+ * none known, as pd_gw_on_tokens (top_logprobs then lists the sampled token
+ * alone). Non-finite logprobs are rendered as -9999.0 (as vLLM). Borrowed
+ * for the call. */
+void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
+                         const int32_t *top_ids, const float *top_logprobs, int k, int n);
 
 /** Ends one choice: finish_reason "stop" (EOS or a stop token id) or
  * "length" (max_tokens reached). Other strings are passed through and must

@@ -562,6 +562,31 @@ static void note_tokens(pd_router *r, gw_req *q, int n) {
     c->generation_tokens += (uint64_t)n;
 }
 
+/* The alternatives of n tokens from a replica (validated, not trusted) as
+ * the row-major arrays of pd_gw_on_tokens_top: returns k, the fewest that
+ * any token has, at most want (the request's logprobs); 0 when they are
+ * absent or malformed (one entry per token, ids and logprobs alike).
+ * *ids_p and *lps_p are heap arrays of n * k (caller frees) when k > 0. */
+static int top_flatten(Pdserve__TopLogprobs *const *top, size_t n_top, size_t n, int want, int32_t **ids_p,
+                       float **lps_p) {
+    if (want <= 0 || n == 0 || n_top != n) return 0;
+    size_t k = (size_t)(want < PD_MAX_TOP_LOGPROBS ? want : PD_MAX_TOP_LOGPROBS);
+    for (size_t i = 0; i < n; i++) {
+        if (!top[i] || top[i]->n_ids != top[i]->n_logprobs) return 0;
+        if (top[i]->n_ids < k) k = top[i]->n_ids;
+    }
+    if (k == 0) return 0;
+    int32_t *ids = pd_xmalloc(n * k * sizeof *ids);
+    float *lps = pd_xmalloc(n * k * sizeof *lps);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(ids + i * k, top[i]->ids, k * sizeof *ids);
+        memcpy(lps + i * k, top[i]->logprobs, k * sizeof *lps);
+    }
+    *ids_p = ids;
+    *lps_p = lps;
+    return (int)k;
+}
+
 static void on_tokens(pd_router *r, pd_msg *m) {
     Pdserve__Tokens *t = (Pdserve__Tokens *)m->msg;
     gw_sub *s = sub_find(r, t->request_id);
@@ -575,7 +600,13 @@ static void on_tokens(pd_router *r, pd_msg *m) {
     }
     if (t->n_ids > 0) {
         note_tokens(r, q, (int)t->n_ids);
-        pd_gw_on_tokens(q->gw, s->choice, t->ids, t->n_logprobs == t->n_ids ? t->logprobs : NULL, (int)t->n_ids);
+        int32_t *top_ids = NULL;
+        float *top_lps = NULL;
+        int k = top_flatten(t->top_logprobs, t->n_top_logprobs, t->n_ids, q->p->logprobs, &top_ids, &top_lps);
+        pd_gw_on_tokens_top(q->gw, s->choice, t->ids, t->n_logprobs == t->n_ids ? t->logprobs : NULL, top_ids,
+                            top_lps, k, (int)t->n_ids);
+        free(top_ids);
+        free(top_lps);
     }
     /* pd_gw_on_finish keeps the reason's pointer until the response is
      * written, after this message is freed: pass static strings only (a
@@ -672,7 +703,13 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
     send_to(r, s->decode, PD_MSG_KV_COMPLETE, &k->base);
     float lp = k->first_logprob;
     note_tokens(r, s->parent, 1);
-    pd_gw_on_tokens(s->parent->gw, s->choice, &k->first_token, &lp, 1);
+    int32_t *top_ids = NULL;
+    float *top_lps = NULL;
+    Pdserve__TopLogprobs *const top[1] = {k->first_top_logprobs};
+    int n_top = top_flatten(top, top[0] ? 1 : 0, 1, s->parent->p->logprobs, &top_ids, &top_lps);
+    pd_gw_on_tokens_top(s->parent->gw, s->choice, &k->first_token, &lp, top_ids, top_lps, n_top, 1);
+    free(top_ids);
+    free(top_lps);
 }
 
 static void on_prefill_error(pd_router *r, pd_msg *m) {

@@ -315,6 +315,20 @@ void pd_sampler_free(pd_sampler **s_p);
  * it receives log softmax of the raw (unpenalised, untempered) logits at the
  * chosen token. Returns the token id. */
 int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p);
+/** Most alternatives pd_sampler_sample_top reports per token (OpenAI's
+ * top_logprobs limit, vLLM's default --max-logprobs). */
+#define PD_MAX_TOP_LOGPROBS 20
+/** As pd_sampler_sample, and also the k most likely tokens (OpenAI
+ * top_logprobs) under the same log softmax of the raw logits: top_ids_p and
+ * top_logprobs_p (room for k each) receive them sorted by logprob
+ * descending, ties to the lower id, and *n_top_p (may be NULL) how many:
+ * k clamped to [0, min(PD_MAX_TOP_LOGPROBS, vocab_size)], 0 when either
+ * array is NULL. One normaliser serves both, so when the sampled token is
+ * among them its *logprob_p equals its top entry exactly. Cost: one pass
+ * over the vocabulary for the log-sum-exp and one for a bounded selection
+ * (no sort of the vocabulary). */
+int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, int k,
+                              int32_t *top_ids_p, float *top_logprobs_p, int *n_top_p);
 /** Records an externally chosen token (e.g. the first token sampled by a
  * prefill replica) so penalties stay consistent. */
 void pd_sampler_accept(pd_sampler *s, int32_t token);

@@ -205,18 +205,30 @@ static int32_t sampler_argmax(const float *logits, int n) {
     return best;
 }
 
-/* log softmax(logits)[token], in double. */
-static float sampler_log_softmax_at(const float *logits, int n, int32_t token) {
+/* The log-softmax normaliser of logits[0, n): max and log(sum exp(l - max)),
+ * the sum in double, so that log softmax(l)[i] = l[i] - max - lse. Every
+ * logprob the sampler reports goes through sampler_logprob with one
+ * normaliser per call, so the sampled token's logprob and its entry among
+ * the top logprobs are the same float. *max_p is -inf when every logit is. */
+static void sampler_log_norm(const float *logits, int n, float *max_p, double *lse_p) {
     float max = -INFINITY;
     for (int i = 0; i < n; i++)
         if (logits[i] > max)
             max = logits[i];
+    *max_p = max;
+    *lse_p = 0.0;
     if (max == -INFINITY)
-        return -INFINITY;
+        return;
     double sum = 0.0;
     for (int i = 0; i < n; i++)
         sum += exp((double)logits[i] - max);
-    return (float)((double)logits[token] - max - log(sum));
+    *lse_p = log(sum);
+}
+
+static float sampler_logprob(float logit, float max, double lse) {
+    if (max == -INFINITY)
+        return -INFINITY;
+    return (float)((double)logit - max - lse);
 }
 
 /* ---- candidate selection ------------------------------------------- */
@@ -282,6 +294,21 @@ static void cand_top_k(int32_t *c, int n, int k, const float *key) {
             c[0] = i;
             cand_sift_down(c, k, 0, key);
         }
+    }
+}
+
+/* The k (<= PD_MAX_TOP_LOGPROBS) best tokens of logits[0, n) by
+ * cand_before, best first: the bounded heap of cand_top_k (one comparison
+ * per token once warm), then an insertion sort of the k survivors. (A NaN
+ * logit has no rank; the model never gives one.) */
+static void sampler_top_ids(const float *logits, int n, int k, int32_t *top) {
+    cand_top_k(top, n, k, logits);
+    for (int i = 1; i < k; i++) {
+        int32_t t = top[i];
+        int j = i;
+        for (; j > 0 && cand_before(logits, t, top[j - 1]); j--)
+            top[j] = top[j - 1];
+        top[j] = t;
     }
 }
 
@@ -443,8 +470,27 @@ static int32_t sampler_draw(pd_sampler *s, float *logits) {
     return token;
 }
 
-int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
+int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, int k,
+                              int32_t *top_ids_p, float *top_logprobs_p, int *n_top_p) {
     const int V = s->vocab_size;
+    if (k > PD_MAX_TOP_LOGPROBS)
+        k = PD_MAX_TOP_LOGPROBS;
+    if (k > V)
+        k = V;
+    if (k < 0 || !top_ids_p || !top_logprobs_p)
+        k = 0;
+    /* logprobs are of the logits as given: before penalties and temperature */
+    float max = -INFINITY;
+    double lse = 0.0;
+    if (logprob_p || k > 0)
+        sampler_log_norm(logits, V, &max, &lse);
+    if (k > 0) {
+        sampler_top_ids(logits, V, k, top_ids_p);
+        for (int i = 0; i < k; i++)
+            top_logprobs_p[i] = sampler_logprob(logits[top_ids_p[i]], max, lse);
+    }
+    if (n_top_p)
+        *n_top_p = k;
     if (logprob_p) {
         if (!s->raw)
             s->raw = pd_xmalloc((size_t)V * sizeof *s->raw);
@@ -460,7 +506,11 @@ int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
         token = sampler_draw(s, logits);
 
     if (logprob_p)
-        *logprob_p = sampler_log_softmax_at(s->raw, V, token);
+        *logprob_p = sampler_logprob(s->raw[token], max, lse);
     pd_sampler_accept(s, token);
     return token;
+}
+
+int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
+    return pd_sampler_sample_top(s, logits, logprob_p, 0, NULL, NULL, NULL);
 }

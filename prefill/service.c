@@ -35,6 +35,9 @@ typedef struct job {
     bool aborted, failed, flushing, finished_compute;
     int32_t first_token;
     float first_logprob;
+    int32_t first_top_ids[PD_MAX_TOP_LOGPROBS]; /* Prefill.logprobs > 0 */
+    float first_top_lps[PD_MAX_TOP_LOGPROBS];
+    int first_n_top;
     uint64_t bytes;
     double t_start, t_lease_end;
     decode_peer *dp;
@@ -154,6 +157,13 @@ static void job_report(prefill_svc *p, job *j) {
     k.num_tokens = (uint32_t)j->msg->n_prompt_ids;
     k.first_token = j->first_token;
     k.first_logprob = j->first_logprob;
+    Pdserve__TopLogprobs top = PDSERVE__TOP_LOGPROBS__INIT;
+    if (j->first_n_top > 0) {
+        top.n_ids = top.n_logprobs = (size_t)j->first_n_top;
+        top.ids = j->first_top_ids;
+        top.logprobs = j->first_top_lps;
+        k.first_top_logprobs = &top;
+    }
     k.kv_bytes = j->bytes;
     k.transfer_seconds = pd_now_s() - j->t_start;
     k.decode_replica_id = j->msg->decode_replica_id;
@@ -317,7 +327,10 @@ static bool step(prefill_svc *p) {
             send_error(p, m->request_id, err.msg);
             return true;
         }
-        j->first_token = pd_sampler_sample(smp, p->logits, &j->first_logprob);
+        /* the gateway allows at most PD_MAX_TOP_LOGPROBS alternatives */
+        int k = m->logprobs < 0 ? 0 : m->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : m->logprobs;
+        j->first_token = pd_sampler_sample_top(smp, p->logits, &j->first_logprob, k, j->first_top_ids,
+                                               j->first_top_lps, &j->first_n_top);
         pd_sampler_free(&smp);
         j->finished_compute = true;
     }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,10 @@ static pd_model *g_m;
 typedef struct {
     char id[32];
     int32_t out[MAXTOK];
+    float lp[MAXTOK];
+    int32_t top_id[MAXTOK][PD_MAX_TOP_LOGPROBS];
+    float top_lp[MAXTOK][PD_MAX_TOP_LOGPROBS];
+    int n_top[MAXTOK];
     int n_out;
     char finish[16];
     bool errored;
@@ -39,10 +44,18 @@ static req_out *lookup(outputs *o, const char *id) {
     fail_msg("unknown id %s", id);
     return NULL;
 }
-static void on_token(void *u, const char *id, int32_t t, float lp) {
+static void on_token(void *u, const char *id, int32_t t, float lp, const int32_t *top_ids, const float *top_lps,
+                     int n_top) {
     req_out *r = lookup(u, id);
     assert_true(r->n_out < MAXTOK);
     assert_true(r->finish[0] == 0);
+    assert_true(n_top >= 0 && n_top <= PD_MAX_TOP_LOGPROBS);
+    r->lp[r->n_out] = lp;
+    r->n_top[r->n_out] = n_top;
+    if (n_top > 0) {
+        memcpy(r->top_id[r->n_out], top_ids, (size_t)n_top * sizeof *top_ids);
+        memcpy(r->top_lp[r->n_out], top_lps, (size_t)n_top * sizeof *top_lps);
+    }
     r->out[r->n_out++] = t;
 }
 static void on_finished(void *u, const char *id, const char *reason) {
@@ -264,6 +277,164 @@ static void test_abort_frees_blocks(void **state) {
     pd_sched_free(&s);
 }
 
+/* ---- top logprobs ---------------------------------------------------- */
+
+static const float *g_key;
+static int rank_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_key[x] != g_key[y]) return g_key[x] > g_key[y] ? -1 : 1;
+    return x < y ? -1 : 1;
+}
+
+/* Independent of the sampler: a full sort of the vocabulary and a
+ * log-softmax in double, checked against what the scheduler reported for
+ * step k of r (which is the model's logits lg). */
+static void check_top(const req_out *r, int k, const float *lg, int V, int32_t *order, int want_n) {
+    assert_int_equal(r->n_top[k], want_n);
+    double max = -INFINITY, sum = 0.0;
+    for (int i = 0; i < V; i++) max = fmax(max, lg[i]);
+    for (int i = 0; i < V; i++) sum += exp((double)lg[i] - max);
+    for (int i = 0; i < V; i++) order[i] = i;
+    g_key = lg;
+    qsort(order, (size_t)V, sizeof *order, rank_cmp);
+    double lse = max + log(sum);
+    double want_lp = (double)lg[r->out[k]] - lse;
+    if (fabs(r->lp[k] - want_lp) > 1e-5) fail_msg("%s step %d: logprob %.7g, want %.7g", r->id, k, r->lp[k], want_lp);
+    for (int j = 0; j < want_n; j++) {
+        if (r->top_id[k][j] != order[j])
+            fail_msg("%s step %d: top[%d] = %d, want %d", r->id, k, j, r->top_id[k][j], order[j]);
+        double want = (double)lg[order[j]] - lse;
+        if (fabs(r->top_lp[k][j] - want) > 1e-5)
+            fail_msg("%s step %d: top[%d] logprob %.7g, want %.7g", r->id, k, j, r->top_lp[k][j], want);
+        assert_true(r->top_lp[k][j] <= 0.0f);
+        if (j > 0) assert_true(r->top_lp[k][j] <= r->top_lp[k][j - 1]);
+        if (r->top_id[k][j] == r->out[k]) assert_true(r->top_lp[k][j] == r->lp[k]); /* the same float */
+    }
+}
+
+/* One request alone through the scheduler, then the same sequence through
+ * the model by hand (feeding the tokens the scheduler chose): every step's
+ * top-k against check_top. Sampled with penalties, the top-k stay those of
+ * the raw logits. */
+static void run_top_alone(const pd_sampling_params *sp, int k, int n, uint64_t prompt_seed) {
+    static outputs o;
+    memset(&o, 0, sizeof o);
+    pd_sched *s;
+    pd_err err = {{0}};
+    pd_sched_config cfg = {.max_num_seqs = 4, .max_num_batched_tokens = 64, .chunked_prefill_size = 64,
+                           .block_size = 4, .num_blocks = 64};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, &o, &s, &err), PD_OK);
+    int32_t prompt[64];
+    make_prompt(prompt, n, prompt_seed);
+    snprintf(o.r[0].id, 32, "top-%d", k);
+    o.n = 1;
+    int max_tokens = 6;
+    pd_sched_request r = {.request_id = o.r[0].id, .prompt_ids = prompt, .n_prompt = n, .sampling = *sp,
+                          .max_tokens = max_tokens, .ignore_eos = true, .want_logprobs = true, .top_logprobs = k};
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    for (int g = 0; g < 1000 && pd_sched_step(s) > 0; g++) {}
+    const req_out *ro = &o.r[0];
+    assert_int_equal(ro->n_out, max_tokens);
+
+    int V = pd_model_config_of(g_m)->vocab_size;
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t *order = malloc((size_t)V * sizeof(int32_t));
+    pd_kv_cache *kv;
+    assert_int_equal(pd_kv_cache_init(g_m, 4, 32, &kv, &err), PD_OK);
+    pd_seq_kv sq = {0};
+    assert_int_equal(pd_seq_kv_reserve(kv, &sq, n), PD_OK);
+    pd_batch_seq b = {.kv = &sq, .tokens = prompt, .n_tokens = n};
+    assert_int_equal(pd_model_forward(g_m, kv, &b, 1, lg, &err), PD_OK);
+    for (int step = 0; step < max_tokens; step++) {
+        check_top(ro, step, lg, V, order, k);
+        if (sp->temperature == 0 && sp->repetition_penalty == 1.0f && k > 0) {
+            assert_int_equal(ro->out[step], ro->top_id[step][0]); /* greedy: the sampled token is top-1 */
+            assert_true(ro->lp[step] == ro->top_lp[step][0]);
+        }
+        if (step + 1 == max_tokens) break;
+        assert_int_equal(pd_seq_kv_reserve(kv, &sq, 1), PD_OK);
+        pd_batch_seq d = {.kv = &sq, .tokens = &ro->out[step], .n_tokens = 1};
+        assert_int_equal(pd_model_forward(g_m, kv, &d, 1, lg, &err), PD_OK);
+    }
+    pd_seq_kv_release(kv, &sq);
+    free(sq.block_table);
+    pd_kv_cache_free(&kv);
+    free(order);
+    free(lg);
+    pd_sched_free(&s);
+}
+
+static void test_top_logprobs_greedy(void **state) {
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = 0;
+    run_top_alone(&sp, 5, 11, 31);
+    run_top_alone(&sp, PD_MAX_TOP_LOGPROBS, 3, 32);
+}
+
+static void test_top_logprobs_raw_under_penalties(void **state) {
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = 0.8f;
+    sp.repetition_penalty = 1.5f;
+    sp.presence_penalty = 1.0f;
+    sp.seed = 77;
+    sp.has_seed = true;
+    run_top_alone(&sp, 7, 9, 33);
+}
+
+/* Mixed in one batch: each request gets what it asked for (nothing, the
+ * sampled logprob only, k alternatives), and the batch's tokens are those
+ * of requests without logprobs. */
+static void test_top_logprobs_batched(void **state) {
+    static outputs o;
+    memset(&o, 0, sizeof o);
+    pd_sched *s;
+    pd_err err = {{0}};
+    pd_sched_config cfg = {.max_num_seqs = 8, .max_num_batched_tokens = 24, .chunked_prefill_size = 8,
+                           .block_size = 4, .num_blocks = 128};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, &o, &s, &err), PD_OK);
+    static const struct { bool want; int k; } asks[] = {{false, 0}, {true, 0}, {true, 1}, {true, 3}, {true, 20}};
+    int n = 5, max_tokens = 5;
+    int32_t prompts[5][20];
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = 0;
+    for (int i = 0; i < n; i++) {
+        make_prompt(prompts[i], 6 + 3 * i, 200 + i);
+        snprintf(o.r[i].id, 32, "mix-%d", i);
+        o.n++;
+        pd_sched_request r = {.request_id = o.r[i].id, .prompt_ids = prompts[i], .n_prompt = 6 + 3 * i,
+                              .sampling = sp, .max_tokens = max_tokens, .ignore_eos = true,
+                              .want_logprobs = asks[i].want, .top_logprobs = asks[i].k};
+        assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    }
+    pd_sched_request bad = {.request_id = "bad", .prompt_ids = prompts[0], .n_prompt = 3, .sampling = sp,
+                            .max_tokens = 2, .want_logprobs = true, .top_logprobs = PD_MAX_TOP_LOGPROBS + 1};
+    assert_int_equal(pd_sched_add(s, &bad, &err), PD_ERR_INVALID);
+    bad.top_logprobs = -1;
+    assert_int_equal(pd_sched_add(s, &bad, &err), PD_ERR_INVALID);
+    for (int g = 0; g < 1000 && pd_sched_step(s) > 0; g++) {}
+    for (int i = 0; i < n; i++) {
+        const req_out *r = &o.r[i];
+        assert_int_equal(r->n_out, max_tokens);
+        int32_t ref[16];
+        reference(prompts[i], 6 + 3 * i, &sp, max_tokens, ref);
+        assert_memory_equal(r->out, ref, (size_t)max_tokens * sizeof(int32_t));
+        for (int k = 0; k < max_tokens; k++) {
+            assert_int_equal(r->n_top[k], asks[i].k);
+            if (!asks[i].want) assert_true(r->lp[k] == 0.0f);
+            else assert_true(r->lp[k] <= 0.0f);
+            if (asks[i].k > 0) {
+                assert_int_equal(r->top_id[k][0], r->out[k]);
+                assert_true(r->top_lp[k][0] == r->lp[k]);
+            }
+            for (int j = 1; j < r->n_top[k]; j++) {
+                assert_true(r->top_lp[k][j] <= r->top_lp[k][j - 1]);
+                assert_true(r->top_id[k][j] != r->top_id[k][j - 1]);
+            }
+        }
+    }
+    pd_sched_free(&s);
+}
+
 int main(void) {
     const struct CMUnitTest t[] = {
         cmocka_unit_test(test_batched_greedy_equals_alone),
@@ -271,6 +442,9 @@ int main(void) {
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_reserved_prefilled),
         cmocka_unit_test(test_abort_frees_blocks),
+        cmocka_unit_test(test_top_logprobs_greedy),
+        cmocka_unit_test(test_top_logprobs_raw_under_penalties),
+        cmocka_unit_test(test_top_logprobs_batched),
     };
     return cmocka_run_group_tests(t, setup, teardown);
 }

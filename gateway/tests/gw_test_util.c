@@ -20,6 +20,8 @@
 
 #include "gw_test_util.h"
 
+#include <math.h>
+
 /* ---- tokenizer ---------------------------------------------------------- */
 
 static pd_tokenizer *g_tok;
@@ -127,7 +129,28 @@ static void fake_tick(evutil_socket_t fd, short what, void *arg) {
             float lps[4096];
             for (int i = 0; i < k; i++)
                 lps[i] = -0.5f * (float)(f->pos[c] + i + 1);
-            pd_gw_on_tokens(f->req, c, f->s.ids + f->pos[c], f->s.with_logprobs ? lps : NULL, k);
+            int nt = f->s.n_top;
+            if (nt > 0) {
+                int32_t *tid = malloc((size_t)k * nt * sizeof *tid);
+                float *tlp = malloc((size_t)k * nt * sizeof *tlp);
+                for (int i = 0; i < k; i++)
+                    for (int j = 0; j < nt; j++) {
+                        bool self = !f->s.top_without_sampled && j == 0;
+                        int alt = f->s.top_without_sampled ? j : j - 1;
+                        tid[i * nt + j] = self ? f->s.ids[f->pos[c] + i] : f->s.top_alt[alt];
+                        tlp[i * nt + j] = f->s.top_without_sampled ? -0.01f * (float)(j + 1)
+                                                                   : lps[i] - 0.25f * (float)j;
+                        if (f->s.top_last_inf && j == nt - 1)
+                            tlp[i * nt + j] = -INFINITY;
+                    }
+                pd_gw_on_tokens_top(f->req, c, f->s.ids + f->pos[c],
+                                    f->s.with_logprobs ? lps : NULL, tid, tlp, nt, k);
+                free(tid);
+                free(tlp);
+            } else {
+                pd_gw_on_tokens(f->req, c, f->s.ids + f->pos[c], f->s.with_logprobs ? lps : NULL,
+                                k);
+            }
             f->pos[c] += k;
             if (c == 0)
                 f->emitted0 += k;

@@ -48,6 +48,13 @@ typedef struct {
     int reject_retry_after;
     bool with_logprobs; /* report logprob = -0.5 * (k+1) for the k-th id */
     int choice_skip;    /* choice c starts at ids[c * choice_skip] (choices differ) */
+    /* top logprobs (pd_gw_on_tokens_top) when n_top > 0, for the id of
+     * logprob lp: [the id (lp), top_alt[0] (lp - 0.25), top_alt[1] (lp - 0.5), …];
+     * with top_without_sampled: [top_alt[0] (-0.01), top_alt[1] (-0.02), …],
+     * all above lp. top_last_inf: the last alternative has logprob -inf. */
+    int n_top;
+    int32_t top_alt[32];
+    bool top_without_sampled, top_last_inf;
 } gwt_script;
 
 typedef struct {

@@ -877,6 +877,196 @@ static void test_logprobs(void **state) {
     json_decref(j);
 }
 
+/* Top logprobs from an engine that reports alternatives
+ * (pd_gw_on_tokens_top): at most what the request asked for, best first,
+ * the completions dict with the sampled token too, -inf as -9999.0, and a
+ * stream's logprobs equal to the non-streamed ones. */
+static void script_top(int n_top, bool without_sampled, bool last_inf, int batch) {
+    int n = 0, na = 0;
+    int32_t *ids = gwt_ids_bytewise("abcd", &n);
+    int32_t *alt = gwt_ids_bytewise("xyzw", &na);
+    gwt_script s = gwt_script_ids(ids, n);
+    s.with_logprobs = true;
+    s.batch = batch;
+    s.n_top = n_top;
+    memcpy(s.top_alt, alt, (size_t)na * sizeof *alt);
+    s.top_without_sampled = without_sampled;
+    s.top_last_inf = last_inf;
+    gwt_engine_set(&g_srv.engine, &s);
+    free(ids);
+    free(alt);
+}
+
+/* choices[0].logprobs of every streamed chunk: chat content entries
+ * appended, completions arrays appended per key. */
+static json_t *stream_logprobs(const stream_result *sr, bool chat) {
+    json_t *acc = chat ? json_pack("{s:[]}", "content")
+                       : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                   "top_logprobs", "text_offset");
+    for (int i = 0; i < sr->n_ev; i++) {
+        json_t *lp = json_object_get(choice0(sr->ev[i]), "logprobs");
+        if (!json_is_object(lp))
+            continue;
+        const char *key;
+        json_t *v;
+        json_object_foreach(lp, key, v) {
+            assert_non_null(json_object_get(acc, key));
+            json_array_extend(json_object_get(acc, key), v);
+        }
+    }
+    return acc;
+}
+
+static void test_top_logprobs(void **state) {
+    static const char chat3[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"logprobs\":true,\"top_logprobs\":3";
+    char body[256];
+    /* chat: the engine knows 5, the request wants 3 */
+    script_top(5, false, false, 1);
+    snprintf(body, sizeof body, "%s}", chat3);
+    json_t *j = post_json("/v1/chat/completions", body, 200);
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *e = json_array_get(content, i);
+        char tok[2] = {"abcd"[i], 0};
+        double lp = -0.5 * (double)(i + 1);
+        assert_string_equal(json_string_value(json_object_get(e, "token")), tok);
+        assert_true(json_real_value(json_object_get(e, "logprob")) == lp);
+        json_t *top = json_object_get(e, "top_logprobs");
+        assert_int_equal(json_array_size(top), 3);
+        json_t *want0 =
+            json_pack("{s:s, s:f, s:[i]}", "token", tok, "logprob", lp, "bytes", tok[0]);
+        assert_true(json_equal(json_array_get(top, 0), want0)); /* the sampled token, top-1 */
+        json_decref(want0);
+        static const char alt[] = "xy";
+        for (size_t k = 1; k < 3; k++) {
+            json_t *t = json_array_get(top, k);
+            char a[2] = {alt[k - 1], 0};
+            assert_string_equal(json_string_value(json_object_get(t, "token")), a);
+            assert_true(json_real_value(json_object_get(t, "logprob")) == lp - 0.25 * (double)k);
+            assert_int_equal(json_integer_value(json_array_get(json_object_get(t, "bytes"), 0)),
+                             a[0]);
+        }
+    }
+    json_t *full =
+        json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"));
+    json_decref(j);
+
+    /* streamed (one token a chunk, then two): the same logprobs */
+    for (int batch = 1; batch <= 2; batch++) {
+        script_top(5, false, false, batch);
+        stream_result sr;
+        snprintf(body, sizeof body, "%s,\"stream\":true}", chat3);
+        stream_post("/v1/chat/completions", body, &sr);
+        json_t *acc = stream_logprobs(&sr, true);
+        assert_true(json_equal(acc, full));
+        json_decref(acc);
+        stream_free(&sr);
+    }
+    json_decref(full);
+
+    /* chat top_logprobs 0: none listed */
+    script_top(5, false, false, 1);
+    j = post_json("/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                  "\"top_logprobs\":0}",
+                  200);
+    content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 4);
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(
+            json_array_size(json_object_get(json_array_get(content, i), "top_logprobs")), 0);
+    json_decref(j);
+
+    /* -inf: rendered -9999.0 (valid JSON) */
+    script_top(5, false, true, 1);
+    j = post_json("/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                  "\"top_logprobs\":5}",
+                  200);
+    content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    json_t *top0 = json_object_get(json_array_get(content, 0), "top_logprobs");
+    assert_int_equal(json_array_size(top0), 5);
+    assert_true(json_real_value(json_object_get(json_array_get(top0, 4), "logprob")) == -9999.0);
+    json_decref(j);
+
+    /* completions logprobs 2: {sampled, x} per position; 0: the sampled token alone */
+    script_top(5, false, false, 1);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":2}", 200);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *d = json_array_get(tops, i);
+        char tok[2] = {"abcd"[i], 0};
+        double want = -0.5 * (double)(i + 1);
+        assert_int_equal(json_object_size(d), 2);
+        assert_true(json_real_value(json_object_get(d, tok)) == want);
+        assert_true(json_real_value(json_object_get(d, "x")) == want - 0.25);
+        assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), i)) ==
+                    want);
+    }
+    full = json_incref(lp);
+    json_decref(j);
+    stream_result sr;
+    stream_post("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":2,\"stream\":true}", &sr);
+    json_t *acc = stream_logprobs(&sr, false);
+    assert_true(json_equal(acc, full));
+    json_decref(acc);
+    json_decref(full);
+    stream_free(&sr);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":0}", 200);
+    tops = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+        "top_logprobs");
+    for (size_t i = 0; i < 4; i++) {
+        json_t *d = json_array_get(tops, i);
+        char tok[2] = {"abcd"[i], 0};
+        assert_int_equal(json_object_size(d), 1);
+        assert_true(json_real_value(json_object_get(d, tok)) == -0.5 * (double)(i + 1));
+    }
+    json_decref(j);
+
+    /* the sampled token not among the top 3: the dict has it too, 4 entries */
+    script_top(3, true, false, 1);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":3}", 200);
+    tops = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+        "top_logprobs");
+    for (size_t i = 0; i < 4; i++) {
+        json_t *d = json_array_get(tops, i);
+        char tok[2] = {"abcd"[i], 0};
+        assert_int_equal(json_object_size(d), 4);
+        const char *keys[4];
+        size_t nk = 0;
+        const char *key;
+        json_t *v;
+        json_object_foreach(d, key, v) keys[nk++] = key;
+        /* best first: x y z, then the sampled token */
+        assert_string_equal(keys[0], "x");
+        assert_string_equal(keys[1], "y");
+        assert_string_equal(keys[2], "z");
+        assert_string_equal(keys[3], tok);
+        assert_true(json_real_value(json_object_get(d, "x")) == (double)-0.01f);
+    }
+    json_decref(j);
+
+    /* an engine without alternatives: top_logprobs lists the sampled token */
+    script_top(0, false, false, 1);
+    snprintf(body, sizeof body, "%s}", chat3);
+    j = post_json("/v1/chat/completions", body, 200);
+    content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    json_t *t0 = json_object_get(json_array_get(content, 1), "top_logprobs");
+    assert_int_equal(json_array_size(t0), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(t0, 0), "token")), "b");
+    json_decref(j);
+}
+
 /* ---- engine errors and aborts ----------------------------------------------------- */
 
 static void test_engine_errors(void **state) {
@@ -1382,6 +1572,7 @@ int main(void) {
         cmocka_unit_test(test_x_request_id),
         cmocka_unit_test(test_n_choices),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_engine_errors),
         cmocka_unit_test(test_disconnect_aborts),
         cmocka_unit_test(test_half_close),

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 #include <event2/event.h>
+#include <jansson.h>
 
 #include "pd_gateway.h"
 #include "pd_msg.h"
@@ -369,12 +370,100 @@ static void test_unregistered_decode_hears_leftovers(void **state) {
     pd_msg_clear(&m);
 }
 
+/* Top logprobs from a replica (Tokens.top_logprobs) reach the response:
+ * cut to what the request asked for; malformed ones (not one entry per id,
+ * ids and logprobs of different lengths) are dropped, the sampled token's
+ * logprob still shown. */
+static json_t *response_logprobs(fixture *f, int fd) {
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 200"));
+    const char *body = strstr(resp, "\r\n\r\n");
+    assert_non_null(body);
+    json_error_t e;
+    json_t *j = json_loads(body + 4, 0, &e);
+    free(resp);
+    assert_non_null(j);
+    json_t *lp =
+        json_incref(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"));
+    json_decref(j);
+    return lp;
+}
+
+/* A token's bytes as a C string (the ids used here are ASCII). */
+static const char *tok_text(const pd_tokenizer *tok, int32_t id) {
+    static char buf[4][64];
+    static int slot;
+    size_t n = 0;
+    const char *b = pd_tok_token_bytes(tok, id, &n);
+    char *out = buf[slot++ % 4];
+    snprintf(out, 64, "%.*s", (int)n, b ? b : "");
+    return out;
+}
+
+static void test_tokens_top_logprobs(void **state) {
+    fixture *f = *state;
+    for (int malformed = 0; malformed < 3; malformed++) {
+        int fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":2,\"logprobs\":2}");
+        pd_msg m;
+        assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+        Pdserve__Generate *g = (Pdserve__Generate *)m.msg;
+        assert_int_equal(g->logprobs, 2);
+        char rid[160];
+        snprintf(rid, sizeof rid, "%s", g->request_id);
+        pd_msg_clear(&m);
+        int32_t ids[2] = {300, 301};
+        float lps[2] = {-0.5f, -1.0f};
+        int32_t a_ids[3] = {300, 302, 303}, b_ids[2] = {304, 301};
+        float a_lps[3] = {-0.5f, -0.75f, -0.875f}, b_lps[2] = {-0.625f, -1.0f};
+        Pdserve__TopLogprobs a = PDSERVE__TOP_LOGPROBS__INIT, b = PDSERVE__TOP_LOGPROBS__INIT;
+        a.ids = a_ids;
+        a.n_ids = 3;
+        a.logprobs = a_lps;
+        a.n_logprobs = malformed == 2 ? 2 : 3;
+        b.ids = b_ids;
+        b.n_ids = 2;
+        b.logprobs = b_lps;
+        b.n_logprobs = 2;
+        Pdserve__TopLogprobs *top[2] = {&a, &b};
+        Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+        t.request_id = rid;
+        t.ids = ids;
+        t.n_ids = 2;
+        t.logprobs = lps;
+        t.n_logprobs = 2;
+        t.top_logprobs = top;
+        t.n_top_logprobs = malformed == 1 ? 1 : 2;
+        t.finished = true;
+        t.finish_reason = "length";
+        assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+        json_t *lp = response_logprobs(f, fd);
+        json_t *tops = json_object_get(lp, "top_logprobs");
+        assert_int_equal(json_array_size(tops), 2);
+        assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 1)) ==
+                    -1.0);
+        const pd_tokenizer *tok = f->tok;
+        json_t *d0 = json_array_get(tops, 0), *d1 = json_array_get(tops, 1);
+        if (malformed) { /* the sampled token alone */
+            assert_int_equal(json_object_size(d0), 1);
+            assert_int_equal(json_object_size(d1), 1);
+        } else { /* 2 asked: {300, 302} and {304, 301} */
+            assert_int_equal(json_object_size(d0), 2);
+            assert_int_equal(json_object_size(d1), 2);
+            assert_true(json_real_value(json_object_get(d0, tok_text(tok, 302))) == -0.75);
+            assert_true(json_real_value(json_object_get(d1, tok_text(tok, 304))) == -0.625);
+            assert_true(json_real_value(json_object_get(d1, tok_text(tok, 301))) == -1.0);
+        }
+        json_decref(lp);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_unknown_finish_reason),
         cmocka_unit_test(test_kv_complete_reaches_stalled_decode),
         cmocka_unit_test(test_reserve_reply_from_stalled_decode),
         cmocka_unit_test(test_unregistered_decode_hears_leftovers),
+        cmocka_unit_test(test_tokens_top_logprobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -671,6 +671,102 @@ static void test_logprob(void **state) {
     }
 }
 
+/* Top logprobs against a full sort of an independent log-softmax: the k
+ * best ids (ties to the lower id, planted here), their logprobs of the raw
+ * logits whatever the penalties and temperature, and under greedy the
+ * sampled token first with the very same float. */
+static const float *g_ref_key;
+static int ref_rank_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_ref_key[x] != g_ref_key[y])
+        return g_ref_key[x] > g_ref_key[y] ? -1 : 1;
+    return x < y ? -1 : 1;
+}
+
+static void test_top_logprobs(void **state) {
+    (void)state;
+    enum { V = 3000 };
+    pd_rng rng;
+    pd_rng_seed(&rng, 21);
+    static float raw[V], work[V];
+    static int32_t order[V];
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++)
+        prompt[i] = (int32_t)(pd_rng_next(&rng) % V);
+    for (int mode = 0; mode < 2; mode++) {
+        pd_sampling_params p = pd_sampling_defaults();
+        p.has_seed = true;
+        p.seed = 4;
+        p.temperature = mode == 0 ? 0.0f : 1.3f;
+        p.repetition_penalty = 1.5f;
+        p.frequency_penalty = 1.0f;
+        pd_sampler *s = sampler_new(&p, V, prompt, 20);
+        for (int step = 0; step < 40; step++) {
+            int k = step % (PD_MAX_TOP_LOGPROBS + 3); /* 0 .. 22: above the limit clamps */
+            random_logits(&rng, raw, V, 3.0);
+            for (int i = 0; i < 6; i++) /* ties at the top: lower id first */
+                raw[V - 1 - 7 * i] = raw[(step * 13 + i) % V] = 9.0f + (float)(i % 3);
+            memcpy(work, raw, sizeof work);
+            int32_t ids[PD_MAX_TOP_LOGPROBS + 3];
+            float lps[PD_MAX_TOP_LOGPROBS + 3], lp = 1.0f;
+            int n_top = -1;
+            int32_t t = pd_sampler_sample_top(s, work, &lp, k, ids, lps, &n_top);
+            int want_n = k < PD_MAX_TOP_LOGPROBS ? k : PD_MAX_TOP_LOGPROBS;
+            assert_int_equal(n_top, want_n);
+            for (int i = 0; i < V; i++)
+                order[i] = i;
+            g_ref_key = raw;
+            qsort(order, V, sizeof *order, ref_rank_cmp);
+            for (int i = 0; i < n_top; i++) {
+                if (ids[i] != order[i])
+                    fail_msg("mode %d step %d: top[%d] = %d, want %d", mode, step, i, ids[i],
+                             order[i]);
+                double want = ref_log_softmax(raw, V, order[i]);
+                if (fabs(lps[i] - want) > 1e-5)
+                    fail_msg("mode %d step %d: top[%d] logprob %.7g, want %.7g", mode, step, i,
+                             lps[i], want);
+                assert_true(lps[i] <= 0.0f);
+                if (i > 0)
+                    assert_true(lps[i] <= lps[i - 1]);
+                if (ids[i] == t)
+                    assert_true(lps[i] == lp); /* one normaliser */
+            }
+        }
+        pd_sampler_free(&s);
+    }
+    /* plain greedy: the sampled token is top-1, same float */
+    pd_sampling_params g = pd_sampling_defaults();
+    g.temperature = 0.0f;
+    pd_sampler *s = sampler_new(&g, V, NULL, 0);
+    for (int step = 0; step < 10; step++) {
+        random_logits(&rng, raw, V, 2.0);
+        int32_t ids[5];
+        float lps[5], lp;
+        int n_top;
+        int32_t t = pd_sampler_sample_top(s, raw, &lp, 5, ids, lps, &n_top);
+        assert_int_equal(n_top, 5);
+        assert_int_equal(t, ids[0]);
+        assert_true(lp == lps[0]);
+    }
+    pd_sampler_free(&s);
+    /* a vocabulary smaller than k, and no arrays */
+    float small[3] = {0.0f, 1.0f, 0.0f};
+    s = sampler_new(&g, 3, NULL, 0);
+    int32_t ids[PD_MAX_TOP_LOGPROBS];
+    float lps[PD_MAX_TOP_LOGPROBS];
+    int n_top;
+    assert_int_equal(pd_sampler_sample_top(s, small, NULL, 20, ids, lps, &n_top), 1);
+    assert_int_equal(n_top, 3);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 0);
+    assert_int_equal(ids[2], 2);
+    assert_true(fabs(lps[0] - log(exp(1.0) / (exp(1.0) + 2.0))) < 1e-6);
+    small[1] = 1.0f;
+    assert_int_equal(pd_sampler_sample_top(s, small, NULL, 20, NULL, NULL, &n_top), 1);
+    assert_int_equal(n_top, 0);
+    pd_sampler_free(&s);
+}
+
 /* ---- odd inputs and speed ------------------------------------------------------ */
 
 static void test_masked_logits(void **state) {
@@ -737,6 +833,23 @@ static void test_speed(void **state) {
                       cases[ci].what, us, VOCAB_V3);
         pd_sampler_free(&s);
     }
+    /* OpenAI logprobs: the sampled token's, and with the top 20 */
+    pd_sampling_params g = pd_sampling_defaults();
+    g.temperature = 0.0f;
+    pd_sampler *s = sampler_new(&g, VOCAB_V3, NULL, 0);
+    for (int k = 0; k <= PD_MAX_TOP_LOGPROBS; k += PD_MAX_TOP_LOGPROBS) {
+        enum { N = 100 };
+        int32_t ids[PD_MAX_TOP_LOGPROBS];
+        float lps[PD_MAX_TOP_LOGPROBS], lp;
+        double t0 = pd_now_s();
+        for (int i = 0; i < N; i++) {
+            memcpy(work, l, VOCAB_V3 * sizeof *work);
+            pd_sampler_sample_top(s, work, &lp, k, ids, lps, NULL);
+        }
+        double us = (pd_now_s() - t0) / N * 1e6;
+        print_message("greedy, logprob, top %2d %5.1f us/token\n", k, us);
+    }
+    pd_sampler_free(&s);
     free(work);
     free(l);
 }
@@ -753,6 +866,7 @@ int main(void) {
         cmocka_unit_test(test_filters_at_vocab_scale),
         cmocka_unit_test(test_top_p_at_vocab_scale),
         cmocka_unit_test(test_penalties_exact),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_logprob),
         cmocka_unit_test(test_masked_logits),
         cmocka_unit_test(test_speed),

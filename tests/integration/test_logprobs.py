@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""top_logprobs end to end on 127.0.0.1 with the tiny model: `pdserve up`
+(gateway, one prefill and one decode replica), both routes (a prompt at or
+under --long-prompt-threshold is prefilled on the decode replica, a longer
+one on the prefill replica, whose first token comes with KvComplete).
+
+Checks, per route and endpoint:
+- greedy with top_logprobs 5: 5 alternatives per token, logprobs <= 0 and
+  sorted descending, the sampled token first with the very same logprob
+  (chat: token, logprob and bytes; completions: the first key of the dict);
+- asking for logprobs does not change the greedy text;
+- sampled (temperature 1, seed) with top_logprobs 3: the sampled token's
+  logprob is at most the top-1's, equal to its entry when listed;
+- streamed == non-streamed: the chunks' logprobs concatenated equal the
+  whole response's;
+- the long route moved KV (so the first token's alternatives came through
+  the prefill replica).
+Run by ctest (tests/integration/*.py) with PD_BIN set.
+"""
+import http.client, json, os, random, signal, subprocess, time
+
+from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, tiny_model
+
+CHUNK = 8
+THRESHOLD = 12
+K = 5
+
+
+def post(port, path, body):
+    st, _, data = request(port, "POST", path, body, 60)
+    check(st == 200, f"{path}: status {st} {data[:200]!r}", quiet_ok=True)
+    return json.loads(data) if st == 200 else None
+
+
+def stream_logprobs(port, path, body):
+    """The streamed response's choices[0].logprobs, concatenated over its chunks."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", path, json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, f"{path} stream: status {r.status}", quiet_ok=True)
+    raw = r.read()
+    c.close()
+    acc = None
+    for block in raw.split(b"\n\n"):
+        if not block.startswith(b"data: ") or block == b"data: [DONE]":
+            continue
+        for ch in json.loads(block[6:].decode("utf-8", errors="strict")).get("choices", []):
+            lp = ch.get("logprobs")
+            if not lp:
+                continue
+            if acc is None:
+                acc = {k: [] for k in lp}
+            for k, v in lp.items():
+                acc[k].extend(v)
+    return acc
+
+
+def check_sorted(values, what):
+    check(all(v <= 0 for v in values), f"{what}: logprobs <= 0 ({values})", quiet_ok=True)
+    check(all(a >= b for a, b in zip(values, values[1:])), f"{what}: sorted descending ({values})", quiet_ok=True)
+
+
+def check_chat_greedy(lp, what):
+    content = lp["content"]
+    check(len(content) > 0, f"{what}: logprobs for every token")
+    for j, e in enumerate(content):
+        top = e["top_logprobs"]
+        w = f"{what} token {j}"
+        check(len(top) == K, f"{w}: {len(top)} alternatives, want {K}", quiet_ok=True)
+        check_sorted([t["logprob"] for t in top], w)
+        check(top and top[0]["token"] == e["token"] and top[0]["bytes"] == e["bytes"],
+              f"{w}: the sampled token {e['token']!r} is top-1 ({top[:1]})", quiet_ok=True)
+        check(top and top[0]["logprob"] == e["logprob"],
+              f"{w}: its logprob {e['logprob']} equals top_logprobs[0] {top[:1]}", quiet_ok=True)
+    print(f"ok: {what}: {len(content)} tokens, each with {K} sorted alternatives, the sampled one first")
+
+
+def check_completion_greedy(lp, what):
+    n = len(lp["tokens"])
+    check(n > 0 and len(lp["token_logprobs"]) == n and len(lp["top_logprobs"]) == n and len(lp["text_offset"]) == n,
+          f"{what}: tokens, token_logprobs, top_logprobs, text_offset of one length")
+    for j in range(n):
+        d = lp["top_logprobs"][j]
+        w = f"{what} token {j}"
+        # distinct ids may share a text (a key kept once): at most K
+        check(1 <= len(d) <= K, f"{w}: {len(d)} alternatives, want <= {K}", quiet_ok=True)
+        check_sorted(list(d.values()), w)
+        first = next(iter(d.items()))
+        check(first == (lp["tokens"][j], lp["token_logprobs"][j]),
+              f"{w}: the sampled token is top-1 ({first} vs {lp['tokens'][j]!r}, {lp['token_logprobs'][j]})",
+              quiet_ok=True)
+    print(f"ok: {what}: {n} tokens, sorted alternatives, the sampled one first")
+
+
+def byte_level_vocab(model):
+    """{token text: id} of the model's byte-level BPE tokenizer.json (GPT-2's
+    bytes_to_unicode), for the tokens whose bytes are whole UTF-8."""
+    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    u2b = {chr(c): b for b, c in zip(bs, cs)}
+    tok = json.load(open(os.path.join(model, "tokenizer.json"), encoding="utf-8"))
+    out = {}
+    for piece, i in tok["model"]["vocab"].items():
+        try:
+            out.setdefault(bytes(u2b[c] for c in piece).decode("utf-8"), i)
+        except (KeyError, UnicodeDecodeError):
+            pass
+    return out
+
+
+def main():
+    tmp, model = tiny_model()
+    port = free_port_pair()
+    log = open(os.path.join(tmp, "up.log"), "w")
+    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
+                           "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
+                           "--long-prompt-threshold", str(THRESHOLD), "--chunked-prefill-size", str(CHUNK),
+                           "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100",
+                           "--threads", "1"],
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        ready = False
+        while time.time() < deadline:
+            try:
+                st, _, _ = request(port, "GET", "/health", timeout=10)
+                if st == 200 and metric(metrics(port), "pdserve:replicas_alive", role="prefill") >= 1:
+                    ready = True
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        if not check(ready, "stack became ready"):
+            return
+        rng = random.Random(11)
+        routes = {"short": ([rng.randrange(3, 120000) for _ in range(5)], "Hi"),
+                  "long": ([rng.randrange(3, 120000) for _ in range(THRESHOLD + 9)],
+                           "Tell me a long story about " + "many things " * 6)}
+        for route, (ids, text) in routes.items():
+            m0 = metrics(port)
+            # ---- completions ----
+            base = {"model": "tiny", "prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+            plain = post(port, "/v1/completions", base)
+            body = dict(base, logprobs=K)
+            resp = post(port, "/v1/completions", body)
+            if plain and resp:
+                check(resp["choices"][0]["text"] == plain["choices"][0]["text"],
+                      f"{route} completions: logprobs do not change the greedy text")
+                lp = resp["choices"][0]["logprobs"]
+                check_completion_greedy(lp, f"{route} completions")
+                check(stream_logprobs(port, "/v1/completions", body) == lp,
+                      f"{route} completions: streamed logprobs == non-streamed")
+            # ---- chat ----
+            cbase = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 6,
+                     "temperature": 0, "ignore_eos": True}
+            cbody = dict(cbase, logprobs=True, top_logprobs=K)
+            plain = post(port, "/v1/chat/completions", cbase)
+            resp = post(port, "/v1/chat/completions", cbody)
+            if plain and resp:
+                check(resp["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"],
+                      f"{route} chat: logprobs do not change the greedy text")
+                lp = resp["choices"][0]["logprobs"]
+                check_chat_greedy(lp, f"{route} chat")
+                check(stream_logprobs(port, "/v1/chat/completions", cbody) == lp,
+                      f"{route} chat: streamed logprobs == non-streamed")
+            # ---- sampled: the alternatives are the raw distribution's best ----
+            sbody = dict(cbase, temperature=1.0, seed=3, logprobs=True, top_logprobs=3, max_tokens=8)
+            resp = post(port, "/v1/chat/completions", sbody)
+            if resp:
+                for j, e in enumerate(resp["choices"][0]["logprobs"]["content"]):
+                    top = e["top_logprobs"]
+                    w = f"{route} chat sampled token {j}"
+                    check(len(top) == 3, f"{w}: 3 alternatives", quiet_ok=True)
+                    check_sorted([t["logprob"] for t in top], w)
+                    check(e["logprob"] <= top[0]["logprob"], f"{w}: logprob {e['logprob']} <= top-1 {top[0]}",
+                          quiet_ok=True)
+                    for t in top:
+                        if t["bytes"] == e["bytes"]:
+                            check(t["logprob"] == e["logprob"], f"{w}: listed with the same logprob", quiet_ok=True)
+                print(f"ok: {route} chat sampled: alternatives sorted, the sampled token at most top-1")
+                check(stream_logprobs(port, "/v1/chat/completions", sbody) == resp["choices"][0]["logprobs"],
+                      f"{route} chat sampled (seeded): streamed logprobs == non-streamed")
+            time.sleep(0.35)  # heartbeats carry the counters
+            moved = metric(metrics(port), "pdserve:kv_transfer_bytes_total") - metric(m0, "pdserve:kv_transfer_bytes_total")
+            if route == "long":
+                check(moved > 0, "long route: KV moved from the prefill replica")
+            else:
+                check(moved == 0, "short route: no KV moved")
+        # ---- the two replicas agree: the decode replica's alternatives for
+        # the 2nd token of a 12-token prompt (short route) are the prefill
+        # replica's for the 1st token of that prompt + its 1st token (13
+        # tokens, long route), to the float noise of two attention paths ----
+        vocab = byte_level_vocab(model)
+        agreed = False
+        for attempt in range(5):
+            ids = [rng.randrange(3, 120000) for _ in range(THRESHOLD)]
+            a = post(port, "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0,
+                                               "ignore_eos": True, "logprobs": K})
+            t1 = vocab.get(a["choices"][0]["logprobs"]["tokens"][0]) if a else None
+            if t1 is None:
+                continue  # a text that does not name one token (U+FFFD, ...): another prompt
+            b = post(port, "/v1/completions", {"model": "tiny", "prompt": ids + [t1], "max_tokens": 1,
+                                               "temperature": 0, "ignore_eos": True, "logprobs": K})
+            if not b:
+                break
+            dec = list(a["choices"][0]["logprobs"]["top_logprobs"][1].items())
+            pre = list(b["choices"][0]["logprobs"]["top_logprobs"][0].items())
+            check(len(dec) == len(pre), f"replicas agree: as many alternatives ({len(dec)}, {len(pre)})")
+            close = all(abs(x[1] - y[1]) < 2e-3 for x, y in zip(dec, pre))
+            check(close, f"replicas agree: logprobs within 2e-3 (decode {dec}, prefill {pre})")
+            # the same tokens, where no near-tie could swap two of them
+            gaps = [j for j in range(len(dec)) if all(abs(dec[j][1] - dec[i][1]) > 2e-3 for i in range(len(dec)) if i != j)]
+            check(all(dec[j][0] == pre[j][0] for j in gaps), f"replicas agree: the same tokens ({dec}, {pre})")
+            agreed = True
+            break
+        check(agreed, "replicas agree: a prompt whose 1st token maps back to its id")
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+        log.close()
+        text = open(os.path.join(tmp, "up.log")).read()
+        check("Sanitizer" not in text and "runtime error" not in text, "no sanitizer report in the stack's log")
+        if failures:
+            print(text[-6000:])
+    finish()
+
+
+if __name__ == "__main__":
+    main()
