@@ -662,6 +662,10 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     pm.decode_kv_rkey.len = s->decode->rkey_len;
     pm.decode_kv_base = s->decode->kv_base;
     pm.logprobs = p->logprobs;
+    pm.min_tokens = (uint32_t)p->min_tokens;
+    pm.ignore_eos = p->ignore_eos;
+    pm.stop_token_ids = (int32_t *)p->stop_token_ids;
+    pm.n_stop_token_ids = (size_t)p->n_stop_token_ids;
     send_to(r, pf, PD_MSG_PREFILL, &pm.base);
 }
 

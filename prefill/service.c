@@ -3,6 +3,7 @@
 #include "pd_prefill.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -326,6 +327,13 @@ static bool step(prefill_svc *p) {
             j->failed = true;
             send_error(p, m->request_id, err.msg);
             return true;
+        }
+        if (m->min_tokens > 0) { /* vLLM min_tokens: the first token cannot end the request */
+            const pd_model_config *c = pd_model_config_of(p->m);
+            if (!m->ignore_eos) p->logits[c->eos_token_id] = -INFINITY;
+            for (size_t i = 0; i < m->n_stop_token_ids; i++)
+                if (m->stop_token_ids[i] >= 0 && m->stop_token_ids[i] < c->vocab_size)
+                    p->logits[m->stop_token_ids[i]] = -INFINITY;
         }
         /* the gateway allows at most PD_MAX_TOP_LOGPROBS alternatives */
         int k = m->logprobs < 0 ? 0 : m->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : m->logprobs;
