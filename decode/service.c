@@ -456,10 +456,15 @@ static void handle(decode_svc *d, pd_msg *msg) {
     }
 }
 
+static void backends_free(pd_backend **bes) {
+    for (int r = 0; r < PD_TP_MAX_RANKS; r++)
+        pd_backend_free(&bes[r]);
+}
+
 int pd_decode_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
-    int heartbeat_ms = 500, metrics_port = 0;
+    int heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
     bool verify_ckpt = false;
     const char *ckpt_manifest = NULL;
@@ -474,6 +479,8 @@ int pd_decode_main(int argc, char **argv) {
         {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "KV cache blocks (default 4096)"},
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
+        {"tensor-parallel-size", PD_FLAG_INT, &tp,
+         "shard the model over GPUs 0..N-1 (CUDA_VISIBLE_DEVICES picks them) or N CPU threads (default 1)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
@@ -506,15 +513,15 @@ int pd_decode_main(int argc, char **argv) {
         }
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
-    pd_backend *be = NULL;
-    if (pd_backend_init(device, threads, &be, &err) != PD_OK) {
+    pd_backend *bes[PD_TP_MAX_RANKS] = {0}; /* tensor-parallel ranks; bes[1..] NULL with one */
+    if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "init backend", t);
-    if (pd_model_load(model, be, &d.m, &err) != PD_OK) {
+    if (pd_model_load_tp(model, bes, tp, &d.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
-        pd_backend_free(&be);
+        backends_free(bes);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "load weights", t);
@@ -523,7 +530,7 @@ int pd_decode_main(int argc, char **argv) {
     if (pd_sched_init(d.m, &sc, &cb, &d, &d.sched, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         pd_model_free(&d.m);
-        pd_backend_free(&be);
+        backends_free(bes);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
@@ -547,7 +554,7 @@ int pd_decode_main(int argc, char **argv) {
             pd_kvx_agent_free(&d.agent);
             pd_sched_free(&d.sched);
             pd_model_free(&d.m);
-            pd_backend_free(&be);
+            backends_free(bes);
             return 1;
         }
     }
@@ -641,6 +648,6 @@ out:
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);
     pd_model_free(&d.m);
-    pd_backend_free(&be);
+    backends_free(bes);
     return rc;
 }

@@ -413,7 +413,7 @@ static void handle(prefill_svc *p, pd_msg *msg) {
 
 int pd_prefill_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
-    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500, metrics_port = 0;
+    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool verify_ckpt = false;
@@ -427,6 +427,8 @@ int pd_prefill_main(int argc, char **argv) {
         {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "local KV cache blocks (default 4096)"},
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
+        {"tensor-parallel-size", PD_FLAG_INT, &tp,
+         "shard the model over GPUs 0..N-1 (CUDA_VISIBLE_DEVICES picks them) or N CPU threads (default 1)"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
@@ -453,7 +455,7 @@ int pd_prefill_main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     prefill_svc p = {.replica_id = replica_id, .chunk = chunk, .heartbeat_ms = heartbeat_ms};
     pd_err err = {{0}};
-    pd_backend *be = NULL;
+    pd_backend *bes[PD_TP_MAX_RANKS] = {0}; /* tensor-parallel ranks; bes[1..] NULL with one */
     double t0 = pd_now_s(), t = t0;
     if (verify_ckpt || ckpt_manifest) {
         if (pd_verify_at_start(model, ckpt_manifest, LOGM, &err) != PD_OK) {
@@ -463,7 +465,8 @@ int pd_prefill_main(int argc, char **argv) {
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
     rc = 1;
-    if (pd_backend_init(device, threads, &be, &err) != PD_OK || pd_model_load(model, be, &p.m, &err) != PD_OK) {
+    if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK ||
+        pd_model_load_tp(model, bes, tp, &p.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
         goto out;
     }
@@ -566,6 +569,7 @@ out:
     free(p.logits);
     pd_kv_cache_free(&p.kv);
     pd_model_free(&p.m);
-    pd_backend_free(&be);
+    for (int r = 0; r < PD_TP_MAX_RANKS; r++)
+        pd_backend_free(&bes[r]);
     return rc;
 }
