@@ -195,15 +195,20 @@ static decode_peer *peer_for(prefill_svc *p, job *j, pd_err *err) {
     const Pdserve__Prefill *m = j->msg;
     for (decode_peer *d = p->peers; d; d = d->next)
         if (!strcmp(d->id, m->decode_replica_id)) {
-            if (!pd_kvx_peer_failed(d->peer)) return d;
+            /* no peer: an earlier reconnect failed (the decode replica was
+             * killed while jobs for it were queued: SIGSEGV here, found by
+             * the fault matrix) */
+            if (d->peer && !pd_kvx_peer_failed(d->peer)) return d;
             /* the decode replica restarted or failed: reconnect */
             pd_kvx_peer_close(&d->peer);
             d->has_rkey = false;
             if (pd_kvx_peer_connect(p->agent, m->decode_ucx_address.data, m->decode_ucx_address.len, d, &d->peer,
                                     err) != PD_OK)
                 return NULL;
-            if (pd_kvx_peer_add_rkey(d->peer, m->decode_kv_rkey.data, m->decode_kv_rkey.len, err) != PD_OK)
+            if (pd_kvx_peer_add_rkey(d->peer, m->decode_kv_rkey.data, m->decode_kv_rkey.len, err) != PD_OK) {
+                pd_kvx_peer_close(&d->peer); /* not half-connected: the next job reconnects */
                 return NULL;
+            }
             d->has_rkey = true;
             return d;
         }
