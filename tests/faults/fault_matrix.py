@@ -510,7 +510,7 @@ def outcome_table(res):
     errs = {}
     for o in res["requests"]:
         if o["outcome"] in ("http_error", "inband_error", "conn_error"):
-            key = o["detail"].split(":")[0][:60]
+            key = o["detail"][:90]
             errs[key] = errs.get(key, 0) + 1
     top = [f"- {n} x `{k}`" for k, n in sorted(errs.items(), key=lambda kv: -kv[1])[:8]]
     return "\n".join(rows) + "\n\nFaults (seed %d):\n\n" % res["seed"] + "\n".join(log) + \
