@@ -129,6 +129,10 @@ const char *pd_tok_token_text(const pd_tokenizer *t, int32_t id);
  * skip_special). False for unknown ids. */
 bool pd_tok_is_special(const pd_tokenizer *t, int32_t id);
 
+/** True when id is an added token (tokenizer.json "added_tokens"), special
+ * or not. False for unknown ids. */
+bool pd_tok_is_added(const pd_tokenizer *t, int32_t id);
+
 /** Id of the token spelled token_text (NUL-terminated) as tokenizer.json
  * does: an added token's content first, else a vocab key ("Ġthe", not
  * " the"). Returns -1 when there is none or an argument is NULL. */

@@ -774,6 +774,10 @@ bool pd_tok_is_special(const pd_tokenizer *t, int32_t id) {
     return id_ok(t, id) && (t->flags[id] & TOK_F_SPECIAL);
 }
 
+bool pd_tok_is_added(const pd_tokenizer *t, int32_t id) {
+    return id_ok(t, id) && (t->flags[id] & TOK_F_ADDED);
+}
+
 int32_t pd_tok_find(const pd_tokenizer *t, const char *token_text) {
     if (!t || !token_text)
         return -1;
