@@ -67,7 +67,9 @@ static bool is_gateway_flag(const char *a) {
                                   "--max-queued-requests-short", "--max-queued-requests-long", "--request-timeout",
                                   "--max-model-len", "--max-stop-strings", "--max-logprobs", "--tokenizer-pool-size",
                                   "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer",
-                                  "--max-request-body-mib", "--timeout-keep-alive"};
+                                  "--max-request-body-bytes", "--timeout-keep-alive", "--max-connections",
+                                  "--max-header-bytes", "--max-header-count", "--timeout-request-headers",
+                                  "--timeout-request-body", "--timeout-write"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) return true;
     return false;

@@ -13,6 +13,15 @@
  * ALPN is sniffed as in cleartext. Everything above the bufferevent is the
  * same for both.
  *
+ * Connection limit: at most cfg.max_connections are open; one more is
+ * answered at once, without a gw_conn, by a fixed HTTP/1.1 503 with an
+ * OpenAI error body and closed (uvicorn's --limit-concurrency answers 503
+ * the same way). What the client already sent is read and dropped first, so
+ * that the close is a FIN and not a reset that could discard the answer.
+ * When accept() itself fails for want of descriptors (EMFILE, ENFILE), the
+ * listener pauses for GW_ACCEPT_RETRY_S instead of spinning on the pending
+ * connection (libevent re-reports it at once).
+ *
  * Lifetime: a connection is freed only from one of its own event callbacks
  * (EOF, error, timeout, output drained after gw_conn_close, the deferred
  * event) or at server shutdown, so nothing up the stack still holds it.
@@ -23,6 +32,7 @@
 #include <netinet/tcp.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
@@ -32,6 +42,9 @@
 /* Unread input kept per connection before reading pauses (pipelined
  * requests wait in it while the current one is served). */
 #define GW_INPUT_HIGH_WATER (256 * 1024)
+
+/* Pause of the listener after accept() ran out of descriptors, seconds. */
+#define GW_ACCEPT_RETRY_S 0.1
 
 static void conn_update_read(gw_conn *c) {
     if (c->closing || c->bp_paused || c->read_paused)
@@ -91,6 +104,7 @@ void gw_conn_free(gw_conn *c) {
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    s->n_conns--;
     if (c->proto && c->proto->on_close)
         c->proto->on_close(c);
     c->proto_data = NULL;
@@ -227,9 +241,44 @@ static void conn_deferred_cb(evutil_socket_t fd, short what, void *arg) {
     }
 }
 
+/* Over max_connections: answer 503 and close fd, with no per-connection
+ * state. The socket is non-blocking (libevent's listener makes it so). */
+static void conn_refuse(gw_server *s, evutil_socket_t fd) {
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+    }
+    char msg[128];
+    snprintf(msg, sizeof msg, "the gateway serves at most --max-connections (%d) connections",
+             s->cfg.max_connections);
+    char *body = gw_error_json(503, msg, NULL);
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.1 503 Service Unavailable\r\nServer: pdserve\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Retry-After: 1\r\nConnection: close\r\n\r\n",
+                      strlen(body));
+    struct iovec iov[2] = {{head, (size_t)hl}, {body, strlen(body)}};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+    (void)sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL); /* fits an empty socket buffer */
+    free(body);
+    shutdown(fd, SHUT_WR);
+    evutil_closesocket(fd);
+    s->n_refused_conns++;
+    double now = pd_now_s();
+    if (now - s->refused_logged_at >= 10) {
+        s->refused_logged_at = now;
+        PD_LOGW(GW_MOD, "%d connections open (--max-connections): refused %llu so far with 503",
+                s->n_conns, (unsigned long long)s->n_refused_conns);
+    }
+}
+
 static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg) {
     gw_server *s = arg;
+    if (s->n_conns >= s->cfg.max_connections) {
+        conn_refuse(s, fd);
+        return;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* SSE latency */
     gw_conn *c = calloc(1, sizeof *c);
@@ -266,6 +315,7 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
+    s->n_conns++;
 
     bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_setwatermark(bev, EV_READ, 0, GW_INPUT_HIGH_WATER);
@@ -278,9 +328,22 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     PD_LOGD(GW_MOD, "conn %llu from %s", (unsigned long long)c->id, c->peer);
 }
 
+static void accept_retry_cb(evutil_socket_t fd, short what, void *arg) {
+    gw_server *s = arg;
+    if (s->listener)
+        evconnlistener_enable(s->listener);
+}
+
 static void accept_error_cb(struct evconnlistener *lis, void *arg) {
+    gw_server *s = arg;
     int e = EVUTIL_SOCKET_ERROR();
     PD_LOGW(GW_MOD, "accept: %s", evutil_socket_error_to_string(e));
+    if ((e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) && s->accept_retry) {
+        /* the pending connection stays in the backlog; try again shortly */
+        evconnlistener_disable(lis);
+        struct timeval tv = {0, (suseconds_t)(GW_ACCEPT_RETRY_S * 1e6)};
+        evtimer_add(s->accept_retry, &tv);
+    }
 }
 
 pd_status gw_listener_init(gw_server *s, pd_err *err) {
@@ -310,6 +373,7 @@ pd_status gw_listener_init(gw_server *s, pd_err *err) {
         return pd_err_set(err, PD_ERR_IO, "gateway: cannot listen on %s:%d: %s", s->cfg.host,
                           s->cfg.port, strerror(last_errno));
     evconnlistener_set_error_cb(s->listener, accept_error_cb);
+    s->accept_retry = evtimer_new(s->base, accept_retry_cb, s);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     s->port = s->cfg.port;
@@ -326,4 +390,7 @@ void gw_listener_free(gw_server *s) {
     if (s->listener)
         evconnlistener_free(s->listener);
     s->listener = NULL;
+    if (s->accept_retry)
+        event_free(s->accept_retry);
+    s->accept_retry = NULL;
 }

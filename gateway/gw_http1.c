@@ -12,9 +12,13 @@
  * at most cfg.max_request_body_bytes (413, decided from Content-Length before
  * the body is read, else when the limit is crossed). "Expect: 100-continue"
  * is answered. The request line and headers together are limited to
- * cfg.max_header_bytes and cfg.max_header_count (431). Timers: keep-alive
- * idle (closed silently), a request that does not arrive whole in
- * cfg.timeout_request_s (408).
+ * cfg.max_header_bytes and cfg.max_header_count (431). Timers (one per
+ * connection, gw_conn_set_timer): keep-alive idle (closed silently), the
+ * request line and headers not whole cfg.timeout_request_headers_s after the
+ * request's first byte (408), the body not whole cfg.timeout_request_body_s
+ * after the headers (408): a client that trickles bytes (slowloris) holds a
+ * connection for at most their sum. Error messages name the flag and the
+ * limit.
  *
  * Responses: Content-Length, or chunked transfer encoding for streamed
  * bodies (an HTTP/1.0 client gets the body unframed and the connection
@@ -32,6 +36,8 @@
  */
 #include <http_parser.h>
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -57,8 +63,10 @@ typedef struct {
     bool overflow;     /* the client stopped reading a streamed response: drop it */
     h1_buf url, hname, hval;
     bool in_value;
+    bool in_body; /* cur's headers arrived: its timer is the body's */
     int err_status; /* set by a parser callback that refuses the request */
     const char *err_msg;
+    char err_buf[160]; /* err_msg when it carries a number */
 } h1_conn;
 
 static int buf_add(h1_buf *b, const char *at, size_t len) {
@@ -88,12 +96,24 @@ static int h1_refuse(h1_conn *h, int status, const char *msg) {
     return -1;
 }
 
+/* h1_refuse with a message formatted into h->err_buf. */
+static int h1_refusef(h1_conn *h, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int h1_refusef(h1_conn *h, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->err_buf, sizeof h->err_buf, fmt, ap);
+    va_end(ap);
+    return h1_refuse(h, status, h->err_buf);
+}
+
 /* Counts request-line and header bytes against the limit. */
 static int h1_count_header_bytes(h1_conn *h, size_t len) {
     gw_stream *s = h->cur;
     s->hdr_bytes += len;
     if (s->hdr_bytes > h->c->srv->cfg.max_header_bytes)
-        return h1_refuse(h, 431, "request line and headers exceed the size limit");
+        return h1_refusef(h, 431, "request line and headers exceed --max-header-bytes (%zu bytes)",
+                          h->c->srv->cfg.max_header_bytes);
     return 0;
 }
 
@@ -102,7 +122,8 @@ static int h1_commit_header(h1_conn *h) {
         return 0;
     h->in_value = false;
     if (h->cur->n_hdrs >= h->c->srv->cfg.max_header_count)
-        return h1_refuse(h, 431, "too many request headers");
+        return h1_refusef(h, 431, "more than --max-header-count (%d) request header fields",
+                          h->c->srv->cfg.max_header_count);
     /* Trailing whitespace of a field value is not part of it (RFC 9110 §5.5). */
     while (h->hval.len && (h->hval.p[h->hval.len - 1] == ' ' || h->hval.p[h->hval.len - 1] == '\t'))
         h->hval.len--;
@@ -120,7 +141,8 @@ static int on_message_begin(http_parser *p) {
         return h1_refuse(h, 500, "out of memory");
     h->url.len = h->hname.len = h->hval.len = 0;
     h->in_value = false;
-    gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_s);
+    h->in_body = false;
+    gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_headers_s);
     return 0;
 }
 
@@ -211,7 +233,8 @@ static int on_headers_complete(http_parser *p) {
     if (p->method == HTTP_CONNECT)
         return h1_refuse(h, 405, "CONNECT is not supported");
     if (p->content_length != ULLONG_MAX && p->content_length > cfg->max_request_body_bytes)
-        return h1_refuse(h, 413, "request body exceeds --max-request-body-bytes");
+        return h1_refusef(h, 413, "request body exceeds --max-request-body-bytes (%zu bytes)",
+                          h->c->srv->cfg.max_request_body_bytes);
     const char *expect = gw_stream_header(s, "Expect");
     if (expect) {
         if (strcasecmp(expect, "100-continue") != 0)
@@ -219,13 +242,18 @@ static int on_headers_complete(http_parser *p) {
         if (p->http_minor >= 1)
             evbuffer_add_printf(gw_conn_output(h->c), "HTTP/1.1 100 Continue\r\n\r\n");
     }
+    /* The body's own deadline (a request without one completes right after
+     * this callback and disarms the timer at dispatch). */
+    h->in_body = true;
+    gw_conn_set_timer(h->c, cfg->timeout_request_body_s);
     return 0;
 }
 
 static int on_body(http_parser *p, const char *at, size_t len) {
     h1_conn *h = h1_of(p);
     if (evbuffer_get_length(h->cur->body) + len > h->c->srv->cfg.max_request_body_bytes)
-        return h1_refuse(h, 413, "request body exceeds --max-request-body-bytes");
+        return h1_refusef(h, 413, "request body exceeds --max-request-body-bytes (%zu bytes)",
+                          h->c->srv->cfg.max_request_body_bytes);
     return evbuffer_add(h->cur->body, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
 }
 
@@ -540,7 +568,18 @@ static pd_status h1_init(gw_conn *c) {
 static void h1_on_timeout(gw_conn *c) {
     h1_conn *h = c->proto_data;
     if (h->cur && !h->cur_complete) {
-        h1_fail(h, 408, "the request did not arrive in time");
+        char msg[160];
+        const pd_gw_config *cfg = &c->srv->cfg;
+        if (h->in_body)
+            snprintf(msg, sizeof msg,
+                     "the request body did not arrive within --timeout-request-body (%g s)",
+                     cfg->timeout_request_body_s);
+        else
+            snprintf(msg, sizeof msg,
+                     "the request line and headers did not arrive within "
+                     "--timeout-request-headers (%g s)",
+                     cfg->timeout_request_headers_s);
+        h1_fail(h, 408, msg);
         return;
     }
     if (!h->cur)

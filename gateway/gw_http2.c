@@ -13,8 +13,9 @@
  * Requests: headers and pseudo-headers fill the gw_stream (limits as in
  * HTTP/1.1: 431 over max_header_bytes counted as RFC 9113 §6.5.2 field sizes
  * or max_header_count fields; 413 over max_request_body_bytes, decided from
- * content-length when given; 408 when a request does not arrive whole in
- * timeout_request_s); DATA is appended to the body and, once END_STREAM
+ * content-length when given; 408 when its HEADERS do not end within
+ * timeout_request_headers_s of their start, or its body within
+ * timeout_request_body_s of the HEADERS' end); DATA is appended to the body and, once END_STREAM
  * arrived, the stream is dispatched. Flow control: nghttp2 sends
  * WINDOW_UPDATE for what was consumed (its automatic mode; every DATA byte is
  * consumed when appended), the stream window is the 64 KiB default and the
@@ -86,16 +87,19 @@ struct h2_stream {
     gw_stream *st;
     int32_t id;
     struct evbuffer *out; /* response body not yet taken by nghttp2 (h2_out_*) */
-    struct event *timer;  /* receiving: the request must arrive whole in timeout_request_s;
-                             responding: out must make progress within timeout_write_s */
+    struct event *timer;  /* receiving: the headers, then the body, must arrive within
+                             timeout_request_headers_s / _body_s; responding: out must
+                             make progress within timeout_write_s */
     bool eof;             /* the application ended the response */
     bool deferred;        /* the data provider returned NGHTTP2_ERR_DEFERRED */
     bool remote_closed;   /* END_STREAM received */
     bool rst_after_end;   /* answered before the request ended: RST(NO_ERROR) after */
     bool reset;           /* reset by us: further writes are dropped */
     bool no_body;         /* HEAD: the response ended with its HEADERS */
+    bool in_body;         /* the HEADERS ended: the timer is the body's */
     int err_status;       /* refusal decided while headers arrive (431, 500) */
-    const char *err_msg;
+    const char *err_msg;  /* err_buf, or a static string */
+    char err_buf[160];
     h2_stream *prev, *next;
 };
 
@@ -329,11 +333,29 @@ static void h2_refuse(h2_stream *hs, int status, const char *msg) {
         hs->rst_after_end = true;
 }
 
+static void h2_refuse_body(h2_stream *hs) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "request body exceeds --max-request-body-bytes (%zu bytes)",
+             hs->h->c->srv->cfg.max_request_body_bytes);
+    h2_refuse(hs, 413, msg);
+}
+
 static void h2_stream_timer_cb(evutil_socket_t fd, short what, void *arg) {
     h2_stream *hs = arg;
     h2_conn *h = hs->h;
-    if (hs->st->state == GW_STREAM_RECEIVING)
-        h2_refuse(hs, 408, "the request did not arrive in time");
+    if (hs->st->state == GW_STREAM_RECEIVING) {
+        const pd_gw_config *cfg = &h->c->srv->cfg;
+        char msg[160];
+        if (hs->in_body)
+            snprintf(msg, sizeof msg,
+                     "the request body did not arrive within --timeout-request-body (%g s)",
+                     cfg->timeout_request_body_s);
+        else
+            snprintf(msg, sizeof msg,
+                     "the request headers did not arrive within --timeout-request-headers (%g s)",
+                     cfg->timeout_request_headers_s);
+        h2_refuse(hs, 408, msg);
+    }
     else if (evbuffer_get_length(hs->out) > 0 && !hs->reset)
         h2_reset_stalled(hs, "no write progress for timeout_write_s");
     h2_flush(h);
@@ -360,7 +382,7 @@ static int h2_on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, v
     if (!hs)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* resets the stream */
     nghttp2_session_set_stream_user_data(ng, f->hd.stream_id, hs);
-    h2_arm_timer(hs, h->c->srv->cfg.timeout_request_s);
+    h2_arm_timer(hs, h->c->srv->cfg.timeout_request_headers_s);
     return 0;
 }
 
@@ -391,7 +413,9 @@ static int h2_on_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const ui
     st->hdr_bytes += namelen + valuelen + 32;
     if (st->hdr_bytes > cfg->max_header_bytes) {
         hs->err_status = 431;
-        hs->err_msg = "request headers exceed the size limit";
+        snprintf(hs->err_buf, sizeof hs->err_buf,
+                 "request headers exceed --max-header-bytes (%zu bytes)", cfg->max_header_bytes);
+        hs->err_msg = hs->err_buf;
         return 0;
     }
     const char *v = (const char *)value;
@@ -409,7 +433,10 @@ static int h2_on_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const ui
     }
     if (st->n_hdrs >= cfg->max_header_count) {
         hs->err_status = 431;
-        hs->err_msg = "too many request headers";
+        snprintf(hs->err_buf, sizeof hs->err_buf,
+                 "more than --max-header-count (%d) request header fields",
+                 cfg->max_header_count);
+        hs->err_msg = hs->err_buf;
         return 0;
     }
     if (gw_stream_add_header(st, (const char *)name, namelen, v, valuelen) != PD_OK) {
@@ -440,7 +467,12 @@ static void h2_headers_done(h2_stream *hs) {
         char *end;
         unsigned long long n = strtoull(cl, &end, 10);
         if (*end == 0 && n > hs->h->c->srv->cfg.max_request_body_bytes)
-            h2_refuse(hs, 413, "request body exceeds --max-request-body-bytes");
+            h2_refuse_body(hs);
+    }
+    if (st->state == GW_STREAM_RECEIVING) {
+        hs->in_body = true; /* without a body, END_STREAM dispatches it right away */
+        evtimer_del(hs->timer);
+        h2_arm_timer(hs, hs->h->c->srv->cfg.timeout_request_body_s);
     }
 }
 
@@ -476,7 +508,7 @@ static int h2_on_data_chunk_recv_cb(nghttp2_session *ng, uint8_t flags, int32_t 
         return 0; /* consumed and dropped (the window still opens) */
     struct evbuffer *body = hs->st->body;
     if (evbuffer_get_length(body) + len > h->c->srv->cfg.max_request_body_bytes) {
-        h2_refuse(hs, 413, "request body exceeds --max-request-body-bytes");
+        h2_refuse_body(hs);
         return 0;
     }
     if (evbuffer_add(body, data, len) != 0)

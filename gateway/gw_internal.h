@@ -378,7 +378,11 @@ struct pd_gw_server {
     struct ssl_ctx_st *ssl_ctx; /* NULL: cleartext */
     int port;
     gw_conn *conns; /* doubly linked */
+    int n_conns;    /* in conns; at most cfg.max_connections */
     uint64_t next_conn_id;
+    uint64_t n_refused_conns;   /* answered 503 over max_connections */
+    double refused_logged_at;   /* pd_now_s() of the last warning about them */
+    struct event *accept_retry; /* re-enables the listener after EMFILE / ENFILE */
     gw_route *routes;
     int n_routes;
     gw_pool *pool;

@@ -14,16 +14,18 @@ void pd_gw_config_defaults(pd_gw_config *cfg) {
     cfg->backlog = 1024;
     cfg->max_stop_strings = 16;
     cfg->max_logprobs = 20;
-    cfg->max_request_body_bytes = 64u << 20;
+    cfg->max_request_body_bytes = 32u << 20;
     cfg->max_header_bytes = 64u << 10;
     cfg->max_header_count = 100;
     cfg->timeout_keep_alive_s = 5;
-    cfg->timeout_request_s = 60;
+    cfg->timeout_request_headers_s = 30;
+    cfg->timeout_request_body_s = 60;
     cfg->timeout_write_s = 60;
     cfg->output_high_water_bytes = 1u << 20;
     cfg->tokenizer_pool_size = 2;
     cfg->sse_ping_interval_s = 5;
     cfg->max_concurrent_streams = 100;
+    cfg->max_connections = 16384;
 }
 
 static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/completions",
@@ -50,10 +52,23 @@ static pd_status check_config(const pd_gw_config *c, pd_err *err) {
         return pd_err_set(err, PD_ERR_INVALID,
                           "gateway: --max-logprobs %d: replicas report at most %d alternatives",
                           c->max_logprobs, PD_MAX_TOP_LOGPROBS);
-    if (c->max_request_body_bytes == 0 || c->max_header_bytes < 256 || c->max_header_count < 1)
+    if (c->max_request_body_bytes == 0)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --max-request-body-bytes must be > 0");
+    if (c->max_header_bytes < 256 || c->max_header_bytes > (1u << 30))
         return pd_err_set(err, PD_ERR_INVALID,
-                          "gateway: max_request_body_bytes must be > 0, max_header_bytes >= 256, "
-                          "max_header_count >= 1");
+                          "gateway: --max-header-bytes must be 256..1073741824 (got %zu)",
+                          c->max_header_bytes);
+    if (c->max_header_count < 1)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --max-header-count must be >= 1 (got %d)",
+                          c->max_header_count);
+    if (!(c->timeout_keep_alive_s > 0) || !(c->timeout_request_headers_s > 0) ||
+        !(c->timeout_request_body_s > 0) || !(c->timeout_write_s >= 0))
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "gateway: --timeout-keep-alive, --timeout-request-headers and "
+                          "--timeout-request-body must be > 0, --timeout-write >= 0");
+    if (c->max_connections < 1)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: --max-connections must be >= 1 (got %d)",
+                          c->max_connections);
     if (c->output_high_water_bytes < 1024)
         return pd_err_set(err, PD_ERR_INVALID, "gateway: output_high_water_bytes must be >= 1024");
     if (c->tokenizer_pool_size < 1 || c->tokenizer_pool_size > 256)

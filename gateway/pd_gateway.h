@@ -64,12 +64,22 @@ typedef struct {
                                what replicas report) */
     int default_max_tokens; /* max_tokens when the request gives none; 0 (default) = whatever
                                is left of max_model_len after the prompt */
-    size_t max_request_body_bytes;  /* --max-request-body-bytes; default 64 MiB; larger → 413 */
-    size_t max_header_bytes;        /* request line + headers; default 64 KiB; larger → 431 */
-    int max_header_count;           /* default 100; more → 431 */
-    double timeout_keep_alive_s;    /* idle keep-alive connection closed after; default 5 */
-    double timeout_request_s;       /* a request must arrive whole within; default 60; else 408 */
-    double timeout_write_s;         /* no write progress for this long closes; default 60 */
+    size_t max_request_body_bytes;  /* --max-request-body-bytes; default 32 MiB; larger → 413 */
+    size_t max_header_bytes;        /* --max-header-bytes: request line + headers (HTTP/2: HPACK
+                                       field sizes, name + value + 32); default 64 KiB; more → 431 */
+    int max_header_count;           /* --max-header-count: header fields; default 100; more → 431 */
+    double timeout_keep_alive_s;    /* --timeout-keep-alive: a connection with no request in
+                                       progress (and no first byte yet) is closed after this;
+                                       default 5 */
+    double timeout_request_headers_s; /* --timeout-request-headers: the request line and headers
+                                         must arrive within this of the request's first byte
+                                         (HTTP/2: of its HEADERS); default 30; else 408 */
+    double timeout_request_body_s;  /* --timeout-request-body: the whole body must arrive within
+                                       this of the end of the headers; default 60; else 408 */
+    double timeout_write_s;         /* --timeout-write: no write progress for this long closes the
+                                       connection (HTTP/2: resets the stream); default 60 */
+    int max_connections;            /* --max-connections: open client connections; one more is
+                                       answered 503 and closed at once; default 16384 */
     size_t output_high_water_bytes; /* stop reading a connection whose unsent output is above
                                        this; resume below half of it; default 1 MiB */
     int tokenizer_pool_size;        /* --tokenizer-pool-size: worker threads; default 2 */

@@ -2,6 +2,8 @@
  * loop. */
 #include <event2/event.h>
 #include <signal.h>
+#include <stdint.h>
+#include <sys/resource.h>
 #include <string.h>
 
 #include "pd_flags.h"
@@ -12,11 +14,36 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     event_base_loopbreak(arg);
 }
 
+/* Each connection is a descriptor: raise the soft RLIMIT_NOFILE towards the
+ * hard one so that --max-connections can be reached (as nginx's
+ * worker_rlimit_nofile); warn when the hard limit is below it. */
+static void raise_fd_limit(int max_conns) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t want = (rlim_t)max_conns + 256; /* replicas' sockets, logs, the tokenizer */
+    if (rl.rlim_cur < want && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < want)
+        PD_LOGW("gateway", "open-file limit %llu is below --max-connections %d + 256: accept() "
+                "will fail before the limit is reached (raise ulimit -n)",
+                (unsigned long long)rl.rlim_cur, max_conns);
+}
+
 int pd_gateway_main(int argc, char **argv) {
     const char *model = NULL, *host = "0.0.0.0", *control = "tcp://127.0.0.1:8001", *served = NULL;
     const char *tokenizer = NULL, *ssl_cert = NULL, *ssl_key = NULL;
-    int max_streams = 0, max_body_mib = 0;
-    double keep_alive = 0;
+    /* HTTP limits: the gateway's defaults, overridden by the flags */
+    pd_gw_config gc;
+    pd_gw_config_defaults(&gc);
+    int max_streams = gc.max_concurrent_streams, max_conns = gc.max_connections;
+    int max_header_count = gc.max_header_count;
+    double max_body = (double)gc.max_request_body_bytes, max_header = (double)gc.max_header_bytes;
+    double keep_alive = gc.timeout_keep_alive_s, t_headers = gc.timeout_request_headers_s;
+    double t_body = gc.timeout_request_body_s, t_write = gc.timeout_write_s;
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
     int run_short = 256, run_long = 16, q_short = 1024, q_long = 256;
@@ -41,9 +68,15 @@ int pd_gateway_main(int argc, char **argv) {
         {"request-timeout", PD_FLAG_FLOAT, &request_timeout, "seconds from arrival to the last token (0: none)"},
         {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
         {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
-        {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (default: the gateway's)"},
-        {"max-request-body-mib", PD_FLAG_INT, &max_body_mib, "largest request body, MiB (default: the gateway's)"},
-        {"timeout-keep-alive", PD_FLAG_FLOAT, &keep_alive, "seconds an idle keep-alive connection stays open"},
+        {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (100)"},
+        {"max-connections", PD_FLAG_INT, &max_conns, "open client connections; one more gets 503 and is closed (16384)"},
+        {"max-request-body-bytes", PD_FLAG_FLOAT, &max_body, "largest request body; larger -> 413 (33554432 = 32 MiB)"},
+        {"max-header-bytes", PD_FLAG_FLOAT, &max_header, "request line + headers; more -> 431 (65536)"},
+        {"max-header-count", PD_FLAG_INT, &max_header_count, "request header fields; more -> 431 (100)"},
+        {"timeout-keep-alive", PD_FLAG_FLOAT, &keep_alive, "seconds a connection with no request in progress stays open (5)"},
+        {"timeout-request-headers", PD_FLAG_FLOAT, &t_headers, "seconds for a request's line and headers to arrive; else 408 (30)"},
+        {"timeout-request-body", PD_FLAG_FLOAT, &t_body, "seconds for a request's body to arrive after its headers; else 408 (60)"},
+        {"timeout-write", PD_FLAG_FLOAT, &t_write, "seconds without write progress before a connection (h2: stream) is dropped; 0: never (60)"},
     };
     int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -78,8 +111,11 @@ int pd_gateway_main(int argc, char **argv) {
         event_base_free(base);
         return 1;
     }
-    pd_gw_config gc;
-    pd_gw_config_defaults(&gc);
+    if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
+        fprintf(stderr, "pdserve gateway: --max-request-body-bytes must be >= 1, --max-header-bytes >= 0\n");
+        return 2;
+    }
+    raise_fd_limit(max_conns);
     gc.host = host;
     gc.port = port;
     gc.served_model_name = served ? served : model;
@@ -91,9 +127,15 @@ int pd_gateway_main(int argc, char **argv) {
     gc.tokenizer_pool_size = tok_pool;
     gc.ssl_certfile = ssl_cert;
     gc.ssl_keyfile = ssl_key;
-    if (max_streams > 0) gc.max_concurrent_streams = max_streams;
-    if (max_body_mib > 0) gc.max_request_body_bytes = (size_t)max_body_mib << 20;
-    if (keep_alive > 0) gc.timeout_keep_alive_s = keep_alive;
+    gc.max_concurrent_streams = max_streams;
+    gc.max_connections = max_conns;
+    gc.max_request_body_bytes = (size_t)max_body;
+    gc.max_header_bytes = (size_t)max_header;
+    gc.max_header_count = max_header_count;
+    gc.timeout_keep_alive_s = keep_alive;
+    gc.timeout_request_headers_s = t_headers;
+    gc.timeout_request_body_s = t_body;
+    gc.timeout_write_s = t_write;
     pd_gw_server *gw = NULL;
     if (pd_gw_server_init(base, &gc, pd_router_engine(), router, &gw, &err) != PD_OK) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);

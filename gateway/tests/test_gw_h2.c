@@ -639,7 +639,8 @@ static void test_limits_and_timeouts(void **state) {
     pd_gw_config cfg;
     gwt_config(&cfg);
     cfg.timeout_keep_alive_s = 0.4;
-    cfg.timeout_request_s = 0.4;
+    cfg.timeout_request_headers_s = 0.4;
+    cfg.timeout_request_body_s = 0.4;
     cfg.max_header_count = 20;
     assert_int_equal(gwt_server_start(&h, &cfg), 0);
     h2c *c = h2c_connect(h.port, false, NULL, false);
@@ -657,7 +658,7 @@ static void test_limits_and_timeouts(void **state) {
     s = h2_do(c, "GET", "/health", NULL);
     assert_int_equal(s->status, 200);
 
-    /* a body that never ends: 408 after timeout_request_s, then reset */
+    /* a body that never ends: 408 after timeout_request_body_s, then reset */
     s = h2c_request_hanging(c, "POST", "/v1/completions");
     assert_int_equal(h2c_run(c, stream_closed, s, 5), 0);
     assert_int_equal(s->status, 408);

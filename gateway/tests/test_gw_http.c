@@ -1325,7 +1325,8 @@ static void test_limits_and_timeouts(void **state) {
     cfg.max_header_bytes = 1024;
     cfg.max_header_count = 10;
     cfg.timeout_keep_alive_s = 0.3;
-    cfg.timeout_request_s = 0.3;
+    cfg.timeout_request_headers_s = 0.3;
+    cfg.timeout_request_body_s = 0.3;
     gwt_server h;
     assert_int_equal(gwt_server_start(&h, &cfg), 0);
     gwt_resp r;
@@ -1428,6 +1429,133 @@ static void test_limits_and_timeouts(void **state) {
     gwt_send(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
     assert_true(gwt_wait_closed(c, 2));
     gwt_close(c);
+    gwt_server_stop(&h);
+}
+
+/* Slow clients, each limit on its own (the header and body deadlines differ,
+ * so which one fired is visible in the time and the message). */
+static void test_read_timeouts(void **state) {
+    pd_gw_config cfg;
+    gwt_config(&cfg);
+    cfg.timeout_keep_alive_s = 0.4;
+    cfg.timeout_request_headers_s = 0.5;
+    cfg.timeout_request_body_s = 1.0;
+    gwt_server h;
+    assert_int_equal(gwt_server_start(&h, &cfg), 0);
+    gwt_resp r;
+
+    /* slowloris: a header line every 0.1 s, never the blank line: 408 at the
+     * headers' deadline (from the first byte), though each byte is recent */
+    gwt_conn *c = gwt_open(h.port);
+    double t0 = pd_now_s();
+    gwt_sendf(c, "GET /health HTTP/1.1\r\n");
+    for (int i = 0; i < 30 && pd_now_s() - t0 < 2.5; i++) {
+        usleep(100000);
+        if (gwt_sendf(c, "X-%d: v\r\n", i))
+            break; /* answered and closed */
+    }
+    assert_int_equal(gwt_read(c, &r), 0);
+    double dt = pd_now_s() - t0;
+    assert_int_equal(r.status, 408);
+    assert_non_null(strstr(r.body, "--timeout-request-headers (0.5 s)"));
+    assert_true(dt >= 0.45 && dt < 1.5);
+    gwt_resp_free(&r);
+    assert_true(gwt_wait_closed(c, 2));
+    gwt_close(c);
+
+    /* a body trickled one byte per 0.1 s: 408 at the body's deadline, counted
+     * from the end of the headers */
+    c = gwt_open(h.port);
+    gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 100\r\n\r\n");
+    t0 = pd_now_s();
+    for (int i = 0; i < 30 && pd_now_s() - t0 < 3; i++) {
+        usleep(100000);
+        if (gwt_send(c, "{", 1))
+            break;
+    }
+    assert_int_equal(gwt_read(c, &r), 0);
+    dt = pd_now_s() - t0;
+    assert_int_equal(r.status, 408);
+    assert_non_null(strstr(r.body, "--timeout-request-body (1 s)"));
+    assert_true(dt >= 0.95 && dt < 2.0);
+    gwt_resp_free(&r);
+    gwt_close(c);
+
+    /* a body that arrives in time, slowly but within the body deadline, is
+     * served although headers + body took longer than the headers' deadline */
+    c = gwt_open(h.port);
+    const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+    gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n",
+              strlen(body));
+    for (size_t i = 0; i < strlen(body); i += 8) {
+        usleep(40000);
+        gwt_send(c, body + i, strlen(body) - i < 8 ? strlen(body) - i : 8);
+    }
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    gwt_resp_free(&r);
+
+    /* then idle on that keep-alive connection: closed after timeout_keep_alive_s */
+    t0 = pd_now_s();
+    assert_true(gwt_wait_closed(c, 3));
+    dt = pd_now_s() - t0;
+    assert_true(dt >= 0.35 && dt < 1.5);
+    gwt_close(c);
+    gwt_server_stop(&h);
+}
+
+/* --max-connections: one more than the limit gets 503 (naming the limit)
+ * and is closed; a slot freed by a client is reused. */
+static void test_max_connections(void **state) {
+    pd_gw_config cfg;
+    gwt_config(&cfg);
+    cfg.max_connections = 3;
+    gwt_server h;
+    assert_int_equal(gwt_server_start(&h, &cfg), 0);
+    gwt_resp r;
+    gwt_conn *held[3];
+    for (int i = 0; i < 3; i++) { /* a request on each: the server has accepted it */
+        held[i] = gwt_open(h.port);
+        gwt_sendf(held[i], "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+        assert_int_equal(gwt_read(held[i], &r), 0);
+        assert_int_equal(r.status, 200);
+        gwt_resp_free(&r);
+    }
+    for (int k = 0; k < 2; k++) {
+        gwt_conn *c = gwt_open(h.port);
+        if (k == 1) /* with the request already sent: still a clean 503 */
+            gwt_sendf(c, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_int_equal(r.status, 503);
+        assert_non_null(strstr(r.body, "--max-connections (3)"));
+        char v[16];
+        assert_non_null(gwt_header(&r, "Retry-After", v, sizeof v));
+        gwt_resp_free(&r);
+        assert_true(gwt_wait_closed(c, 2));
+        gwt_close(c);
+    }
+    /* the held connections still work */
+    gwt_sendf(held[0], "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(gwt_read(held[0], &r), 0);
+    assert_int_equal(r.status, 200);
+    gwt_resp_free(&r);
+    gwt_close(held[1]);
+    int status = 0;
+    for (int i = 0; i < 50 && status != 200; i++) { /* the server notices the close */
+        usleep(20000);
+        gwt_conn *c = gwt_open(h.port);
+        gwt_sendf(c, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+        if (gwt_read(c, &r) == 0) {
+            status = r.status;
+            gwt_resp_free(&r);
+        }
+        gwt_close(c);
+    }
+    assert_int_equal(status, 200);
+    gwt_close(held[0]);
+    gwt_close(held[2]);
     gwt_server_stop(&h);
 }
 
@@ -1580,6 +1708,8 @@ int main(void) {
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_limits_and_timeouts),
+        cmocka_unit_test(test_read_timeouts),
+        cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_backpressure_pipelining),
         cmocka_unit_test(test_tokenize_off_loop),
         cmocka_unit_test(test_sse_pings),
