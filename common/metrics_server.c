@@ -14,6 +14,8 @@ struct pd_metrics_server {
     pthread_mutex_t mu;
     char *text;
     size_t len;
+    pd_metrics_scrape_fn scrape; /* under mu */
+    void *scrape_user;
 };
 
 static void on_request(struct evhttp_request *req, void *arg) {
@@ -25,7 +27,15 @@ static void on_request(struct evhttp_request *req, void *arg) {
     } else if (!strncmp(uri, "/metrics", 8) && (uri[8] == 0 || uri[8] == '?')) {
         pthread_mutex_lock(&s->mu);
         if (s->text) evbuffer_add(out, s->text, s->len);
+        pd_metrics_scrape_fn scrape = s->scrape;
+        void *user = s->scrape_user;
         pthread_mutex_unlock(&s->mu);
+        if (scrape) { /* NVML and friends: read now, on this thread, the lock released (publish never waits) */
+            pd_strbuf b = {0};
+            scrape(user, &b);
+            if (b.len) evbuffer_add(out, b.data, b.len);
+            pd_strbuf_free(&b);
+        }
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           "text/plain; version=0.0.4; charset=utf-8");
         evhttp_send_reply(req, 200, "OK", out);
@@ -78,6 +88,14 @@ void pd_metrics_server_publish(pd_metrics_server *s, const char *text, size_t le
     free(s->text);
     s->text = copy;
     s->len = len;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void pd_metrics_server_set_scrape(pd_metrics_server *s, pd_metrics_scrape_fn fn, void *user) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->scrape = fn;
+    s->scrape_user = user;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -15,6 +15,7 @@
 #include "pd_metrics_server.h"
 #include "pd_kvtransfer.h"
 #include "pd_msg.h"
+#include "pd_replica_ops.h"
 #include "pd_version.h"
 
 #define LOGM "decode"
@@ -513,15 +514,23 @@ int pd_decode_main(int argc, char **argv) {
         }
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
+    pd_replica_ops *ops = NULL; /* GPUs, telemetry (common/pd_replica_ops.h) */
+    pd_replica_ops_config oc = {.role = "decode", .replica_id = replica_id, .device = device, .tp = tp};
+    if (pd_replica_ops_init(&oc, &ops, &err) != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        return 2;
+    }
     pd_backend *bes[PD_TP_MAX_RANKS] = {0}; /* tensor-parallel ranks; bes[1..] NULL with one */
     if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        pd_replica_ops_free(&ops);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "init backend", t);
     if (pd_model_load_tp(model, bes, tp, &d.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         backends_free(bes);
+        pd_replica_ops_free(&ops);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "load weights", t);
@@ -531,6 +540,7 @@ int pd_decode_main(int argc, char **argv) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         pd_model_free(&d.m);
         backends_free(bes);
+        pd_replica_ops_free(&ops);
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
@@ -555,6 +565,7 @@ int pd_decode_main(int argc, char **argv) {
             pd_sched_free(&d.sched);
             pd_model_free(&d.m);
             backends_free(bes);
+            pd_replica_ops_free(&ops);
             return 1;
         }
     }
@@ -585,6 +596,7 @@ int pd_decode_main(int argc, char **argv) {
         rc = 1;
         goto out;
     }
+    pd_replica_ops_attach(ops, d.metrics);
     send_register(&d);
     send_heartbeat(&d);
     while (!g_stop) {
@@ -644,6 +656,7 @@ out:
     flush_tokens(&d);
     pd_hb_stop(&d.hb);
     pd_metrics_server_stop(&d.metrics);
+    pd_replica_ops_free(&ops);
     zmq_close(d.sock);
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);

@@ -11,6 +11,8 @@
 #   PDSERVE_REPLICA_ID      prefill/decode: replica id (the container's hostname, unique per container)
 #   PDSERVE_DEVICE          prefill/decode: cpu or cuda (the binary's default)
 #   PDSERVE_TENSOR_PARALLEL_SIZE  prefill/decode: GPUs per replica, where the binary has the flag
+#   PDSERVE_METRICS_PORT    prefill/decode: serve the replica's own /metrics (GPU telemetry) on
+#                           0.0.0.0:PORT, where the binary has the flag
 #
 # init-model creates $PDSERVE_MODEL with `pdserve mkmodel` when it has no
 # config.json yet (a real checkpoint mounted there is left alone).
@@ -70,6 +72,11 @@ gateway | prefill | decode)
             elif [ "$tp" != 1 ]; then
                 echo "pdserve-entrypoint: this pdserve $cmd has no --tensor-parallel-size; ignoring PDSERVE_TENSOR_PARALLEL_SIZE=$tp" >&2
             fi
+        fi
+        mp="${PDSERVE_METRICS_PORT:-}"
+        if [ -n "$mp" ] && ! has_flag --metrics-port "$@" && knows_flag "$cmd" --metrics-port; then
+            set -- "$@" --metrics-port "$mp"
+            has_flag --metrics-host "$@" || set -- "$@" --metrics-host 0.0.0.0
         fi
     fi
     echo "pdserve-entrypoint: pdserve $cmd $*" >&2

@@ -11,6 +11,10 @@ pd_status pd_backend_cuda_init(int device, pd_backend **be_p, pd_err *err) {
 pd_status pd_backend_cuda_init_tp(int n_ranks, pd_backend **bes_p, pd_err *err) {
     return pd_err_set(err, PD_ERR_UNSUPPORTED, "this pdserve was built without the CUDA backend");
 }
+
+pd_status pd_backend_cuda_device_info(int device, bool with_mem, pd_cuda_device_info *info_p, pd_err *err) {
+    return pd_err_set(err, PD_ERR_UNSUPPORTED, "this pdserve was built without the CUDA backend");
+}
 #endif
 
 pd_status pd_backend_init(const char *name, int n_threads, pd_backend **be_p, pd_err *err) {

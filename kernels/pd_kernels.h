@@ -212,6 +212,25 @@ pd_status pd_backend_init_tp(const char *name, int n_ranks, int n_threads, pd_ba
 pd_status pd_backend_cpu_init_tp(int n_ranks, int n_threads, pd_backend **bes_p, pd_err *err);
 pd_status pd_backend_cuda_init_tp(int n_ranks, pd_backend **bes_p, pd_err *err);
 
+/** What a replica reports about one CUDA device (start-up self-checks,
+ * NUMA placement, NVML lookup). */
+typedef struct {
+    char name[96];
+    char pci_bus_id[32]; /* "0000:18:00.0", as cudaDeviceGetPCIBusId writes it */
+    int cc_major, cc_minor; /* compute capability */
+    int n_sm;
+    size_t mem_total; /* bytes (cudaDeviceProp.totalGlobalMem) */
+    size_t mem_free;  /* bytes (cudaMemGetInfo), with with_mem only; else 0 */
+} pd_cuda_device_info;
+
+/** Describes CUDA device `device` (an index as CUDA_VISIBLE_DEVICES leaves
+ * them). with_mem also asks cudaMemGetInfo, which makes the device's
+ * primary context current on the calling thread (so: after the backend is
+ * up); without it no context is created. Errors: PD_ERR_UNSUPPORTED (built
+ * without CUDA, no such device; err says which), PD_ERR_IO (a CUDA call
+ * failed). */
+pd_status pd_backend_cuda_device_info(int device, bool with_mem, pd_cuda_device_info *info_p, pd_err *err);
+
 /** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);
 

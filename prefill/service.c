@@ -16,6 +16,7 @@
 #include "pd_kvtransfer.h"
 #include "pd_model.h"
 #include "pd_msg.h"
+#include "pd_replica_ops.h"
 #include "pd_version.h"
 
 #define LOGM "prefill"
@@ -469,6 +470,12 @@ int pd_prefill_main(int argc, char **argv) {
         }
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
+    pd_replica_ops *ops = NULL; /* GPUs, telemetry (common/pd_replica_ops.h) */
+    pd_replica_ops_config oc = {.role = "prefill", .replica_id = replica_id, .device = device, .tp = tp};
+    if (pd_replica_ops_init(&oc, &ops, &err) != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        return 2;
+    }
     rc = 1;
     if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK ||
         pd_model_load_tp(model, bes, tp, &p.m, &err) != PD_OK) {
@@ -515,6 +522,7 @@ int pd_prefill_main(int argc, char **argv) {
         rc = 1;
         goto out;
     }
+    pd_replica_ops_attach(ops, p.metrics);
     send_register(&p);
     send_heartbeat(&p);
     rc = 0;
@@ -569,6 +577,7 @@ out:
     pd_kvx_agent_free(&p.agent);
     pd_hb_stop(&p.hb);
     pd_metrics_server_stop(&p.metrics);
+    pd_replica_ops_free(&ops);
     if (p.sock) zmq_close(p.sock);
     if (p.zctx) zmq_ctx_term(p.zctx);
     free(p.logits);
