@@ -104,7 +104,7 @@ int pd_cmd_up(int argc, char **argv) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
                    "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
                    "                  [--metrics-port P (replica r serves /metrics on P + r)]\n"
-                   "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512]\n"
+                   "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512 --numa auto]\n"
                    "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes;\n"
                    "Ctrl-C stops everything.\n");
             return 0;

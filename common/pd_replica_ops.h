@@ -1,7 +1,8 @@
 /* What every replica (prefill and decode) does about operations around its
  * start, in one place rather than in both services: it finds the GPUs it
- * will use, opens GPU telemetry (NVML) for them, and renders the
- * operations families into its /metrics at scrape time.
+ * will use, places the process on their NUMA node (pd_numa.h), opens GPU
+ * telemetry (NVML) for them, and renders the operations families into its
+ * /metrics at scrape time.
  *
  * Order in a replica's start (prefill/service.c, decode/service.c):
  *   pd_replica_ops_init      before the backend (nothing allocated yet)
@@ -11,7 +12,10 @@
 #ifndef PD_REPLICA_OPS_H
 #define PD_REPLICA_OPS_H
 
+#include <stdbool.h>
+
 #include "pd_common.h"
+#include "pd_kernels.h"
 #include "pd_metrics_server.h"
 
 typedef struct pd_replica_ops pd_replica_ops;
@@ -21,14 +25,33 @@ typedef struct {
     const char *replica_id; /* borrowed; outlives the object */
     const char *device;     /* "cpu" or "cuda" (--device) */
     int tp;                 /* --tensor-parallel-size: the replica uses CUDA devices 0 .. tp-1 */
+    const char *numa;       /* --numa: "auto" (NULL too), "off" or a node number */
 } pd_replica_ops_config;
 
 /** Finds the replica's GPUs (device "cuda": CUDA devices 0 .. tp-1, their
- * PCI bus ids) and opens NVML for them (pd_nvml.h). Telemetry that cannot
- * be had is not an error: one log line says why (CPU backend, no NVML,
- * ...) and the pdserve:gpu_* families are absent. Logs the GPUs found.
- * Errors: none yet (PD_OK; *o_p always set). */
+ * PCI bus ids), places the process (pd_numa_place: before any thread or
+ * host buffer of the backend exists) and opens NVML for the GPUs
+ * (pd_nvml.h). Logs one line on the placement (node, CPUs, why) and one on
+ * telemetry. Telemetry that cannot be had is not an error: the log line
+ * says why (CPU backend, no NVML, ...) and the pdserve:gpu_* families are
+ * absent. Errors (nothing allocated): PD_ERR_INVALID (a --numa value that
+ * does not parse, or a node this machine does not have: a usage error),
+ * PD_ERR_UNSUPPORTED, PD_ERR_IO (from pd_numa_place). */
 pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops **o_p, pd_err *err);
+
+/** Start-up self-checks, after the weights and the KV cache are in place
+ * and before the replica registers: the all-reduce check on every rank of
+ * the group (pd_backend_check_all_reduce: rank r contributes r + 1, every
+ * element must come back N(N+1)/2), each GPU's compute capability and
+ * device memory (total, free after weights and KV), and the KV pool's
+ * capacity (kv_blocks × block_size tokens). Logged, and rendered as
+ * pdserve:self_check_ok{check="allreduce"} (1 passed, 0 failed),
+ * pdserve:self_check_seconds and pdserve:kv_cache_capacity_tokens.
+ * inject_failure: testing (--debug-inject-selfcheck-failure), a wrong
+ * all-reduce result. Errors: PD_ERR_IO (a check failed; err says which and
+ * how: the replica must not register), PD_ERR_NOMEM. */
+pd_status pd_replica_ops_self_check(pd_replica_ops *o, pd_backend *const *bes, int n_ranks, int kv_blocks,
+                                    int block_size, bool inject_failure, pd_err *err);
 
 /** Renders the operations families into every scrape of s (its thread
  * calls back into o). NULL s: nothing (no --metrics-port). o must outlive

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "pd_kernels.h"
+#include "pd_numa.h"
 #include "pd_nvml.h"
 
 struct pd_replica_ops {
@@ -13,9 +14,19 @@ struct pd_replica_ops {
     int n_gpus;
     pd_cuda_device_info gpu[PD_TP_MAX_RANKS];
     pd_nvml *nvml; /* NULL: no telemetry */
+    pd_numa_placement numa;
+    bool checked;             /* pd_replica_ops_self_check ran */
+    bool all_reduce_ok;
+    double all_reduce_seconds;
+    long long kv_capacity_tokens;
 };
 
 pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops **o_p, pd_err *err) {
+    pd_numa_mode numa_mode;
+    int numa_node;
+    pd_status st = pd_numa_parse(cfg->numa ? cfg->numa : "auto", &numa_mode, &numa_node, err);
+    if (st != PD_OK)
+        return st;
     pd_replica_ops *o = pd_xcalloc(1, sizeof *o);
     snprintf(o->module, sizeof o->module, "%s", cfg->role);
     o->replica_id = cfg->replica_id;
@@ -34,6 +45,22 @@ pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops *
             o->n_gpus = r + 1;
         }
     }
+    /* NUMA first: the backend's threads and host buffers come after */
+    int gpu_nodes[PD_TP_MAX_RANKS];
+    for (int r = 0; r < o->n_gpus; r++)
+        if (pd_numa_node_of_pci(NULL, o->gpu[r].pci_bus_id, &gpu_nodes[r], &e) != PD_OK) {
+            PD_LOGW(o->module, "%s: GPU %d's NUMA node: %s", id, r, e.msg);
+            gpu_nodes[r] = -1;
+        }
+    if ((st = pd_numa_place(numa_mode, numa_node, gpu_nodes, o->n_gpus, &o->numa, err)) != PD_OK) {
+        free(o);
+        return st;
+    }
+    if (o->numa.node >= 0)
+        PD_LOGI(o->module, "%s: NUMA: bound to node %d, CPUs %s, memory preferred there (%s)", id, o->numa.node,
+                o->numa.cpus, o->numa.why);
+    else
+        PD_LOGI(o->module, "%s: NUMA: not bound: %s", id, o->numa.why);
     if (o->n_gpus == 0) {
         PD_LOGI(o->module, "%s: GPU telemetry off: %s", id,
                 cfg->device && !strcmp(cfg->device, "cuda") ? "no CUDA device found" : "CPU backend, no GPU");
@@ -55,7 +82,59 @@ pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops *
 void pd_replica_ops_render(pd_replica_ops *o, pd_strbuf *b) {
     if (!o)
         return;
+    pd_strbuf_printf(b,
+                     "# HELP pdserve:numa_node The NUMA node the replica is bound to (--numa); -1: not bound.\n"
+                     "# TYPE pdserve:numa_node gauge\npdserve:numa_node{%s} %d\n",
+                     o->labels, o->numa.node);
+    if (o->checked)
+        pd_strbuf_printf(b,
+                         "# HELP pdserve:self_check_ok Start-up self-check passed (1) or failed (0).\n"
+                         "# TYPE pdserve:self_check_ok gauge\npdserve:self_check_ok{%s,check=\"allreduce\"} %d\n"
+                         "# HELP pdserve:self_check_seconds Time the start-up self-check took.\n"
+                         "# TYPE pdserve:self_check_seconds gauge\npdserve:self_check_seconds{%s,check=\"allreduce\"} %.6f\n"
+                         "# HELP pdserve:kv_cache_capacity_tokens Tokens the KV cache holds (blocks x block size).\n"
+                         "# TYPE pdserve:kv_cache_capacity_tokens gauge\npdserve:kv_cache_capacity_tokens{%s} %lld\n",
+                         o->labels, o->all_reduce_ok ? 1 : 0, o->labels, o->all_reduce_seconds, o->labels,
+                         o->kv_capacity_tokens);
     pd_nvml_render(o->nvml, o->labels, b);
+}
+
+pd_status pd_replica_ops_self_check(pd_replica_ops *o, pd_backend *const *bes, int n_ranks, int kv_blocks,
+                                    int block_size, bool inject_failure, pd_err *err) {
+    const char *id = o->replica_id;
+    pd_all_reduce_check r;
+    /* 1 Mi floats (4 MiB) per rank: large enough that NCCL takes its
+     * bandwidth path (ring / NVLS) rather than only the small-message one */
+    pd_status st = pd_backend_check_all_reduce(bes, n_ranks, (size_t)1 << 20, inject_failure, &r, err);
+    if (st == PD_ERR_NOMEM)
+        return st;
+    o->checked = true;
+    o->all_reduce_ok = st == PD_OK;
+    o->all_reduce_seconds = r.seconds;
+    if (st != PD_OK) {
+        PD_LOGE(o->module, "%s: self-check allreduce FAILED over %d rank%s: %s%s", id, n_ranks, n_ranks > 1 ? "s" : "",
+                err->msg, inject_failure ? " (injected: --debug-inject-selfcheck-failure)" : "");
+        return st;
+    }
+    PD_LOGI(o->module, "%s: self-check allreduce ok: %d rank%s × %zu floats, every element %g, %.3f s", id, n_ranks,
+            n_ranks > 1 ? "s" : "", r.n, (double)r.expected, r.seconds);
+    for (int g = 0; g < o->n_gpus; g++) {
+        pd_cuda_device_info info;
+        pd_err e = {{0}};
+        if (pd_backend_cuda_device_info(g, true, &info, &e) != PD_OK) {
+            PD_LOGW(o->module, "%s: self-check GPU %d: %s", id, g, e.msg);
+            continue;
+        }
+        PD_LOGI(o->module,
+                "%s: self-check GPU %d: %s at %s, compute capability %d.%d, %d SMs, %.1f GiB, %.1f GiB free after "
+                "weights and KV",
+                id, g, info.name, info.pci_bus_id, info.cc_major, info.cc_minor, info.n_sm,
+                info.mem_total / 1073741824.0, info.mem_free / 1073741824.0);
+    }
+    o->kv_capacity_tokens = (long long)kv_blocks * block_size;
+    PD_LOGI(o->module, "%s: self-check KV pool: %d blocks × %d tokens = %lld tokens", id, kv_blocks, block_size,
+            o->kv_capacity_tokens);
+    return PD_OK;
 }
 
 static void on_scrape(void *user, pd_strbuf *b) { pd_replica_ops_render(user, b); }

@@ -469,6 +469,8 @@ int pd_decode_main(int argc, char **argv) {
     const char *metrics_host = "127.0.0.1";
     bool verify_ckpt = false;
     const char *ckpt_manifest = NULL;
+    const char *numa = "auto";
+    bool inject_selfcheck_failure = false;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -488,6 +490,10 @@ int pd_decode_main(int argc, char **argv) {
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
         {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
+        {"numa", PD_FLAG_STR, &numa,
+         "auto (the NUMA node of the GPUs; none for a CPU replica), off, or a node number: bind threads and host memory"},
+        {"debug-inject-selfcheck-failure", PD_FLAG_BOOL, &inject_selfcheck_failure,
+         "testing: the start-up all-reduce check sees a wrong value (the replica must refuse to register)"},
     };
     int rc = pd_flags_parse("decode", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -515,10 +521,11 @@ int pd_decode_main(int argc, char **argv) {
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
     pd_replica_ops *ops = NULL; /* GPUs, telemetry (common/pd_replica_ops.h) */
-    pd_replica_ops_config oc = {.role = "decode", .replica_id = replica_id, .device = device, .tp = tp};
-    if (pd_replica_ops_init(&oc, &ops, &err) != PD_OK) {
+    pd_replica_ops_config oc = {.role = "decode", .replica_id = replica_id, .device = device, .tp = tp, .numa = numa};
+    pd_status ost = pd_replica_ops_init(&oc, &ops, &err);
+    if (ost != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
-        return 2;
+        return ost == PD_ERR_INVALID ? 2 : 1;
     }
     pd_backend *bes[PD_TP_MAX_RANKS] = {0}; /* tensor-parallel ranks; bes[1..] NULL with one */
     if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK) {
@@ -581,6 +588,15 @@ int pd_decode_main(int argc, char **argv) {
         fprintf(stderr, "pdserve decode: cannot connect to %s: %s\n", gateway, zmq_strerror(errno));
         rc = 1;
         goto out;
+    }
+    {
+        double tc = pd_now_s();
+        if (pd_replica_ops_self_check(ops, bes, tp, num_blocks, block_size, inject_selfcheck_failure, &err) != PD_OK) {
+            fprintf(stderr, "pdserve decode: refusing to start: self-check: %s\n", err.msg);
+            rc = 1;
+            goto out;
+        }
+        pd_startup_phase_log(LOGM, replica_id, "self-checks", tc);
     }
     PD_LOGI(LOGM, "%s: model %s, %d KV blocks of %d tokens, gateway %s", replica_id, model, num_blocks, block_size,
             gateway);

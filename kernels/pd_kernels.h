@@ -231,6 +231,33 @@ typedef struct {
  * failed). */
 pd_status pd_backend_cuda_device_info(int device, bool with_mem, pd_cuda_device_info *info_p, pd_err *err);
 
+/** What the start-up all-reduce check found (pd_backend_check_all_reduce). */
+typedef struct {
+    int n_ranks;
+    size_t n;         /* floats per rank */
+    float expected;   /* N(N+1)/2 */
+    int bad_rank;     /* -1: every element on every rank was expected */
+    size_t bad_index; /* the first wrong element of bad_rank */
+    float got;        /* its value */
+    double seconds;   /* fill, all-reduce, read back, compare */
+} pd_all_reduce_check;
+
+/** Start-up self-check of a tensor-parallel group (DESIGN: checked before a
+ * replica registers): rank r fills n floats with r + 1, all_reduce_sum runs
+ * on every rank from its own thread (thread_bind first), and every element
+ * read back on every rank must equal N(N+1)/2 exactly — small integers,
+ * exact in fp32 whatever order the sum takes, so any difference is a fault
+ * (a wrong peer, a broken link, a bad NCCL), not rounding. With one rank
+ * the same fill, no-op reduce and read back check the device's memory
+ * path. inject_failure (testing: --debug-inject-selfcheck-failure) changes
+ * one element of rank 0's result after it is read back, as a wrong
+ * all-reduce would. *res_p is filled in every case but NOMEM. Errors:
+ * PD_ERR_INVALID (n_ranks outside 1 .. PD_TP_MAX_RANKS, n 0),
+ * PD_ERR_NOMEM (a buffer), PD_ERR_IO (a wrong value: err names the rank,
+ * the element, the value and the expected one). */
+pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_t n, bool inject_failure,
+                                      pd_all_reduce_check *res_p, pd_err *err);
+
 /** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);
 

@@ -424,6 +424,8 @@ int pd_prefill_main(int argc, char **argv) {
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool verify_ckpt = false;
     const char *ckpt_manifest = NULL;
+    const char *numa = "auto";
+    bool inject_selfcheck_failure = false;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -443,6 +445,10 @@ int pd_prefill_main(int argc, char **argv) {
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
         {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
         {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
+        {"numa", PD_FLAG_STR, &numa,
+         "auto (the NUMA node of the GPUs; none for a CPU replica), off, or a node number: bind threads and host memory"},
+        {"debug-inject-selfcheck-failure", PD_FLAG_BOOL, &inject_selfcheck_failure,
+         "testing: the start-up all-reduce check sees a wrong value (the replica must refuse to register)"},
     };
     int rc = pd_flags_parse("prefill", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -471,10 +477,11 @@ int pd_prefill_main(int argc, char **argv) {
         t = pd_startup_phase_log(LOGM, replica_id, "verify checkpoint", t);
     }
     pd_replica_ops *ops = NULL; /* GPUs, telemetry (common/pd_replica_ops.h) */
-    pd_replica_ops_config oc = {.role = "prefill", .replica_id = replica_id, .device = device, .tp = tp};
-    if (pd_replica_ops_init(&oc, &ops, &err) != PD_OK) {
+    pd_replica_ops_config oc = {.role = "prefill", .replica_id = replica_id, .device = device, .tp = tp, .numa = numa};
+    pd_status ost = pd_replica_ops_init(&oc, &ops, &err);
+    if (ost != PD_OK) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
-        return 2;
+        return ost == PD_ERR_INVALID ? 2 : 1;
     }
     rc = 1;
     if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK ||
@@ -509,6 +516,15 @@ int pd_prefill_main(int argc, char **argv) {
     if (zmq_connect(p.sock, gateway) != 0) {
         fprintf(stderr, "pdserve prefill: cannot connect to %s: %s\n", gateway, zmq_strerror(errno));
         goto out;
+    }
+    {
+        double tc = pd_now_s();
+        if (pd_replica_ops_self_check(ops, bes, tp, num_blocks, block_size, inject_selfcheck_failure, &err) != PD_OK) {
+            fprintf(stderr, "pdserve prefill: refusing to start: self-check: %s\n", err.msg);
+            rc = 1;
+            goto out;
+        }
+        pd_startup_phase_log(LOGM, replica_id, "self-checks", tc);
     }
     PD_LOGI(LOGM, "%s: model %s, chunk %d tokens, %d KV blocks of %d, gateway %s", replica_id, model, chunk,
             num_blocks, block_size, gateway);

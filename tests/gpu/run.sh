@@ -14,6 +14,8 @@
 #   tp        tensor parallelism over 2 GPUs: test_all_reduce; generate on tiny at TP 1 and 2 (greedy
 #             ids must match, bf16 and fp32); then (mkmodel v2-lite started first, in the background)
 #             logits of generate at TP 2 against TP 1 (cmp_logits.py) and bench_step --tp 1, 2 -> tp.log, tp-step.md
+#   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
+#             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
 # Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
 # flags in the tp step). NCCL_NVLS_ENABLE=0 is kept (NVLink multicast must stay off on shared hosts);
 # NCCL is found by ldconfig, else PD_NCCL_LIB is set to the first libnccl.so.2 on the disk.
@@ -113,6 +115,9 @@ for what in "$@"; do
             cat "$O/tp-step.md"
         fi
         cat "$L"; f=tp.log ;;
+    selfcheck)
+        timeout 400 python3 tests/gpu/selfcheck.py >"$O/selfcheck.log" 2>&1 || rc=1
+        cat "$O/selfcheck.log"; f=selfcheck.log ;;
     *) echo "unknown step $what"; exit 2 ;;
     esac
     echo "== $what: $(($(date +%s) - t0)) s"
