@@ -20,7 +20,8 @@ extern "C" pd_status pd_backend_cuda_device_info(int device, bool with_mem, pd_c
     cudaDeviceProp prop;
     if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
         return cu_err_set(err, PD_ERR_IO, "cudaGetDeviceProperties(%d): %s", device, cudaGetErrorString(e));
-    snprintf(info.name, sizeof info.name, "%s", prop.name);
+    memcpy(info.name, prop.name, sizeof info.name - 1); /* prop.name is char[256], NUL-terminated */
+    info.name[sizeof info.name - 1] = 0;
     info.cc_major = prop.major;
     info.cc_minor = prop.minor;
     info.n_sm = prop.multiProcessorCount;
