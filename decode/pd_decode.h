@@ -24,7 +24,32 @@ typedef struct {
     int chunked_prefill_size;   /* longest prefill chunk of one sequence per step */
     int block_size;             /* KV cache block, tokens */
     int num_blocks;             /* KV cache blocks */
+    /* testing (--debug-replay-tokens): when not NULL, requests generate
+     * a script of it instead of samples (see pd_replay_script) */
+    const struct pd_replay *replay;
 } pd_sched_config;
+
+/** Scripted output for tests (--debug-replay-tokens FILE on decode and
+ * prefill replicas): FILE is a JSON array of token ids, or an array of
+ * such arrays (scripts). A request with a seed s generates script
+ * s mod n_scripts (without a seed, script 0): its i-th generated token is
+ * script[i] instead of a sample, then EOS. Logprobs stay the model's for
+ * the position (not meaningful then). */
+typedef struct pd_replay {
+    int n_scripts;
+    int32_t **tokens; /* [n_scripts][n_tokens[i]] */
+    int *n_tokens;
+} pd_replay;
+
+/** Reads FILE (ids in [0, vocab_size)). *r_p (free with pd_replay_free)
+ * set on success. Errors: PD_ERR_IO (unreadable or not JSON),
+ * PD_ERR_FORMAT (not the shape above; err names the element),
+ * PD_ERR_NOMEM. */
+pd_status pd_replay_load(const char *path, int vocab_size, pd_replay **r_p, pd_err *err);
+void pd_replay_free(pd_replay **r_p);
+
+/** The script of a request with sampling params sp; *n_p its length. */
+const int32_t *pd_replay_script(const pd_replay *r, const pd_sampling_params *sp, int *n_p);
 
 /** What a request asks of the scheduler. Arrays are copied. */
 typedef struct {

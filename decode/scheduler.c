@@ -23,6 +23,8 @@ typedef struct seq {
     int top_logprobs;
     int32_t *stop_ids;
     int n_stop;
+    const int32_t *replay; /* testing: the scripted output, or NULL */
+    int n_replay;
     pd_sampler *smp;
     pd_seq_kv kv;
     uint64_t admit_order;
@@ -143,6 +145,8 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
         return st;
     }
     snprintf(q->id, sizeof q->id, "%s", r->request_id);
+    if (s->cfg.replay)
+        q->replay = pd_replay_script(s->cfg.replay, &r->sampling, &q->n_replay);
     q->cap = r->n_prompt + r->max_tokens + 1;
     q->tokens = pd_xmalloc((size_t)q->cap * sizeof(int32_t));
     memcpy(q->tokens, r->prompt_ids, (size_t)r->n_prompt * sizeof(int32_t));
@@ -363,6 +367,8 @@ int pd_sched_step(pd_sched *s) {
         int n_top = 0;
         int32_t t = pd_sampler_sample_top(q->smp, lg, q->want_logprobs ? &lp : NULL, q->top_logprobs, top_id,
                                           top_lp, &n_top);
+        if (q->replay) /* testing: the scripted output */
+            t = q->n_generated < q->n_replay ? q->replay[q->n_generated] : c->eos_token_id;
         s->generation_tokens_total++;
         const char *fin = seq_accept(s, q, t);
         s->cb.on_token(s->user, q->id, t, lp, top_id, top_lp, n_top);

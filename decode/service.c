@@ -468,7 +468,7 @@ int pd_decode_main(int argc, char **argv) {
     int heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
     bool verify_ckpt = false;
-    const char *ckpt_manifest = NULL;
+    const char *ckpt_manifest = NULL, *replay_path = NULL;
     const char *numa = "auto";
     bool inject_selfcheck_failure = false;
     pd_flag flags[] = {
@@ -488,6 +488,8 @@ int pd_decode_main(int argc, char **argv) {
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
+        {"debug-replay-tokens", PD_FLAG_STR, &replay_path,
+         "testing: JSON array of token ids every request generates (then EOS) instead of samples"},
         {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
         {"checkpoint-manifest", PD_FLAG_STR, &ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
         {"numa", PD_FLAG_STR, &numa,
@@ -541,9 +543,22 @@ int pd_decode_main(int argc, char **argv) {
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "load weights", t);
-    pd_sched_config sc = {max_num_seqs, max_batched, chunk, block_size, num_blocks};
+    pd_sched_config sc = {max_num_seqs, max_batched, chunk, block_size, num_blocks, NULL};
+    pd_replay *replay = NULL;
+    if (replay_path) {
+        if (pd_replay_load(replay_path, pd_model_config_of(d.m)->vocab_size, &replay, &err) != PD_OK) {
+            fprintf(stderr, "pdserve decode: --debug-replay-tokens: %s\n", err.msg);
+            pd_model_free(&d.m);
+            backends_free(bes);
+            return 2;
+        }
+        sc.replay = replay;
+        PD_LOGW(LOGM, "replaying %d scripted outputs from %s instead of sampling (testing)", replay->n_scripts,
+                replay_path);
+    }
     pd_sched_callbacks cb = {cb_token, cb_finished, cb_error};
     if (pd_sched_init(d.m, &sc, &cb, &d, &d.sched, &err) != PD_OK) {
+        pd_replay_free(&replay);
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         pd_model_free(&d.m);
         backends_free(bes);
@@ -676,6 +691,7 @@ out:
     zmq_close(d.sock);
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);
+    pd_replay_free(&replay);
     pd_model_free(&d.m);
     backends_free(bes);
     return rc;

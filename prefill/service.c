@@ -15,6 +15,7 @@
 #include "pd_metrics_server.h"
 #include "pd_kvtransfer.h"
 #include "pd_model.h"
+#include "pd_decode.h" /* pd_replay_load */
 #include "pd_msg.h"
 #include "pd_replica_ops.h"
 #include "pd_version.h"
@@ -68,6 +69,8 @@ typedef struct {
 
 static volatile sig_atomic_t g_stop;
 static int g_step_delay_ms; /* --debug-step-delay-ms: fault tests slow a replica down */
+static pd_replay *g_replay; /* --debug-replay-tokens: a request's first token is its script's
+                               first (EOS when empty) instead of a sample (testing) */
 static void on_signal(int sig) { g_stop = 1; }
 
 static void send_register(prefill_svc *p) {
@@ -345,6 +348,11 @@ static bool step(prefill_svc *p) {
         int k = m->logprobs < 0 ? 0 : m->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : m->logprobs;
         j->first_token = pd_sampler_sample_top(smp, p->logits, &j->first_logprob, k, j->first_top_ids,
                                                j->first_top_lps, &j->first_n_top);
+        if (g_replay) {
+            int n_script = 0;
+            const int32_t *script = pd_replay_script(g_replay, &sp, &n_script);
+            j->first_token = n_script > 0 ? script[0] : pd_model_config_of(p->m)->eos_token_id;
+        }
         pd_sampler_free(&smp);
         j->finished_compute = true;
     }
@@ -423,7 +431,7 @@ int pd_prefill_main(int argc, char **argv) {
     const char *metrics_host = "127.0.0.1";
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool verify_ckpt = false;
-    const char *ckpt_manifest = NULL;
+    const char *ckpt_manifest = NULL, *replay_path = NULL;
     const char *numa = "auto";
     bool inject_selfcheck_failure = false;
     pd_flag flags[] = {
@@ -441,6 +449,8 @@ int pd_prefill_main(int argc, char **argv) {
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
+        {"debug-replay-tokens", PD_FLAG_STR, &replay_path,
+         "testing: JSON array of token ids every request generates (the first one here) instead of samples"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
         {"verify-checkpoint", PD_FLAG_BOOL, &verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
@@ -505,6 +515,13 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     pd_startup_phase_log(LOGM, replica_id, "register KV pool (UCX)", t);
+    if (replay_path) {
+        if (pd_replay_load(replay_path, pd_model_config_of(p.m)->vocab_size, &g_replay, &err) != PD_OK) {
+            fprintf(stderr, "pdserve prefill: --debug-replay-tokens: %s\n", err.msg);
+            return 2;
+        }
+        PD_LOGW(LOGM, "replaying scripted tokens from %s instead of sampling (testing)", replay_path);
+    }
     p.logits = pd_xmalloc((size_t)pd_model_config_of(p.m)->vocab_size * sizeof(float));
     p.zctx = zmq_ctx_new();
     p.sock = zmq_socket(p.zctx, ZMQ_DEALER);
@@ -599,6 +616,7 @@ out:
     free(p.logits);
     pd_kv_cache_free(&p.kv);
     pd_model_free(&p.m);
+    pd_replay_free(&g_replay);
     for (int r = 0; r < PD_TP_MAX_RANKS; r++)
         pd_backend_free(&bes[r]);
     return rc;
