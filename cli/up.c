@@ -69,7 +69,8 @@ static bool is_gateway_flag(const char *a) {
                                   "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer",
                                   "--max-request-body-bytes", "--timeout-keep-alive", "--max-connections",
                                   "--max-header-bytes", "--max-header-count", "--timeout-request-headers",
-                                  "--timeout-request-body", "--timeout-write"};
+                                  "--timeout-request-body", "--timeout-write", "--reasoning-parser",
+                                  "--tool-call-parser"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) return true;
     return false;

@@ -256,6 +256,15 @@ struct bufferevent *gw_tls_bev_new(gw_server *s, evutil_socket_t fd);
 
 typedef enum { GW_KIND_COMPLETION = 0, GW_KIND_CHAT } gw_kind;
 
+/** tool_choice: "none" (or no tools), "auto", "required", or a named
+ * function. */
+typedef enum { GW_TOOLS_NONE = 0, GW_TOOLS_AUTO, GW_TOOLS_REQUIRED, GW_TOOLS_NAMED } gw_tool_choice;
+
+/** Limits on tools (OpenAI's): at most this many, names of 1-64 of
+ * [a-zA-Z0-9_-]. */
+#define GW_MAX_TOOLS         128
+#define GW_MAX_TOOL_NAME_LEN 64
+
 /** A validated, tokenized request. Owns every pointer. */
 typedef struct {
     gw_kind kind;
@@ -278,6 +287,13 @@ typedef struct {
     int n_prompt;
     char *echo_text; /* completions with echo: the prompt as text */
     size_t echo_len;
+    /* chat features (chat/pd_chat.h); all off for completions */
+    bool parse_reasoning;       /* --reasoning-parser is not none */
+    pd_chat_think_start think;  /* where the output starts, from the rendered prompt */
+    gw_tool_choice tool_choice; /* GW_TOOLS_NONE when no tools */
+    char **tool_names;          /* n_tools names of the request's tools */
+    int n_tools;
+    char *tool_choice_name; /* GW_TOOLS_NAMED: the function */
 } gw_oai_req;
 
 /** Why a request was refused: HTTP status, message, offending parameter

@@ -274,6 +274,184 @@ static int parse_messages(const json_t *root, chat_msgs *cm, gw_oai_err *e) {
     return 0;
 }
 
+/* ---- tools, tool_choice, thinking ------------------------------------ */
+
+/* OpenAI's rule for function names: 1-64 of [a-zA-Z0-9_-]. */
+static bool valid_tool_name(const char *s, size_t len) {
+    if (len == 0 || len > GW_MAX_TOOL_NAME_LEN || strlen(s) != len)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int parse_tool_choice(const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+    json_t *tc = field(root, "tool_choice");
+    out->tool_choice = out->n_tools ? GW_TOOLS_AUTO : GW_TOOLS_NONE;
+    if (!tc)
+        return 0;
+    static const char shape[] = "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                "{\"type\": \"function\", \"function\": {\"name\": \"...\"}}";
+    if (json_is_string(tc)) {
+        const char *v = json_string_value(tc);
+        if (strcmp(v, "none") == 0)
+            out->tool_choice = GW_TOOLS_NONE;
+        else if (strcmp(v, "auto") == 0)
+            out->tool_choice = GW_TOOLS_AUTO;
+        else if (strcmp(v, "required") == 0)
+            out->tool_choice = GW_TOOLS_REQUIRED;
+        else
+            return fail(e, 400, "tool_choice", "%s; got \"%.40s\"", shape, v);
+    } else if (json_is_object(tc)) {
+        json_t *type = json_object_get(tc, "type");
+        json_t *name = json_object_get(json_object_get(tc, "function"), "name");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+            !json_is_string(name))
+            return fail(e, 400, "tool_choice", "%s", shape);
+        int k = -1;
+        for (int i = 0; i < out->n_tools; i++)
+            if (strcmp(out->tool_names[i], json_string_value(name)) == 0)
+                k = i;
+        if (k < 0)
+            return fail(e, 400, "tool_choice",
+                        "'tool_choice' names the function '%.64s', which is not in 'tools'",
+                        json_string_value(name));
+        out->tool_choice = GW_TOOLS_NAMED;
+        out->tool_choice_name = pd_xstrdup(out->tool_names[k]);
+    } else {
+        return fail(e, 400, "tool_choice", "%s", shape);
+    }
+    if (out->n_tools == 0 && out->tool_choice != GW_TOOLS_NONE)
+        return fail(e, 400, "tool_choice", "'tool_choice' is only allowed when 'tools' is given");
+    return 0;
+}
+
+/* tools (validated; names kept in out) and tool_choice; *section_p: the
+ * tool section of the prompt (heap) or NULL without tools. The tools are
+ * rendered also under tool_choice "none", as vLLM does. */
+static int parse_tools(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out,
+                       char **section_p, gw_oai_err *e) {
+    *section_p = NULL;
+    json_t *tools = field(root, "tools");
+    size_t n = 0;
+    if (tools) {
+        if (!json_is_array(tools))
+            return fail(e, 400, "tools", "'tools' must be an array of function tools");
+        n = json_array_size(tools);
+        if (n > GW_MAX_TOOLS)
+            return fail(e, 400, "tools", "at most %d tools are allowed, got %zu", GW_MAX_TOOLS, n);
+    }
+    bool ptc = true;
+    if (get_bool(root, "parallel_tool_calls", &ptc, e))
+        return -1;
+    out->tool_names = pd_xcalloc(n ? n : 1, sizeof *out->tool_names);
+    pd_chat_tool *defs = pd_xcalloc(n ? n : 1, sizeof *defs);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char pp[80];
+        json_t *t = json_array_get(tools, i);
+        json_t *type = json_object_get(t, "type");
+        json_t *fn = json_object_get(t, "function");
+        json_t *name = json_object_get(fn, "name");
+        json_t *desc = field(fn, "description");
+        json_t *params = field(fn, "parameters");
+        if (!json_is_object(t)) {
+            snprintf(pp, sizeof pp, "tools[%zu]", i);
+            rc = fail(e, 400, pp, "'%s' must be an object", pp);
+        } else if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0) {
+            snprintf(pp, sizeof pp, "tools[%zu].type", i);
+            rc = fail(e, 400, pp, "'%s' must be \"function\"", pp);
+        } else if (!json_is_object(fn)) {
+            snprintf(pp, sizeof pp, "tools[%zu].function", i);
+            rc = fail(e, 400, pp, "'%s' is required and must be an object", pp);
+        } else if (!json_is_string(name) ||
+                   !valid_tool_name(json_string_value(name), json_string_length(name))) {
+            snprintf(pp, sizeof pp, "tools[%zu].function.name", i);
+            rc = fail(e, 400, pp, "'%s' must be a string of 1 to %d characters a-z, A-Z, 0-9, _ or -",
+                      pp, GW_MAX_TOOL_NAME_LEN);
+        } else if (desc && !json_is_string(desc)) {
+            snprintf(pp, sizeof pp, "tools[%zu].function.description", i);
+            rc = fail(e, 400, pp, "'%s' must be a string", pp);
+        } else if (params && !json_is_object(params)) {
+            snprintf(pp, sizeof pp, "tools[%zu].function.parameters", i);
+            rc = fail(e, 400, pp, "'%s' must be a JSON Schema object", pp);
+        } else {
+            for (int k = 0; k < out->n_tools && rc == 0; k++)
+                if (strcmp(out->tool_names[k], json_string_value(name)) == 0) {
+                    snprintf(pp, sizeof pp, "tools[%zu].function.name", i);
+                    rc = fail(e, 400, pp, "'%s': the name '%s' is used by two tools", pp,
+                              json_string_value(name));
+                }
+            if (rc)
+                break;
+            out->tool_names[out->n_tools++] = pd_xstrdup(json_string_value(name));
+            defs[i].name = json_string_value(name);
+            defs[i].description = desc ? json_string_value(desc) : NULL;
+            /* as Jinja's tojson / Python's json.dumps: ", " and ": ", ASCII */
+            defs[i].parameters = params ? json_dumps(params, JSON_ENSURE_ASCII) : NULL;
+        }
+    }
+    if (rc == 0)
+        rc = parse_tool_choice(root, out, e);
+    if (rc == 0 && n > 0) {
+        pd_err err;
+        if (pd_chat_tools_prompt(defs, (int)n, cfg->tool_call_parser, section_p, &err) != PD_OK)
+            rc = fail(e, 500, NULL, "cannot render the tools: %s", err.msg);
+    }
+    for (size_t i = 0; i < n; i++)
+        free((char *)defs[i].parameters);
+    free(defs);
+    return rc;
+}
+
+/* Thinking mode: chat_template_kwargs.thinking (vLLM / SGLang's switch for
+ * DeepSeek-V3.1; enable_thinking accepted as another name), else
+ * reasoning_effort: "low" → off, "medium" / "high" → on (DeepSeek's
+ * encodings have no effort levels, only the switch). -1: neither given. */
+static int parse_thinking(const json_t *root, int *thinking, gw_oai_err *e) {
+    *thinking = -1;
+    json_t *re = field(root, "reasoning_effort");
+    if (re) {
+        const char *v = json_is_string(re) ? json_string_value(re) : "";
+        if (strcmp(v, "low") == 0)
+            *thinking = 0;
+        else if (strcmp(v, "medium") == 0 || strcmp(v, "high") == 0)
+            *thinking = 1;
+        else
+            return fail(e, 400, "reasoning_effort",
+                        "'reasoning_effort' must be one of \"low\", \"medium\", \"high\"");
+    }
+    json_t *kw = field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!json_is_object(kw))
+            return fail(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        const char *key = "thinking";
+        json_t *th = field(kw, key);
+        if (!th) {
+            key = "enable_thinking";
+            th = field(kw, key);
+        }
+        if (th) {
+            if (!json_is_boolean(th))
+                return fail(e, 400,
+                            strcmp(key, "thinking") == 0 ? "chat_template_kwargs.thinking"
+                                                         : "chat_template_kwargs.enable_thinking",
+                            "'chat_template_kwargs.%s' must be a boolean", key);
+            *thinking = json_is_true(th);
+        }
+    }
+    return 0;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
 /* ---- completions prompt ---------------------------------------------- */
 
 static int parse_prompt_ids(const json_t *arr, int vocab, int32_t **ids_p, int *n_p,
@@ -617,17 +795,33 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         if (cont)
             return fail(e, 400, "continue_final_message",
                         "'continue_final_message' is not supported");
+        int thinking = -1;
+        if (parse_thinking(root, &thinking, e))
+            return -1;
+        char *tool_section = NULL;
+        if (parse_tools(cfg, root, out, &tool_section, e))
+            return -1;
         chat_msgs cm = {0};
         if (parse_messages(root, &cm, e)) {
             chat_msgs_free(&cm);
+            free(tool_section);
             return -1;
         }
         char *text = NULL;
         pd_err err;
-        pd_status rc = pd_chat_render(cm.msgs, cm.n, add_gen, PD_TOK_DSV3_BOS, &text, &err);
+        pd_chat_render_opts ro = {.add_generation_prompt = add_gen,
+                                  .bos_token = PD_TOK_DSV3_BOS,
+                                  .system_suffix = tool_section,
+                                  .thinking = thinking};
+        pd_status rc = pd_chat_render_ex(cm.msgs, cm.n, &ro, &text, &err);
         chat_msgs_free(&cm);
+        free(tool_section);
         if (rc != PD_OK)
             return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
+        out->parse_reasoning = cfg->reasoning_parser != PD_CHAT_REASONING_NONE;
+        out->think = ends_with(text, "<think>")    ? PD_CHAT_THINK_ON
+                     : ends_with(text, "</think>") ? PD_CHAT_THINK_OFF
+                                                   : PD_CHAT_THINK_AUTO;
         /* The rendered text starts with the BOS text: no second BOS. */
         int r = tokenize(tok, text, strlen(text), false, out, e);
         free(text);
@@ -680,5 +874,9 @@ void gw_oai_req_clear(gw_oai_req *r) {
     free(r->stop_token_ids);
     free(r->prompt_ids);
     free(r->echo_text);
+    for (int i = 0; i < r->n_tools; i++)
+        free(r->tool_names[i]);
+    free(r->tool_names);
+    free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
 }

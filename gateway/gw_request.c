@@ -68,6 +68,13 @@ typedef struct {
     int32_t *top_ids; /* [cap_lp][r.logprobs]: the alternatives of lp[i] at i * r.logprobs */
     float *top_lps;
     size_t text_offset; /* completions logprobs: bytes of text before the next token */
+    /* chat: reasoning and tool calls (chat/pd_chat.h) */
+    pd_gw_request *req;
+    pd_chat_parser *cp;         /* the parsers of this choice's text, or NULL */
+    struct evbuffer *reasoning; /* reasoning not yet sent (stream) or all of it */
+    struct evbuffer *held;      /* tool_choice required / named: content until the end */
+    json_t *calls;              /* tool calls not yet sent (stream) or all: chunk objects */
+    int n_calls;
 } gw_choice;
 
 struct pd_gw_request {
@@ -303,12 +310,24 @@ static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
                      "top_logprobs", top, "text_offset", off);
 }
 
-/* Takes the choice's pending text (and logprobs) as a JSON string. */
-static json_t *take_text(gw_choice *ch) {
-    size_t len = evbuffer_get_length(ch->text);
-    json_t *t = gw_json_text(len ? (const char *)evbuffer_pullup(ch->text, -1) : "", len);
-    evbuffer_drain(ch->text, len);
+/* Takes the pending text of b as a JSON string. */
+static json_t *take_buf(struct evbuffer *b) {
+    size_t len = evbuffer_get_length(b);
+    json_t *t = gw_json_text(len ? (const char *)evbuffer_pullup(b, -1) : "", len);
+    evbuffer_drain(b, len);
     return t;
+}
+
+/* Takes the choice's pending text as a JSON string. */
+static json_t *take_text(gw_choice *ch) {
+    return take_buf(ch->text);
+}
+
+/* Something of choice ch waits to be streamed. */
+static bool has_pending(const gw_choice *ch) {
+    return evbuffer_get_length(ch->text) > 0 || ch->n_lp > 0 ||
+           (ch->reasoning && evbuffer_get_length(ch->reasoning) > 0) ||
+           (ch->calls && json_array_size(ch->calls) > 0);
 }
 
 /* vLLM's stop_reason: the stop string, the stop token id, or null (EOS,
@@ -337,8 +356,18 @@ static void send_choice_chunk(pd_gw_request *req, int i, bool final) {
     json_t *c = json_pack("{s:i}", "index", i);
     if (req->kind == GW_KIND_CHAT) {
         json_t *delta = json_object();
-        if (evbuffer_get_length(ch->text) || !final)
+        if (ch->reasoning && evbuffer_get_length(ch->reasoning)) {
+            json_t *t = take_buf(ch->reasoning);
+            json_object_set(delta, "reasoning_content", t);
+            json_object_set_new(delta, "reasoning", t);
+        }
+        if (evbuffer_get_length(ch->text) || (!final && json_object_size(delta) == 0 &&
+                                               !(ch->calls && json_array_size(ch->calls))))
             json_object_set_new(delta, "content", take_text(ch));
+        if (ch->calls && json_array_size(ch->calls)) {
+            json_object_set_new(delta, "tool_calls", json_copy(ch->calls));
+            json_array_clear(ch->calls);
+        }
         json_object_set_new(c, "delta", delta);
     } else {
         json_object_set_new(c, "text", take_text(ch));
@@ -364,10 +393,97 @@ static void schedule_complete(pd_gw_request *req) {
 
 /* ---- text of a choice --------------------------------------------------- */
 
-/* Appends final text of a choice. */
+/* A tool call of choice ch as a streamed tool_calls[] entry (the
+ * non-streamed message drops "index"). id: "call_" + 24 random hex digits. */
+static void add_call(gw_choice *ch, const char *name, const char *arguments) {
+    char id[48];
+    pd_rng *rng = &ch->req->srv->rng;
+    unsigned long long a = pd_rng_next(rng), b = pd_rng_next(rng);
+    snprintf(id, sizeof id, "call_%016llx%08llx", a, b & 0xffffffffull);
+    json_t *c = json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", ch->n_calls, "id", id, "type",
+                          "function", "function", "name", name, "arguments", arguments);
+    if (!c) { /* not UTF-8: the parser checked both, so not expected */
+        PD_LOGE(GW_MOD, "%s: tool call '%.64s' cannot be encoded; dropped", ch->req->id, name);
+        return;
+    }
+    json_array_append_new(ch->calls, c);
+    ch->n_calls++;
+}
+
+static void on_chat_event(void *ud, const pd_chat_event *ev) {
+    gw_choice *ch = ud;
+    if (ev->kind == PD_CHAT_EV_REASONING)
+        evbuffer_add(ch->reasoning, ev->text, ev->len);
+    else if (ev->kind == PD_CHAT_EV_CONTENT)
+        evbuffer_add(ch->held ? ch->held : ch->text, ev->text, ev->len);
+    else
+        add_call(ch, ev->name, ev->arguments);
+}
+
+/* Appends final text of a choice (through its parsers, when it has them). */
 static void emit(gw_choice *ch, const char *s, size_t len) {
-    if (len)
+    if (!len)
+        return;
+    if (!ch->cp) {
         evbuffer_add(ch->text, s, len);
+    } else if (pd_chat_parser_feed(ch->cp, s, len) != PD_OK) {
+        PD_LOGE(GW_MOD, "%s: out of memory parsing the output", ch->req->id);
+        abort();
+    }
+}
+
+/* tool_choice required / named without a call in the model's format: the
+ * content as vLLM's guided output would be: named, the arguments object;
+ * required, [{"name": …, "parameters": {…}}, …] with known names. Else the
+ * content stays text. */
+static void calls_from_json(pd_gw_request *req, gw_choice *ch) {
+    size_t len = evbuffer_get_length(ch->held);
+    json_t *j = json_loadb(len ? (const char *)evbuffer_pullup(ch->held, -1) : "", len, 0, NULL);
+    const gw_oai_req *r = &req->r;
+    bool ok = false;
+    if (r->tool_choice == GW_TOOLS_NAMED && json_is_object(j)) {
+        char *args = json_dumps(j, JSON_COMPACT);
+        if (args)
+            add_call(ch, r->tool_choice_name, args);
+        free(args);
+        ok = args != NULL;
+    } else if (r->tool_choice == GW_TOOLS_REQUIRED && json_is_array(j) && json_array_size(j) > 0) {
+        size_t i;
+        json_t *c;
+        ok = true;
+        json_array_foreach(j, i, c) {
+            json_t *name = json_object_get(c, "name");
+            bool known = false;
+            for (int k = 0; json_is_string(name) && k < r->n_tools; k++)
+                known |= strcmp(r->tool_names[k], json_string_value(name)) == 0;
+            if (!known || !json_is_object(json_object_get(c, "parameters")))
+                ok = false;
+        }
+        json_array_foreach(j, i, c) {
+            char *args = ok ? json_dumps(json_object_get(c, "parameters"), JSON_COMPACT) : NULL;
+            if (args)
+                add_call(ch, json_string_value(json_object_get(c, "name")), args);
+            free(args);
+        }
+    }
+    json_decref(j);
+    if (ok)
+        evbuffer_drain(ch->held, len);
+}
+
+/* The output of choice ch ended: what its parsers held comes out. */
+static void chat_finish(pd_gw_request *req, gw_choice *ch) {
+    if (!ch->cp)
+        return;
+    if (pd_chat_parser_finish(ch->cp) != PD_OK) {
+        PD_LOGE(GW_MOD, "%s: out of memory parsing the output", req->id);
+        abort();
+    }
+    if (ch->held) {
+        if (ch->n_calls == 0)
+            calls_from_json(req, ch);
+        evbuffer_add_buffer(ch->text, ch->held);
+    }
 }
 
 /* Feeds detokenized text through the stop strings. Returns true when a stop
@@ -397,6 +513,9 @@ static bool feed_text(pd_gw_request *req, gw_choice *ch, const char *s, size_t l
 
 static void finish_choice(pd_gw_request *req, int i, const char *reason) {
     gw_choice *ch = &req->ch[i];
+    chat_finish(req, ch);
+    if (ch->n_calls > 0 && strcmp(reason, "stop") == 0)
+        reason = "tool_calls"; /* as vLLM: the output ended in tool calls */
     ch->finished = true;
     ch->finish_reason = reason;
     req->n_unfinished--;
@@ -524,7 +643,7 @@ void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, con
     }
     if (stopped) {
         finish_choice(req, choice, "stop");
-    } else if (req->r.stream && req->st && (evbuffer_get_length(ch->text) > 0 || ch->n_lp > 0)) {
+    } else if (req->r.stream && req->st && has_pending(ch)) {
         send_choice_chunk(req, choice, false);
     }
     req->in_cb = false;
@@ -631,6 +750,12 @@ static void req_free(pd_gw_request *req) {
         free(req->ch[i].lp);
         free(req->ch[i].top_ids);
         free(req->ch[i].top_lps);
+        pd_chat_parser_free(&req->ch[i].cp);
+        if (req->ch[i].reasoning)
+            evbuffer_free(req->ch[i].reasoning);
+        if (req->ch[i].held)
+            evbuffer_free(req->ch[i].held);
+        json_decref(req->ch[i].calls);
     }
     free(req->ch);
     gw_oai_req_clear(&req->r);
@@ -676,9 +801,25 @@ static void respond_full(pd_gw_request *req) {
         gw_choice *ch = &req->ch[i];
         json_t *c = json_pack("{s:i}", "index", i);
         if (req->kind == GW_KIND_CHAT) {
-            json_object_set_new(
-                c, "message",
-                json_pack("{s:s, s:o}", "role", "assistant", "content", take_text(ch)));
+            json_t *msg = json_pack("{s:s}", "role", "assistant");
+            bool calls = ch->calls && json_array_size(ch->calls) > 0;
+            if (calls && evbuffer_get_length(ch->text) == 0)
+                json_object_set_new(msg, "content", json_null()); /* as OpenAI with tool calls */
+            else
+                json_object_set_new(msg, "content", take_text(ch));
+            if (ch->reasoning) {
+                json_t *t = evbuffer_get_length(ch->reasoning) ? take_buf(ch->reasoning)
+                                                               : json_null();
+                json_object_set(msg, "reasoning_content", t);
+                json_object_set_new(msg, "reasoning", t);
+            }
+            if (calls) {
+                size_t k;
+                json_t *tc;
+                json_array_foreach(ch->calls, k, tc) json_object_del(tc, "index");
+                json_object_set(msg, "tool_calls", ch->calls);
+            }
+            json_object_set_new(c, "message", msg);
         } else {
             if (req->r.echo && req->r.echo_len)
                 evbuffer_prepend(ch->text, req->r.echo_text, req->r.echo_len);
@@ -799,6 +940,36 @@ static void start_stream(pd_gw_request *req) {
     }
 }
 
+/* The parsers of a chat choice, when the request needs any. False when
+ * memory is short. */
+static bool chat_init(pd_gw_request *req, gw_choice *ch) {
+    const gw_oai_req *r = &req->r;
+    bool tools = r->tool_choice != GW_TOOLS_NONE;
+    if (req->kind != GW_KIND_CHAT || (!r->parse_reasoning && !tools))
+        return true;
+    const char *const *names = (const char *const *)r->tool_names;
+    int n_names = r->n_tools;
+    if (r->tool_choice == GW_TOOLS_NAMED) {
+        names = (const char *const *)&r->tool_choice_name;
+        n_names = 1;
+    }
+    pd_chat_parser_opts o = {
+        .think = r->parse_reasoning ? r->think : PD_CHAT_THINK_OFF,
+        .parse_tools = tools,
+        .tool_parser = req->srv->cfg.tool_call_parser,
+        .tool_names = names,
+        .n_tool_names = n_names,
+    };
+    ch->cp = pd_chat_parser_new(&o, on_chat_event, ch);
+    ch->calls = json_array();
+    if (r->parse_reasoning)
+        ch->reasoning = evbuffer_new();
+    if (r->tool_choice == GW_TOOLS_REQUIRED || r->tool_choice == GW_TOOLS_NAMED)
+        ch->held = evbuffer_new();
+    return ch->cp && ch->calls && (!r->parse_reasoning || ch->reasoning) &&
+           (!(r->tool_choice == GW_TOOLS_REQUIRED || r->tool_choice == GW_TOOLS_NAMED) || ch->held);
+}
+
 static void make_id(pd_gw_request *req) {
     gw_server *s = req->srv;
     snprintf(req->id, sizeof req->id, "%s-%016llx%016llx",
@@ -837,7 +1008,8 @@ static void req_prepared(gw_job *job, void *ud) {
         req->ch[i].held_stop_id = -1;
         req->ch[i].stop_token = -1;
         req->ch[i].text_offset = r->echo ? r->echo_len : 0;
-        ok = req->ch[i].dt && req->ch[i].text;
+        req->ch[i].req = req;
+        ok = req->ch[i].dt && req->ch[i].text && chat_init(req, &req->ch[i]);
     }
     req->gp = (pd_gw_gen_params){
         .request_id = req->id,

@@ -26,6 +26,8 @@ void pd_gw_config_defaults(pd_gw_config *cfg) {
     cfg->sse_ping_interval_s = 5;
     cfg->max_concurrent_streams = 100;
     cfg->max_connections = 16384;
+    cfg->reasoning_parser = PD_CHAT_REASONING_DEEPSEEK_V3;
+    cfg->tool_call_parser = PD_CHAT_TOOLS_DEEPSEEK_V3;
 }
 
 static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/completions",

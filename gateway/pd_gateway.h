@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pd_chat.h" /* reasoning and tool-call parsers */
 #include "pd_common.h"
 #include "pd_model.h" /* pd_sampling_params */
 #include "pd_tokenizer.h"
@@ -91,6 +92,10 @@ typedef struct {
     int max_concurrent_streams;     /* --max-concurrent-streams: HTTP/2 streams a client may open
                                        at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS);
                                        default 100 */
+    pd_chat_reasoning_parser reasoning_parser; /* --reasoning-parser: deepseek_v3 (default) | none:
+                                                  <think>…</think> → reasoning_content */
+    pd_chat_tool_parser tool_call_parser;       /* --tool-call-parser: deepseek_v3 (default) |
+                                                  deepseek_dsml: the model's tool-call format */
 } pd_gw_config;
 
 /** Fills cfg with the defaults above (served_model_name, tokenizer and

@@ -44,6 +44,7 @@ int pd_gateway_main(int argc, char **argv) {
     double max_body = (double)gc.max_request_body_bytes, max_header = (double)gc.max_header_bytes;
     double keep_alive = gc.timeout_keep_alive_s, t_headers = gc.timeout_request_headers_s;
     double t_body = gc.timeout_request_body_s, t_write = gc.timeout_write_s;
+    const char *reasoning_parser = "deepseek_v3", *tool_call_parser = "deepseek_v3";
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
     int run_short = 256, run_long = 16, q_short = 1024, q_long = 256;
@@ -77,6 +78,8 @@ int pd_gateway_main(int argc, char **argv) {
         {"timeout-request-headers", PD_FLAG_FLOAT, &t_headers, "seconds for a request's line and headers to arrive; else 408 (30)"},
         {"timeout-request-body", PD_FLAG_FLOAT, &t_body, "seconds for a request's body to arrive after its headers; else 408 (60)"},
         {"timeout-write", PD_FLAG_FLOAT, &t_write, "seconds without write progress before a connection (h2: stream) is dropped; 0: never (60)"},
+        {"reasoning-parser", PD_FLAG_STR, &reasoning_parser, "deepseek_v3 (default) or none: <think>...</think> -> reasoning_content"},
+        {"tool-call-parser", PD_FLAG_STR, &tool_call_parser, "deepseek_v3 (default; V3 and V3.1 forms) or deepseek_dsml (V3.2)"},
     };
     int rc = pd_flags_parse("gateway", flags, (int)(sizeof flags / sizeof flags[0]), argc, argv);
     if (rc) return rc == 1 ? 0 : 2;
@@ -86,6 +89,13 @@ int pd_gateway_main(int argc, char **argv) {
         return 2;
     }
     pd_err err = {{0}};
+    pd_chat_reasoning_parser rp;
+    pd_chat_tool_parser tp;
+    if (pd_chat_reasoning_parser_from_str(reasoning_parser, &rp, &err) != PD_OK ||
+        pd_chat_tool_parser_from_str(tool_call_parser, &tp, &err) != PD_OK) {
+        fprintf(stderr, "pdserve gateway: %s\n", err.msg);
+        return 2;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model);
     pd_model_config mc;
@@ -136,6 +146,8 @@ int pd_gateway_main(int argc, char **argv) {
     gc.timeout_request_headers_s = t_headers;
     gc.timeout_request_body_s = t_body;
     gc.timeout_write_s = t_write;
+    gc.reasoning_parser = rp;
+    gc.tool_call_parser = tp;
     pd_gw_server *gw = NULL;
     if (pd_gw_server_init(base, &gc, pd_router_engine(), router, &gw, &err) != PD_OK) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);

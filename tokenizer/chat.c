@@ -112,8 +112,18 @@ static pd_status check_messages(const pd_chat_message *msgs, int n, pd_err *err)
 
 pd_status pd_chat_render(const pd_chat_message *msgs, int n, bool add_generation_prompt,
                          const char *bos_token, char **text_p, pd_err *err) {
-    if (!text_p || n < 0 || (!msgs && n > 0))
+    pd_chat_render_opts o = {.add_generation_prompt = add_generation_prompt,
+                             .bos_token = bos_token,
+                             .thinking = -1};
+    return pd_chat_render_ex(msgs, n, &o, text_p, err);
+}
+
+pd_status pd_chat_render_ex(const pd_chat_message *msgs, int n, const pd_chat_render_opts *o,
+                            char **text_p, pd_err *err) {
+    if (!text_p || !o || n < 0 || (!msgs && n > 0))
         return pd_err_set(err, PD_ERR_INVALID, "pd_chat_render: bad argument");
+    bool add_generation_prompt = o->add_generation_prompt;
+    const char *bos_token = o->bos_token;
     pd_status st = check_messages(msgs, n, err);
     if (st != PD_OK)
         return st;
@@ -129,6 +139,8 @@ pd_status pd_chat_render(const pd_chat_message *msgs, int n, bool add_generation
         sb_add(&b, msgs[i].content);
         first_sp = false;
     }
+    if (o->system_suffix) /* the tool section (DeepSeek-V3.1 template) */
+        sb_add(&b, o->system_suffix);
 
     bool is_first = false, is_tool = false, is_output_first = true;
     for (int i = 0; i < n; i++) {
@@ -167,8 +179,14 @@ pd_status pd_chat_render(const pd_chat_message *msgs, int n, bool add_generation
     }
     if (is_tool)
         sb_add(&b, "<｜tool▁outputs▁end｜>");
-    if (add_generation_prompt && !is_tool)
+    if (add_generation_prompt && !is_tool) {
         sb_add(&b, "<｜Assistant｜>");
+        /* thinking mode as DeepSeek-V3.1's template opens or closes it */
+        if (o->thinking == 1)
+            sb_add(&b, "<think>");
+        else if (o->thinking == 0)
+            sb_add(&b, "</think>");
+    }
     if (b.oom) {
         free(b.p);
         return pd_err_set(err, PD_ERR_NOMEM, "pd_chat_render: out of memory");

@@ -209,6 +209,25 @@ typedef struct {
 pd_status pd_chat_render(const pd_chat_message *msgs, int n, bool add_generation_prompt,
                          const char *bos_token, char **text_p, pd_err *err);
 
+/** Options of pd_chat_render_ex. system_suffix (NULL: none) is appended to
+ * the joined system prompt, where DeepSeek-V3.1's template puts its tool
+ * section (even with no system message). thinking: -1 renders the V3
+ * template's generation prompt unchanged; 1 appends "<think>" to it and 0
+ * "</think>", as DeepSeek-V3.1's template does for thinking on / off (no
+ * generation prompt, no marker: after tool output, as in both templates). */
+typedef struct {
+    bool add_generation_prompt;
+    const char *bos_token;
+    const char *system_suffix;
+    int thinking;
+} pd_chat_render_opts;
+
+/** pd_chat_render with options; pd_chat_render(m, n, gen, bos, …) is
+ * pd_chat_render_ex with {gen, bos, NULL, -1}. Errors as pd_chat_render
+ * (also PD_ERR_INVALID for o NULL). */
+pd_status pd_chat_render_ex(const pd_chat_message *msgs, int n, const pd_chat_render_opts *o,
+                            char **text_p, pd_err *err);
+
 /* ------------------------------------------------------------------ */
 /* incremental detokenizer                                             */
 /* ------------------------------------------------------------------ */

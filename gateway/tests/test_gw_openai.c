@@ -200,6 +200,58 @@ static const vcase cases[] = {
     {GW_KIND_COMPLETION, "{\"prompt\":[1,2,3]}", 0, NULL},
     {GW_KIND_COMPLETION, "{\"prompt\":\"\"}", 0, NULL},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"messages\":5}", 0, NULL},
+    /* tools, tool_choice, reasoning (issue 9) */
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}}]"
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":5}", 400, "tools"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":[5]}", 400, "tools[0]"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}", 400,
+     "tools[0].type"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0].function"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{}}]}", 400,
+     "tools[0].function.name"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}",
+     400, "tools[0].function.name"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+     "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}}]}",
+     400, "tools[0].function.name"}, /* 65 characters */
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+     "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+     400, "tools[1].function.name"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":5}}]}",
+     400, "tools[0].function.description"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}",
+     400, "tools[0].function.parameters"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":\"maybe\"}", 400, "tool_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":5}", 400, "tool_choice"},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}",
+     400, "tool_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":{\"type\":\"function\"}}", 400,
+     "tool_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tool_choice\":\"auto\"}", 400, "tool_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tool_choice\":\"required\"}", 400, "tool_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"parallel_tool_calls\":\"yes\"}", 400,
+     "parallel_tool_calls"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"reasoning_effort\":\"extreme\"}", 400, "reasoning_effort"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"reasoning_effort\":1}", 400, "reasoning_effort"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"chat_template_kwargs\":5}", 400, "chat_template_kwargs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"chat_template_kwargs\":{\"thinking\":\"yes\"}}", 400,
+     "chat_template_kwargs.thinking"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS "}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":\"none\"}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":\"required\"}", 0, NULL},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS "," TOOLS
+     ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+     0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":null,\"tool_choice\":null}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tool_choice\":\"none\"}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"reasoning_effort\":\"high\"}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"chat_template_kwargs\":{\"thinking\":true}}", 0, NULL},
 };
 
 static void test_validation_table(void **state) {
@@ -276,6 +328,55 @@ static void test_chat_rendered(void **state) {
     assert_int_equal(r.logprobs, 3);
     free(ids);
     free(text);
+    gw_oai_req_clear(&r);
+}
+
+/* Tools and thinking in the prompt: the V3 template with the tool section
+ * after the system prompt and "<think>" after the generation prompt (the
+ * texts of docs/api.md), and the output parser's start state. */
+static void test_chat_tools_thinking_rendered(void **state) {
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Q\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"description\":\"Weather\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"city\":{\"type\":\"string\"}}}}}],\"chat_template_kwargs\":{\"thinking\":true}}";
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    char *want = NULL;
+    pd_err err;
+    pd_chat_tool t = {"get_weather", "Weather",
+                      "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}"};
+    char *section = NULL;
+    assert_int_equal(pd_chat_tools_prompt(&t, 1, PD_CHAT_TOOLS_DEEPSEEK_V3, &section, &err), PD_OK);
+    assert_int_equal(asprintf(&want, "%sS%s<｜User｜>Q<｜Assistant｜><think>", PD_TOK_DSV3_BOS,
+                              section),
+                     (int)(strlen(PD_TOK_DSV3_BOS) + strlen(section) + strlen("S<｜User｜>Q<｜Assistant｜><think>")));
+    int n = 0;
+    int32_t *ids = gwt_ids_encode(want, &n);
+    assert_int_equal(r.n_prompt, n);
+    assert_memory_equal(r.prompt_ids, ids, (size_t)n * sizeof *ids);
+    assert_int_equal(r.think, PD_CHAT_THINK_ON);
+    assert_true(r.parse_reasoning);
+    assert_int_equal(r.tool_choice, GW_TOOLS_AUTO);
+    assert_int_equal(r.n_tools, 1);
+    assert_string_equal(r.tool_names[0], "get_weather");
+    free(ids);
+    free(want);
+    free(section);
+    gw_oai_req_clear(&r);
+
+    /* reasoning_effort low: thinking off, "</think>" after the generation prompt */
+    const char *low = "{\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}],\"reasoning_effort\":\"low\"}";
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, low, strlen(low), &r, &e), 0);
+    ids = gwt_ids_encode(PD_TOK_DSV3_BOS "<｜User｜>Q<｜Assistant｜></think>", &n);
+    assert_int_equal(r.n_prompt, n);
+    assert_memory_equal(r.prompt_ids, ids, (size_t)n * sizeof *ids);
+    assert_int_equal(r.think, PD_CHAT_THINK_OFF);
+    assert_int_equal(r.tool_choice, GW_TOOLS_NONE);
+    free(ids);
     gw_oai_req_clear(&r);
 }
 
@@ -417,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_validation_table),
         cmocka_unit_test(test_completion_prompt_ids),
         cmocka_unit_test(test_chat_rendered),
+        cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),
         cmocka_unit_test(test_echo_ids),
         cmocka_unit_test(test_stop_hold_and_release),
