@@ -521,7 +521,8 @@ static void finish_choice(pd_gw_request *req, int i, const char *reason) {
     req->n_unfinished--;
     size_t shown = evbuffer_get_length(ch->text); /* not yet sent: all of it when not streamed */
     if (!req->r.stream && shown == 0 && ch->n_tokens > 0 && ch->stop_index < 0 &&
-        ch->stop_token < 0 && ch->n_skipped_special == 0 && !(req->r.echo && req->r.echo_len))
+        ch->stop_token < 0 && ch->n_skipped_special == 0 && !(req->r.echo && req->r.echo_len) &&
+        ch->n_calls == 0 && !(ch->reasoning && evbuffer_get_length(ch->reasoning)))
         PD_LOGW(GW_MOD, "%s: choice %d: %d tokens and no text, with no reason", req->id, i,
                 ch->n_tokens);
     if (req->r.stream && req->st)

@@ -22,12 +22,14 @@ Checks:
 - a tool-result round trip: prompt_tokens is the token count of the
   documented rendering (docs/api.md) of the conversation;
 - validation: 400 with `param` for bad tools / tool_choice / reasoning_effort;
+- the official `openai` npm client (when installed, as test_clients.py
+  uses it) reads the same calls and reasoning, streamed and not;
 - --tool-call-parser deepseek_dsml (a second stack): DSML calls parsed.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import http.client, json, os, signal, subprocess, time
+import http.client, json, os, shutil, signal, subprocess, time
 
-from pdtest import BIN, check, finish, free_port_pair, metric, metrics, request, tiny_model
+from pdtest import BIN, SRC, check, finish, free_port_pair, metric, metrics, request, tiny_model
 
 THRESHOLD = 48
 CALLS, CALLE = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -264,6 +266,32 @@ def test_validation(port):
         check(r and r.get("error", {}).get("param") == param, f"400 names param {param} ({r})")
 
 
+def test_openai_client(port):
+    clients = os.path.join(SRC, "tests", "clients")
+    if not shutil.which("node") or not os.path.isdir(os.path.join(clients, "node_modules", "openai")):
+        print("skip: the openai npm client is not installed (tests/clients: npm ci)")
+        return
+    req = {"tools_body": {"model": "tiny", "messages": user("Weather and time in Paris?"), "seed": SEED["v3"],
+                          "max_tokens": 128, "tools": TOOLS},
+           "reasoning_body": {"model": "tiny", "messages": user("What is 2 + 2?"), "seed": SEED["reasoning"],
+                              "max_tokens": 64, "chat_template_kwargs": {"thinking": True}}}
+    p = subprocess.run(["node", os.path.join(clients, "openai_chat_features.mjs"), json.dumps(req),
+                        f"http://127.0.0.1:{port}/v1"], capture_output=True, text=True, timeout=120)
+    if not check(p.returncode == 0, f"openai npm client: {p.stderr[-800:]}"):
+        return
+    o = json.loads(p.stdout.strip().splitlines()[-1])
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in o["calls"] or []]
+    check(calls == [("get_weather", "{\"city\": \"Paris\", \"days\": 3}"),
+                    ("get_time", "{\"tz\": \"Europe/Paris\"}")] and o["finish"] == "tool_calls",
+          f"openai client: tool_calls ({calls})")
+    check([(c["function"]["name"], c["function"]["arguments"]) for c in o["stream_calls"]] == calls and
+          all(c["id"].startswith("call_") and c["type"] == "function" for c in o["stream_calls"]) and
+          o["stream_finish"] == "tool_calls",
+          "openai client: streamed tool_calls assemble to the same calls")
+    check(o["reasoning"] == REASONING and o["content"] == ANSWER and o["stream_reasoning"] == REASONING and
+          o["stream_content"] == ANSWER, "openai client: reasoning_content and content, streamed and not")
+
+
 def main():
     tmp, model = tiny_model()
     replay = os.path.join(tmp, "replay.json")
@@ -278,6 +306,7 @@ def main():
             if calls:
                 test_round_trip(port, model, calls)
             test_validation(port)
+            test_openai_client(port)
     finally:
         stop(up)
     up, port = start(tmp, model, replay, ["--tool-call-parser", "deepseek_dsml"], "dsml")
