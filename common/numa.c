@@ -117,7 +117,7 @@ pd_status pd_numa_place(pd_numa_mode mode, int node, const int *gpu_nodes, int n
     }
     if (mode == PD_NUMA_AUTO) {
         if (n_gpus <= 0) {
-            snprintf(pl.why, sizeof pl.why, "auto: CPU backend, no GPU to be near (not bound)");
+            snprintf(pl.why, sizeof pl.why, "auto: no GPU to be near (CPU backend, or no CUDA device found)");
             *pl_p = pl;
             return PD_OK;
         }

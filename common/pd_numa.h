@@ -31,7 +31,7 @@ pd_status pd_numa_node_of_pci(const char *sysfs_root, const char *bus_id, int *n
 typedef struct {
     int node;       /* the node bound to; -1: not bound */
     char cpus[256]; /* the CPUs the process now runs on, "0-27,56-83"; "" when not bound */
-    char why[256];  /* one line: "--numa 0", "auto: node 1 of the GPUs", "auto: CPU backend, no GPU", ... */
+    char why[256];  /* one line: "--numa 0", "auto: node 1 of the GPUs", "auto: no GPU to be near (...)", ... */
 } pd_numa_placement;
 
 /** Places the calling process. mode/node from pd_numa_parse; gpu_nodes[i]

@@ -98,7 +98,7 @@ def main():
         check(m is not None, "decode --numa 0: bound to node 0, logged")
         # the node's CPUs as sysfs lists them (this process' cpuset may be smaller)
         check(m is not None and set(expand(m.group(1))) <= set(expand(node0)), "with the node's CPUs")
-        check("prefill-1: NUMA: not bound: auto: CPU backend, no GPU" in p, "prefill auto on CPU: not bound, says why")
+        check("prefill-1: NUMA: not bound: auto: no GPU to be near (CPU backend" in p, "prefill auto on CPU: not bound, says why")
         md, mpm = metrics(mp), metrics(mp + 1)
         for name, mm in (("decode", md), ("prefill", mpm)):
             check(metric(mm, "pdserve:self_check_ok", check="allreduce") == 1, f"{name}: self_check_ok 1 in /metrics")
