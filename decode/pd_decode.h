@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "pd_common.h"
+#include "pd_grammar.h"
 #include "pd_model.h"
 
 typedef struct {
@@ -64,6 +65,9 @@ typedef struct {
     bool want_logprobs; /* report the sampled token's logprob */
     int top_logprobs;   /* with want_logprobs: also the this many most likely tokens,
                            0..PD_MAX_TOP_LOGPROBS (OpenAI top_logprobs) */
+    const char *json_schema; /* NULL or "": unconstrained; else constrained decoding by this
+                                JSON Schema (grammar/pd_grammar.h; needs a vocab, see
+                                pd_sched_set_grammar_vocab) */
 } pd_sched_request;
 
 /** Events the scheduler reports after a step, in order. token events come
@@ -90,10 +94,16 @@ pd_status pd_sched_init(pd_model *m, const pd_sched_config *cfg, const pd_sched_
                         pd_sched **s_p, pd_err *err);
 void pd_sched_free(pd_sched **s_p);
 
+/** The vocabulary constrained requests are masked with (borrowed: it must
+ * outlive the scheduler). Until it is set, a request with a json_schema is
+ * refused. */
+void pd_sched_set_grammar_vocab(pd_sched *s, const pd_grammar_vocab *v);
+
 /** Queues a request whose prompt this replica prefills itself.
  * Errors: PD_ERR_INVALID (empty prompt, bad sampling params, duplicate id,
  * prompt + max_tokens past max_position_embeddings, top_logprobs outside
- * 0..PD_MAX_TOP_LOGPROBS), PD_ERR_LIMIT (the
+ * 0..PD_MAX_TOP_LOGPROBS, a json_schema that does not compile or no grammar
+ * vocab), PD_ERR_LIMIT (the
  * prompt can never fit in the KV cache). */
 pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err);
 

@@ -26,6 +26,8 @@ typedef struct seq {
     const int32_t *replay; /* testing: the scripted output, or NULL */
     int n_replay;
     pd_sampler *smp;
+    pd_grammar *grammar;    /* response_format: the compiled schema, or NULL */
+    pd_grammar_state *gs;   /* where the output stands in it */
     pd_seq_kv kv;
     uint64_t admit_order;
     bool in_batch;
@@ -39,6 +41,7 @@ struct pd_sched {
     void *user;
     pd_kv_cache *kv;
     seq *seqs; /* all sequences, a list; small counts (hundreds) */
+    const pd_grammar_vocab *vocab; /* for json_schema requests (borrowed) */
     uint64_t admit_counter;
     uint64_t prefill_tokens_total, generation_tokens_total;
     float *logits;
@@ -72,6 +75,8 @@ static void seq_free(pd_sched *s, seq *q) {
     pd_seq_kv_release(s->kv, &q->kv);
     free(q->kv.block_table);
     pd_sampler_free(&q->smp);
+    pd_grammar_state_free(&q->gs);
+    pd_grammar_free(&q->grammar);
     free(q->tokens);
     free(q->stop_ids);
     free(q);
@@ -138,9 +143,28 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     if (need_blocks > s->cfg.num_blocks)
         return pd_err_set(err, PD_ERR_LIMIT, "request %s: %d tokens can never fit in the KV cache (%d blocks of %d)",
                           r->request_id, r->n_prompt + r->max_tokens, s->cfg.num_blocks, s->cfg.block_size);
+    pd_grammar *grammar = NULL;
+    pd_grammar_state *gs = NULL;
+    if (r->json_schema && *r->json_schema) {
+        if (!s->vocab)
+            return pd_err_set(err, PD_ERR_INVALID, "request %s: response_format needs the tokenizer, which this replica could not load",
+                              r->request_id);
+        pd_err gerr;
+        pd_status gst = pd_grammar_compile(r->json_schema, strlen(r->json_schema), &grammar, &gerr);
+        if (gst != PD_OK)
+            return pd_err_set(err, gst, "request %s: response_format: %s", r->request_id, gerr.msg);
+        if (pd_grammar_state_init(grammar, s->vocab, &gs, err) != PD_OK) {
+            pd_grammar_free(&grammar);
+            return PD_ERR_NOMEM;
+        }
+    }
     seq *q = pd_xcalloc(1, sizeof *q);
+    q->grammar = grammar;
+    q->gs = gs;
     pd_status st = pd_sampler_init(&r->sampling, c->vocab_size, r->prompt_ids, r->n_prompt, &q->smp, err);
     if (st != PD_OK) {
+        pd_grammar_state_free(&q->gs);
+        pd_grammar_free(&q->grammar);
         free(q);
         return st;
     }
@@ -163,6 +187,10 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     }
     *q_p = q;
     return PD_OK;
+}
+
+void pd_sched_set_grammar_vocab(pd_sched *s, const pd_grammar_vocab *v) {
+    s->vocab = v;
 }
 
 pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err) {
@@ -205,11 +233,15 @@ static bool is_stop_token(const seq *q, int32_t t, int eos) {
 }
 
 /* Appends a sampled token and decides whether the sequence is done.
- * Returns the finish reason or NULL. */
+ * Returns the finish reason or NULL. A constrained sequence whose value is
+ * complete and cannot grow stops here ("stop", as at EOS), whatever
+ * min_tokens and ignore_eos say: nothing else could follow. */
 static const char *seq_accept(pd_sched *s, seq *q, int32_t t) {
     q->tokens[q->n_tokens++] = t;
     q->n_generated++;
     if (is_stop_token(q, t, mcfg(s)->eos_token_id) && q->n_generated > q->min_tokens)
+        return "stop";
+    if (q->gs && pd_grammar_state_is_terminal(q->gs))
         return "stop";
     if (q->n_generated >= q->max_tokens || q->n_tokens >= mcfg(s)->max_position_embeddings)
         return "length";
@@ -238,6 +270,12 @@ pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, const i
     q->admit_order = ++s->admit_counter;
     pd_sampler_accept(q->smp, first_token);
     append_tail(s, q);
+    if (q->gs && !pd_grammar_state_accept_token(q->gs, first_token)) {
+        seq_unlink(s, q);
+        seq_free(s, q);
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: the first token %d breaks the response_format grammar",
+                          r->request_id, (int)first_token);
+    }
     const char *fin = seq_accept(s, q, first_token);
     (void)first_logprob;
     if (fin) {
@@ -354,14 +392,20 @@ int pd_sched_step(pd_sched *s) {
             q->admit_order = ++s->admit_counter;
         }
         float *lg = s->logits + (size_t)i * c->vocab_size;
+        const float eos_raw = lg[c->eos_token_id];
         if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
             if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
             for (int k = 0; k < q->n_stop; k++)
                 if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
         }
+        if (q->gs) { /* response_format: tokens the grammar refuses -> -inf */
+            int n_ok = pd_grammar_state_mask_logits(q->gs, lg, q->max_tokens - q->n_generated);
+            if (n_ok == 1 && pd_grammar_state_is_complete(q->gs))
+                lg[c->eos_token_id] = eos_raw; /* only EOS is left: it wins over min_tokens */
+        }
         /* logprobs (and the top ones, by a bounded selection) of the
-         * logits as they stand here: the model's, min_tokens mask applied,
-         * before penalties and temperature */
+         * logits as they stand here: the model's, min_tokens and grammar
+         * masks applied, before penalties and temperature */
         float lp = 0.0f, top_lp[PD_MAX_TOP_LOGPROBS];
         int32_t top_id[PD_MAX_TOP_LOGPROBS];
         int n_top = 0;
@@ -370,6 +414,12 @@ int pd_sched_step(pd_sched *s) {
         if (q->replay) /* testing: the scripted output */
             t = q->n_generated < q->n_replay ? q->replay[q->n_generated] : c->eos_token_id;
         s->generation_tokens_total++;
+        if (q->gs && !pd_grammar_state_accept_token(q->gs, t)) { /* only a replayed token: the mask allowed t */
+            seq_unlink(s, q);
+            s->cb.on_error(s->user, q->id, "a generated token breaks the response_format grammar");
+            seq_free(s, q);
+            continue;
+        }
         const char *fin = seq_accept(s, q, t);
         s->cb.on_token(s->user, q->id, t, lp, top_id, top_lp, n_top);
         if (fin) {

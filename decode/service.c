@@ -50,6 +50,11 @@ typedef struct {
     const char *replica_id;
     pd_model *m;
     pd_sched *sched;
+    /* response_format: the vocabulary trie, built from the tokenizer at the
+     * first constrained request (a fraction of a second, once) */
+    const char *tokenizer_path;
+    pd_grammar_vocab *vocab;
+    bool vocab_tried;
     pending_tokens *pend;
     parked *parked;
     bool registered;
@@ -220,8 +225,26 @@ static pd_sched_request request_from(const Pdserve__Generate *g) {
         .want_logprobs = g->logprobs >= 0,
         /* the gateway allows at most PD_MAX_TOP_LOGPROBS; a larger ask gets that many */
         .top_logprobs = g->logprobs < 0 ? 0 : g->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : g->logprobs,
+        .json_schema = g->json_schema,
     };
     return r;
+}
+
+/* Loads the grammar vocabulary the first time a request needs it; on
+ * failure the scheduler refuses constrained requests (the reason is
+ * logged once). */
+static void ensure_vocab(decode_svc *d, const Pdserve__Generate *g) {
+    if (!g->json_schema || !*g->json_schema || d->vocab_tried) return;
+    d->vocab_tried = true;
+    const pd_model_config *c = pd_model_config_of(d->m);
+    pd_err err = {{0}};
+    double t0 = pd_now_s();
+    if (pd_grammar_vocab_load(d->tokenizer_path, c->vocab_size, c->eos_token_id, &d->vocab, &err) != PD_OK) {
+        PD_LOGE(LOGM, "%s: response_format is unavailable: %s", d->replica_id, err.msg);
+        return;
+    }
+    pd_sched_set_grammar_vocab(d->sched, d->vocab);
+    PD_LOGI(LOGM, "%s: grammar vocabulary from %s in %.2f s", d->replica_id, d->tokenizer_path, pd_now_s() - t0);
 }
 
 static void send_register(decode_svc *d) {
@@ -329,6 +352,7 @@ static void handle(decode_svc *d, pd_msg *msg) {
     }
     case PD_MSG_GENERATE: {
         Pdserve__Generate *g = (Pdserve__Generate *)msg->msg;
+        ensure_vocab(d, g);
         if (!g->kv_reserved) {
             pd_sched_request r = request_from(g);
             if (pd_sched_add(d->sched, &r, &err) != PD_OK) send_error(d, g->request_id, err.msg);
@@ -464,6 +488,7 @@ static void backends_free(pd_backend **bes) {
 
 int pd_decode_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
+    const char *tokenizer = NULL;
     int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
     int heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
@@ -475,6 +500,8 @@ int pd_decode_main(int argc, char **argv) {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
         {"replica-id", PD_FLAG_STR, &replica_id, "unique name of this replica (default decode-<pid>)"},
+        {"tokenizer", PD_FLAG_STR, &tokenizer,
+         "tokenizer.json for response_format's token mask (default <model>/tokenizer.json; read at the first such request)"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "sequences per step (default 64)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "tokens per step (default 2048)"},
         {"chunked-prefill-size", PD_FLAG_INT, &chunk, "prefill chunk per sequence (default 512)"},
@@ -513,6 +540,9 @@ int pd_decode_main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
     decode_svc d = {.replica_id = replica_id, .heartbeat_ms = heartbeat_ms};
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
+    d.tokenizer_path = tokenizer ? tokenizer : tokpath;
     pd_err err = {{0}};
     double t0 = pd_now_s(), t = t0;
     if (verify_ckpt || ckpt_manifest) {
@@ -692,6 +722,7 @@ out:
     zmq_ctx_term(d.zctx);
     pd_sched_free(&d.sched);
     pd_replay_free(&replay);
+    pd_grammar_vocab_free(&d.vocab);
     pd_model_free(&d.m);
     backends_free(bes);
     return rc;

@@ -9,7 +9,7 @@ libjansson-dev libpcre2-dev libutf8proc-dev libopenblas-dev libcmocka-dev
 libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
 libucx-dev ucx-utils libevent-dev libnghttp2-dev libhttp-parser-dev libssl-dev
 libcurl4-openssl-dev libnuma-dev curl python3
-python3-httpx python3-h2 nghttp2-client openssl
+python3-httpx python3-h2 python3-jsonschema nghttp2-client openssl
 clang libclang-rt-14-dev"
 
 missing=""

@@ -294,6 +294,8 @@ typedef struct {
     char **tool_names;          /* n_tools names of the request's tools */
     int n_tools;
     char *tool_choice_name; /* GW_TOOLS_NAMED: the function */
+    char *json_schema; /* response_format json_object / json_schema: the canonical schema
+                          (pd_grammar_canonical); NULL: unconstrained */
 } gw_oai_req;
 
 /** Why a request was refused: HTTP status, message, offending parameter

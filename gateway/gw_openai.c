@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "gw_internal.h"
+#include "pd_grammar.h"
 
 #define GW_MAX_N 128
 
@@ -672,6 +673,75 @@ static int parse_logprobs(const pd_gw_config *cfg, gw_kind kind, const json_t *r
     return 0;
 }
 
+/* response_format (OpenAI): {"type": "text"} (no constraint),
+ * {"type": "json_object"} (any JSON object) or {"type": "json_schema",
+ * "json_schema": {"name": ..., "schema": {...}, "strict": ...}}. The schema
+ * is compiled here once to refuse what the replicas could not enforce
+ * (grammar/pd_grammar.h: the supported subset and limits); the replicas get
+ * its canonical text. */
+static int parse_response_format(const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+    json_t *rf = field(root, "response_format");
+    if (!rf)
+        return 0;
+    if (!json_is_object(rf))
+        return fail(e, 400, "response_format", "'response_format' must be an object");
+    json_t *type = json_object_get(rf, "type");
+    if (!json_is_string(type))
+        return fail(e, 400, "response_format.type",
+                    "'response_format.type' is required and must be a string");
+    const char *t = json_string_value(type);
+    char *schema_text = NULL;
+    if (strcmp(t, "text") == 0)
+        return 0;
+    if (strcmp(t, "json_object") == 0) {
+        schema_text = strdup(PD_GRAMMAR_JSON_OBJECT);
+    } else if (strcmp(t, "json_schema") == 0) {
+        json_t *js = json_object_get(rf, "json_schema");
+        if (!json_is_object(js))
+            return fail(e, 400, "response_format.json_schema",
+                        "'response_format.json_schema' is required and must be an object");
+        json_t *name = json_object_get(js, "name");
+        if (!json_is_string(name) || json_string_length(name) < 1 || json_string_length(name) > 64 ||
+            strspn(json_string_value(name),
+                   "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
+                json_string_length(name))
+            return fail(e, 400, "response_format.json_schema.name",
+                        "'response_format.json_schema.name' is required: 1 to 64 of a-z, A-Z, "
+                        "0-9, _ and -");
+        json_t *strict = json_object_get(js, "strict");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return fail(e, 400, "response_format.json_schema.strict",
+                        "'response_format.json_schema.strict' must be a boolean");
+        json_t *schema = json_object_get(js, "schema");
+        if (!schema || json_is_null(schema))
+            return fail(e, 400, "response_format.json_schema.schema",
+                        "'response_format.json_schema.schema' is required");
+        if (!json_is_object(schema) && !json_is_boolean(schema))
+            return fail(e, 400, "response_format.json_schema.schema",
+                        "'response_format.json_schema.schema' must be a JSON Schema object");
+        schema_text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    } else {
+        return fail(e, 400, "response_format.type",
+                    "'response_format.type' must be one of text, json_object, json_schema; got "
+                    "'%.64s'",
+                    t);
+    }
+    if (!schema_text)
+        return fail(e, 500, NULL, "out of memory");
+    pd_grammar *g = NULL;
+    pd_err err = {{0}};
+    pd_status st = pd_grammar_compile(schema_text, strlen(schema_text), &g, &err);
+    free(schema_text);
+    if (st != PD_OK)
+        return fail(e, 400, "response_format.json_schema.schema",
+                    "'response_format.json_schema.schema': %s", err.msg);
+    out->json_schema = strdup(pd_grammar_canonical(g));
+    pd_grammar_free(&g);
+    if (!out->json_schema)
+        return fail(e, 500, NULL, "out of memory");
+    return 0;
+}
+
 static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max,
                         int64_t max_tokens, gw_oai_req *out, gw_oai_err *e) {
     const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
@@ -785,6 +855,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return -1;
     if (parse_logprobs(cfg, kind, root, out, e))
         return -1;
+    if (parse_response_format(root, out, e))
+        return -1;
 
     if (kind == GW_KIND_CHAT) {
         bool add_gen = true, cont = false;
@@ -878,5 +950,6 @@ void gw_oai_req_clear(gw_oai_req *r) {
         free(r->tool_names[i]);
     free(r->tool_names);
     free(r->tool_choice_name);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }

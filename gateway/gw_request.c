@@ -1024,6 +1024,7 @@ static void req_prepared(gw_job *job, void *ud) {
         .n_stop_token_ids = r->n_stop_token_ids,
         .n = r->n,
         .logprobs = r->logprobs,
+        .json_schema = r->json_schema,
     };
     if (!ok) {
         respond_error(req, 500, "out of memory", NULL, 0);

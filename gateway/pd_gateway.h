@@ -128,6 +128,8 @@ typedef struct {
     int n;        /* choices, 1..128; each is an independent sample of the same prompt */
     int logprobs; /* -1: off; else the request wants the sampled token's logprob and this
                      many top alternatives (0..max_logprobs; see pd_gw_on_tokens_top) */
+    const char *json_schema; /* response_format: constrained decoding by this JSON Schema
+                                (canonical text, grammar/pd_grammar.h); NULL: none */
 } pd_gw_gen_params;
 
 /** The engine, as a table of functions over an opaque context (the style of

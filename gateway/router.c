@@ -293,6 +293,7 @@ static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
     g.stop_token_ids = (int32_t *)p->stop_token_ids;
     g.n_stop_token_ids = (size_t)p->n_stop_token_ids;
     g.logprobs = p->logprobs;
+    g.json_schema = p->json_schema ? (char *)p->json_schema : "";
     g.kv_reserved = reserved;
     g.prefill_replica_id = reserved && s->prefill ? s->prefill->id : "";
     send_to(r, s->decode, PD_MSG_GENERATE, &g.base);
@@ -666,6 +667,7 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     pm.ignore_eos = p->ignore_eos;
     pm.stop_token_ids = (int32_t *)p->stop_token_ids;
     pm.n_stop_token_ids = (size_t)p->n_stop_token_ids;
+    pm.json_schema = p->json_schema ? (char *)p->json_schema : "";
     send_to(r, pf, PD_MSG_PREFILL, &pm.base);
 }
 

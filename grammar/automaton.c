@@ -430,3 +430,110 @@ const gframe *g_step(const pd_grammar *g, garena *ar, const gframe *top, int c) 
         return lit_step(g, ar, top, c);
     }
 }
+
+/* ---- the shortest completion ------------------------------------------ */
+
+/* Bytes to finish a property key from (pos bytes of the candidates' common
+ * prefix, that of key[from]) and then the object: the rest of the key, ':',
+ * the shortest value, the required properties after it, '}'. The minimum
+ * over the candidates [from, hi], so that following the best one lowers it
+ * by one per byte. */
+static uint64_t key_rest(const gnode *n, int from, int hi, uint32_t pos) {
+    uint64_t best = G_INF;
+    for (int j = from; j <= hi; j++) {
+        if (n->key_len[j] < pos || memcmp(n->key[j], n->key[from], pos) != 0)
+            continue;
+        uint64_t r = g_add(n->key_len[j] - pos + 1,
+                           g_add(n->prop[j]->min_bytes, g_add(n->req_cost[j + 1], 1)));
+        best = r < best ? r : best;
+    }
+    return best;
+}
+
+static uint64_t obj_rest(const gframe *f) {
+    const gnode *n = f->node;
+    if (!n->has_props) {
+        uint64_t mv = n->additional ? n->additional->min_bytes : G_INF;
+        switch (f->st) {
+        case OS_START:
+        case OS_AFTER:
+            return 1;
+        case OS_COLON:
+            return g_add(mv, 2);
+        case OS_VAL_WS:
+        case OS_VAL:
+            return g_add(mv, 1);
+        default: /* OS_KEY_WS, OS_KEY0: '""' ':' value '}' */
+            return g_add(mv, 4);
+        }
+    }
+    int a = (int)f->a, hi;
+    switch (f->st) {
+    case OS_START:
+        hi = n->req_after[0] < n->n_props ? n->req_after[0] : n->n_props - 1;
+        if (n->req_after[0] == n->n_props)
+            return 1;                 /* '}' */
+        return key_rest(n, 0, hi, 0); /* the key's text starts with its '"' */
+    case OS_KEY:
+        hi = n->req_after[a] < n->n_props ? n->req_after[a] : n->n_props - 1;
+        return key_rest(n, (int)f->b, hi, f->c);
+    case OS_COLON:
+        return g_add(1, g_add(n->prop[f->b]->min_bytes, g_add(n->req_cost[a], 1)));
+    case OS_VAL_WS:
+    case OS_VAL:
+        return g_add(n->prop[f->b]->min_bytes, g_add(n->req_cost[a], 1));
+    case OS_AFTER:
+        return g_add(n->req_cost[a], 1);
+    default: /* OS_KEY_WS, OS_KEY0: '"' and a key */
+        if (a >= n->n_props)
+            return G_INF;
+        hi = n->req_after[a] < n->n_props ? n->req_after[a] : n->n_props - 1;
+        return key_rest(n, a, hi, 0);
+    }
+}
+
+static uint64_t frame_rest(const gframe *f) {
+    const gnode *n = f->node;
+    switch (f->kind) {
+    case GF_ROOT:
+        return f->st == RS_BEFORE ? n->min_bytes : 0;
+    case GF_OBJ:
+        return obj_rest(f);
+    case GF_ARR: {
+        uint64_t mv = g_add(n->items->min_bytes, 1); /* a value and its ',' or ']' */
+        uint64_t left = f->a < n->min_items ? n->min_items - f->a : 0;
+        if (f->st == AS_START)
+            return n->min_items == 0 ? 1 : g_mul(mv, n->min_items);
+        if (f->st == AS_AFTER)
+            return g_add(g_mul(mv, left), 1);
+        return g_add(g_mul(mv, left ? left - 1 : 0), mv); /* after ',': one value at least */
+    }
+    case GF_STR: {
+        uint64_t r = g_add(f->a < n->min_len ? n->min_len - f->a : 0, 1);
+        if (f->st == GS_ESC)
+            r = g_add(r, 1);
+        else if (f->st == GS_U)
+            r = g_add(r, 4 - f->b);
+        else if (f->st == GS_UTF8)
+            r = g_add(r, f->b);
+        return r;
+    }
+    case GF_NUM:
+        return (f->st == NS_MINUS || f->st == NS_DOT || f->st == NS_E || f->st == NS_ESIGN) ? 1 : 0;
+    default: { /* GF_LIT */
+        uint64_t best = G_INF;
+        for (int k = (int)f->b; k < n->n_lits; k++)
+            if (n->lit_len[k] >= f->c && memcmp(n->lit[k], n->lit[f->b], f->c) == 0 &&
+                n->lit_len[k] - f->c < best)
+                best = n->lit_len[k] - f->c;
+        return best;
+    }
+    }
+}
+
+uint64_t g_close_bytes(const gframe *top) {
+    uint64_t r = 0;
+    for (const gframe *f = top; f; f = f->parent)
+        r = g_add(r, frame_rest(f));
+    return r;
+}

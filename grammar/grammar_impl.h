@@ -19,7 +19,8 @@ typedef enum {
 typedef struct gnode gnode;
 struct gnode {
     gn_kind kind;
-    uint8_t first[32]; /* bitset of the bytes a value of this node may start with */
+    uint8_t first[32];  /* bitset of the bytes a value of this node may start with */
+    uint64_t min_bytes; /* the shortest value's length (saturating at G_INF) */
     /* GN_OBJECT. has_props: only the listed keys, in this order; else any
      * key with values of additional (NULL: no key at all). */
     bool has_props;
@@ -27,7 +28,9 @@ struct gnode {
     const gnode **prop;
     char **key; /* the key as JSON text, quotes included */
     uint32_t *key_len;
-    int *req_after; /* [n_props + 1]: first required index >= i, n_props if none */
+    int *req_after;     /* [n_props + 1]: first required index >= i, n_props if none */
+    uint64_t *req_cost; /* [n_props + 1]: bytes of ',"key":<shortest value>' over the
+                           required properties at index >= i */
     const gnode *additional;
     /* GN_ARRAY */
     const gnode *items;
@@ -73,7 +76,20 @@ typedef struct {
     uint32_t n, cap;
 } garena;
 
-#define G_END (-1) /* the end of the text, as a byte to g_step */
+#define G_END (-1)                /* the end of the text, as a byte to g_step */
+#define G_INF ((uint64_t)1 << 40) /* saturation of byte counts */
+
+static inline uint64_t g_add(uint64_t a, uint64_t b) {
+    return a + b > G_INF ? G_INF : a + b;
+}
+static inline uint64_t g_mul(uint64_t a, uint64_t b) {
+    return b && a > G_INF / b ? G_INF : a * b;
+}
+
+/** The fewest bytes that complete the value from top (0 when it is
+ * complete): following one particular completion, so that each of its
+ * bytes lowers the count by exactly one. */
+uint64_t g_close_bytes(const gframe *top);
 
 /** One byte (or G_END) from top: the new top (frames from ar, or top's
  * ancestors), NULL when refused or the arena is full. G_END accepted

@@ -188,6 +188,17 @@ pd_status pd_grammar_vocab_init(const pd_tokenizer *tok, int vocab_size, int32_t
     return PD_OK;
 }
 
+pd_status pd_grammar_vocab_load(const char *tokenizer_json, int vocab_size, int32_t eos_id,
+                                pd_grammar_vocab **v_p, pd_err *err) {
+    pd_tokenizer *tok = NULL;
+    pd_status st = pd_tok_load(tokenizer_json, &tok, err);
+    if (st != PD_OK)
+        return st;
+    st = pd_grammar_vocab_init(tok, vocab_size, eos_id, v_p, err);
+    pd_tok_free(&tok);
+    return st;
+}
+
 void pd_grammar_vocab_free(pd_grammar_vocab **v_p) {
     if (!v_p || !*v_p)
         return;
@@ -335,9 +346,13 @@ typedef struct {
     garena *ar;
     uint32_t *words;
     int n;
+    bool budgeted;   /* allow only tokens after which the value can still be */
+    uint64_t budget; /* completed in this many more tokens */
 } walk;
 
-static void walk_set(walk *w, uint32_t node) {
+static void walk_set(walk *w, uint32_t node, const gframe *after) {
+    if (w->budgeted && g_close_bytes(after) > w->budget)
+        return;
     for (uint32_t id = w->t->tok_head[node]; id != NIL; id = (uint32_t)w->next[id]) {
         uint32_t m = 1u << (id & 31);
         if (!(w->words[id >> 5] & m)) {
@@ -353,7 +368,7 @@ static void walk_node(walk *w, uint32_t node, const gframe *top) {
         const gframe *nt = g_step(w->g, w->ar, top, w->t->byte[c]);
         if (nt) {
             if (w->t->tok_head[c] != NIL)
-                walk_set(w, c);
+                walk_set(w, c, nt);
             if (w->t->child[c] != NIL)
                 walk_node(w, c, nt);
         }
@@ -361,18 +376,22 @@ static void walk_node(walk *w, uint32_t node, const gframe *top) {
     }
 }
 
-int pd_grammar_state_fill_mask(pd_grammar_state *s, uint32_t *words) {
+/* One walk; budgeted: as pd_grammar_state_fill_mask with tokens_left. */
+static int fill(pd_grammar_state *s, uint32_t *words, bool budgeted, uint64_t budget) {
     const pd_grammar_vocab *v = s->v;
-    if (!v)
-        return 0;
     memset(words, 0, ((size_t)v->vocab_size + 31) / 32 * sizeof *words);
-    if (s->ended)
-        return 0;
-    walk w = {.g = s->g, .ar = &s->ar, .words = words};
+    walk w = {.g = s->g, .ar = &s->ar, .words = words, .budgeted = budgeted, .budget = budget};
     const gframe *top = s->top;
     if (top->kind == GF_STR && top->st == GS_NORMAL) {
+        /* a plain token of k code points leaves the same frame with a + k:
+         * it fits under maxLength, and the shortest completion shrinks by
+         * what it gives of a missing minLength */
         uint32_t room = top->node->max_len - top->a;
+        uint64_t need = budgeted ? g_close_bytes(top) : 0;
+        uint64_t deficit = top->a < top->node->min_len ? top->node->min_len - top->a : 0;
         for (int i = 0; i < v->n_plain && v->plain_cps[i] <= room; i++) {
+            if (budgeted && need - (v->plain_cps[i] < deficit ? v->plain_cps[i] : deficit) > budget)
+                continue;
             int32_t id = v->plain[i];
             words[id >> 5] |= 1u << (id & 31);
             w.n++;
@@ -386,20 +405,36 @@ int pd_grammar_state_fill_mask(pd_grammar_state *s, uint32_t *words) {
     s->ar.n = 0;
     walk_node(&w, 0, top);
     s->ar.n = 0;
+    return w.n;
+}
+
+int pd_grammar_state_fill_mask(pd_grammar_state *s, uint32_t *words, int64_t tokens_left) {
+    const pd_grammar_vocab *v = s->v;
+    if (!v)
+        return 0;
+    if (s->ended) {
+        memset(words, 0, ((size_t)v->vocab_size + 31) / 32 * sizeof *words);
+        return 0;
+    }
+    int n = 0;
+    if (tokens_left > 0)
+        n = fill(s, words, true, (uint64_t)tokens_left - 1);
+    if (n == 0) /* no budget, or too small to complete in: as if none */
+        n = fill(s, words, false, 0);
     if (pd_grammar_state_is_complete(s)) {
         uint32_t m = 1u << (v->eos_id & 31);
         if (!(words[v->eos_id >> 5] & m)) {
             words[v->eos_id >> 5] |= m;
-            w.n++;
+            n++;
         }
     }
-    return w.n;
+    return n;
 }
 
-int pd_grammar_state_mask_logits(pd_grammar_state *s, float *logits) {
+int pd_grammar_state_mask_logits(pd_grammar_state *s, float *logits, int64_t tokens_left) {
     if (!s->v || !s->words)
         return 0;
-    int n = pd_grammar_state_fill_mask(s, s->words);
+    int n = pd_grammar_state_fill_mask(s, s->words, tokens_left);
     const int V = s->v->vocab_size;
     for (int i = 0; i < V; i += 32) {
         uint32_t m = s->words[i >> 5];

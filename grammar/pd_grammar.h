@@ -111,6 +111,13 @@ typedef struct pd_grammar_vocab pd_grammar_vocab;
 pd_status pd_grammar_vocab_init(const pd_tokenizer *tok, int vocab_size, int32_t eos_id,
                                 pd_grammar_vocab **v_p, pd_err *err);
 
+/** pd_grammar_vocab_init from a tokenizer.json file (loaded and freed
+ * here): what replicas call, lazily, on their first constrained request.
+ * Errors: those of pd_tok_load (err names the path) and of
+ * pd_grammar_vocab_init. */
+pd_status pd_grammar_vocab_load(const char *tokenizer_json, int vocab_size, int32_t eos_id,
+                                pd_grammar_vocab **v_p, pd_err *err);
+
 /** Frees v and sets *v_p to NULL; NULL or *v_p NULL is a no-op. */
 void pd_grammar_vocab_free(pd_grammar_vocab **v_p);
 
@@ -150,13 +157,22 @@ bool pd_grammar_state_is_terminal(const pd_grammar_state *s);
 
 /** Sets logits[i] = -inf for every token the automaton refuses now
  * (logits has the vocab's vocab_size entries). Returns how many tokens are
- * allowed (0 only if v is NULL or after EOS). Cost: one walk of the trie
- * pruned by the automaton; inside a string the tokens that are plain
- * string content come from a precomputed set (docs/benchmarks.md). */
-int pd_grammar_state_mask_logits(pd_grammar_state *s, float *logits);
+ * allowed (0 only if v is NULL or after EOS).
+ * tokens_left (< 0: no limit) is how many tokens may still be generated,
+ * this one included (max_tokens minus those generated): then a token is
+ * allowed only if the shortest completion after it (counted in bytes, each
+ * of which a single-byte token can spell) fits in the tokens left after
+ * it, so that the value is complete when max_tokens is reached. When that
+ * leaves nothing (tokens_left was too small from the start), the limit is
+ * dropped and the text may end incomplete (finish_reason "length").
+ * Cost: one walk of the trie pruned by the automaton; inside a string the
+ * tokens that are plain string content come from a precomputed list
+ * (docs/benchmarks.md); at most two walks. */
+int pd_grammar_state_mask_logits(pd_grammar_state *s, float *logits, int64_t tokens_left);
 
 /** The allowed set as a bitmap: bit i of words[i / 32] for token i; words
- * has room for (vocab_size + 31) / 32 entries. Returns the count allowed. */
-int pd_grammar_state_fill_mask(pd_grammar_state *s, uint32_t *words);
+ * has room for (vocab_size + 31) / 32 entries. tokens_left as for
+ * pd_grammar_state_mask_logits. Returns the count allowed. */
+int pd_grammar_state_fill_mask(pd_grammar_state *s, uint32_t *words, int64_t tokens_left);
 
 #endif

@@ -83,8 +83,12 @@ static void set_bits(uint8_t *set, const char *bytes) {
         set_bit(set, (uint8_t)*bytes);
 }
 
-/* The first-byte set of a node whose kind and payload are filled in. */
+static uint64_t node_min_bytes(gnode *n);
+
+/* The first-byte set and shortest length of a node whose kind and payload
+ * are filled in. */
 static void node_first(gnode *n) {
+    n->min_bytes = node_min_bytes(n);
     memset(n->first, 0, sizeof n->first);
     switch (n->kind) {
     case GN_ANY:
@@ -113,6 +117,36 @@ static void node_first(gnode *n) {
                 n->first[k] |= n->alts[i]->first[k];
         break;
     }
+}
+
+static uint64_t node_min_bytes(gnode *n) {
+    uint64_t m = G_INF;
+    switch (n->kind) {
+    case GN_ANY:
+    case GN_NUMBER:
+    case GN_INTEGER:
+        return 1; /* 0 */
+    case GN_STRING:
+        return g_add(2, n->min_len);
+    case GN_ARRAY:
+        if (n->min_items == 0)
+            return 2;
+        return g_add(1, g_mul(g_add(n->items->min_bytes, 1), n->min_items)); /* [v,v,v] */
+    case GN_LITERALS:
+        for (int i = 0; i < n->n_lits; i++)
+            m = n->lit_len[i] < m ? n->lit_len[i] : m;
+        return m;
+    case GN_UNION:
+        for (int i = 0; i < n->n_alts; i++)
+            m = n->alts[i]->min_bytes < m ? n->alts[i]->min_bytes : m;
+        return m;
+    case GN_OBJECT:
+        if (!n->has_props)
+            return 2;
+        /* '{' + the required properties (',' before each but the first) + '}' */
+        return n->req_cost[0] ? g_add(1, n->req_cost[0]) : 2;
+    }
+    return m;
 }
 
 static gnode *node_make(cctx *c, gn_kind kind) {
@@ -319,6 +353,11 @@ static const gnode *compile_object(cctx *c, const json_t *s, int depth) {
     n->req_after[n->n_props] = n->n_props;
     for (int i = n->n_props - 1; i >= 0; i--)
         n->req_after[i] = required[i] ? i : n->req_after[i + 1];
+    n->req_cost = pd_xcalloc((size_t)n->n_props + 1, sizeof *n->req_cost);
+    for (int i = n->n_props - 1; i >= 0; i--) {
+        uint64_t kv = g_add(n->key_len[i] + 1, n->prop[i]->min_bytes); /* "key":value */
+        n->req_cost[i] = required[i] ? g_add(n->req_cost[i + 1], kv + 1) : n->req_cost[i + 1];
+    }
     free(required);
     node_first(n);
     return n;
@@ -594,6 +633,7 @@ void pd_grammar_free(pd_grammar **g_p) {
         free(n->key_len);
         free(n->prop);
         free(n->req_after);
+        free(n->req_cost);
         for (int k = 0; k < n->n_lits; k++)
             free(n->lit[k]);
         free(n->lit);

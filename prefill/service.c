@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "pd_flags.h"
+#include "pd_grammar.h"
 #include "pd_heartbeat.h"
 #include "pd_metrics.h"
 #include "pd_metrics_server.h"
@@ -65,7 +66,36 @@ typedef struct {
     int heartbeat_ms;
     uint64_t prefill_tokens_total, kv_bytes_sent;
     float *logits;
+    /* response_format (see decode/service.c): built at the first such job */
+    const char *tokenizer_path;
+    pd_grammar_vocab *vocab;
+    bool vocab_tried;
 } prefill_svc;
+
+/* Masks the first token's logits with m's json_schema, if any. Errors:
+ * the schema does not compile, or the tokenizer cannot be loaded. */
+static pd_status mask_first_token(prefill_svc *p, const Pdserve__Prefill *m, pd_err *err) {
+    if (!m->json_schema || !*m->json_schema) return PD_OK;
+    const pd_model_config *c = pd_model_config_of(p->m);
+    if (!p->vocab_tried) {
+        p->vocab_tried = true;
+        pd_err lerr = {{0}};
+        if (pd_grammar_vocab_load(p->tokenizer_path, c->vocab_size, c->eos_token_id, &p->vocab, &lerr) != PD_OK)
+            PD_LOGE(LOGM, "%s: response_format is unavailable: %s", p->replica_id, lerr.msg);
+    }
+    if (!p->vocab)
+        return pd_err_set(err, PD_ERR_INVALID, "response_format needs the tokenizer, which this replica could not load");
+    pd_grammar *g = NULL;
+    pd_grammar_state *gs = NULL;
+    pd_err gerr;
+    pd_status st = pd_grammar_compile(m->json_schema, strlen(m->json_schema), &g, &gerr);
+    if (st != PD_OK) return pd_err_set(err, st, "response_format: %s", gerr.msg);
+    st = pd_grammar_state_init(g, p->vocab, &gs, err);
+    if (st == PD_OK) pd_grammar_state_mask_logits(gs, p->logits, -1); /* the first token: no budget known here */
+    pd_grammar_state_free(&gs);
+    pd_grammar_free(&g);
+    return st;
+}
 
 static volatile sig_atomic_t g_stop;
 static int g_step_delay_ms; /* --debug-step-delay-ms: fault tests slow a replica down */
@@ -344,6 +374,12 @@ static bool step(prefill_svc *p) {
                 if (m->stop_token_ids[i] >= 0 && m->stop_token_ids[i] < c->vocab_size)
                     p->logits[m->stop_token_ids[i]] = -INFINITY;
         }
+        if (mask_first_token(p, m, &err) != PD_OK) {
+            pd_sampler_free(&smp);
+            j->failed = true;
+            send_error(p, m->request_id, err.msg);
+            return true;
+        }
         /* the gateway allows at most PD_MAX_TOP_LOGPROBS alternatives */
         int k = m->logprobs < 0 ? 0 : m->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : m->logprobs;
         j->first_token = pd_sampler_sample_top(smp, p->logits, &j->first_logprob, k, j->first_top_ids,
@@ -427,6 +463,7 @@ static void handle(prefill_svc *p, pd_msg *msg) {
 
 int pd_prefill_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
+    const char *tokenizer = NULL;
     int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
@@ -438,6 +475,8 @@ int pd_prefill_main(int argc, char **argv) {
         {"model", PD_FLAG_STR, &model, "checkpoint directory"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
         {"replica-id", PD_FLAG_STR, &replica_id, "unique name of this replica (default prefill-<pid>)"},
+        {"tokenizer", PD_FLAG_STR, &tokenizer,
+         "tokenizer.json for response_format's token mask (default <model>/tokenizer.json; read at the first such request)"},
         {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512)"},
         {"block-size", PD_FLAG_INT, &block_size, "KV cache block, tokens (default 16; must match decode)"},
         {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "local KV cache blocks (default 4096)"},
@@ -476,6 +515,9 @@ int pd_prefill_main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
     prefill_svc p = {.replica_id = replica_id, .chunk = chunk, .heartbeat_ms = heartbeat_ms};
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model ? model : ".");
+    p.tokenizer_path = tokenizer ? tokenizer : tokpath;
     pd_err err = {{0}};
     pd_backend *bes[PD_TP_MAX_RANKS] = {0}; /* tensor-parallel ranks; bes[1..] NULL with one */
     double t0 = pd_now_s(), t = t0;
@@ -617,6 +659,7 @@ out:
     pd_kv_cache_free(&p.kv);
     pd_model_free(&p.m);
     pd_replay_free(&g_replay);
+    pd_grammar_vocab_free(&p.vocab);
     for (int r = 0; r < PD_TP_MAX_RANKS; r++)
         pd_backend_free(&bes[r]);
     return rc;

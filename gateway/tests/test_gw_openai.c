@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "gw_internal.h"
+#include "pd_grammar.h"
 
 static pd_gw_config g_cfg;
 
@@ -278,6 +279,58 @@ static void test_validation_table(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* response_format: text (no constraint), json_object and json_schema (the
+ * canonical schema for the replicas), and each refusal's param. */
+static void test_response_format(void **state) {
+    static const struct {
+        const char *rf;
+        const char *schema; /* NULL: none; "" with param: refused */
+        const char *param;
+    } rcases[] = {
+        {"{\"type\":\"text\"}", NULL, NULL},
+        {"null", NULL, NULL},
+        {"{\"type\":\"json_object\"}", PD_GRAMMAR_JSON_OBJECT, NULL},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p-1\",\"strict\":true,\"schema\":"
+         "{\"type\": \"object\", \"properties\": {\"b\": {}, \"a\": {\"type\": \"integer\"}}}}}",
+         "{\"type\":\"object\",\"properties\":{\"b\":{},\"a\":{\"type\":\"integer\"}}}", NULL},
+        {"\"json_object\"", "", "response_format"},
+        {"{}", "", "response_format.type"},
+        {"{\"type\":\"yaml\"}", "", "response_format.type"},
+        {"{\"type\":\"json_schema\"}", "", "response_format.json_schema"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}", "",
+         "response_format.json_schema.name"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a b\",\"schema\":{}}}", "",
+         "response_format.json_schema.name"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"strict\":1,\"schema\":{}}}",
+         "", "response_format.json_schema.strict"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\"}}", "",
+         "response_format.json_schema.schema"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":{\"format\":"
+         "\"date\"}}}",
+         "", "response_format.json_schema.schema"},
+    };
+    for (size_t i = 0; i < sizeof rcases / sizeof *rcases; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{" CHAT_MSGS ",\"response_format\":%s}", rcases[i].rf);
+        gw_oai_req r;
+        gw_oai_err e;
+        int rc = gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e);
+        if (rcases[i].param) {
+            if (rc == 0 || e.status != 400 || strcmp(e.param, rcases[i].param) != 0)
+                fail_msg("%s: want 400 %s, got rc %d %d %s: %s", rcases[i].rf, rcases[i].param, rc,
+                         e.status, e.param, e.message);
+            continue;
+        }
+        if (rc != 0)
+            fail_msg("%s: refused: %s", rcases[i].rf, e.message);
+        if (rcases[i].schema)
+            assert_string_equal(r.json_schema, rcases[i].schema);
+        else
+            assert_null(r.json_schema);
+        gw_oai_req_clear(&r);
+    }
+}
+
 static void test_completion_prompt_ids(void **state) {
     const char *body = "{\"prompt\":\"Hello world\",\"max_tokens\":7,\"temperature\":0,"
                        "\"seed\":42,\"stop\":[\"x\",\"yz\"],\"n\":3,\"min_tokens\":2}";
@@ -516,6 +569,7 @@ int main(void) {
     cfg_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_validation_table),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_completion_prompt_ids),
         cmocka_unit_test(test_chat_rendered),
         cmocka_unit_test(test_chat_tools_thinking_rendered),

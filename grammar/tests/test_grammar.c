@@ -297,12 +297,61 @@ static void test_random_bytes_validate(void **st) {
     assert_true(accepted > 100);
 }
 
+/* g_close_bytes is consistent: from random prefixes, some byte always
+ * lowers it by exactly one, and at 0 the value is complete. (The token
+ * budget of pd_grammar_state_mask_logits relies on it.) */
+static void test_close_bytes_path(void **st) {
+    (void)st;
+    uint64_t rng = 5;
+    garena ar = {.cap = 1u << 16};
+    ar.f = calloc(ar.cap, sizeof *ar.f);
+    for (size_t si = 0; si < sizeof SCHEMAS / sizeof *SCHEMAS; si++) {
+        pd_grammar *g = gt_compile(SCHEMAS[si]);
+        for (int i = 0; i < 200; i++) {
+            size_t len = 0;
+            char *doc = gt_walk(g, &rng, 10 + (size_t)(i % 7) * 10, 4096, &len);
+            assert_non_null(doc);
+            size_t cut = len ? gt_rand(&rng) % len : 0; /* a prefix of a valid text */
+            gframe root = {.node = g->root, .kind = GF_ROOT};
+            ar.n = 0;
+            const gframe *top = &root;
+            for (size_t k = 0; k < cut; k++)
+                top = g_step(g, &ar, top, (uint8_t)doc[k]);
+            assert_non_null(top);
+            uint64_t need = g_close_bytes(top);
+            assert_true(need < 100000);
+            while (need > 0) {
+                const gframe *next = NULL;
+                for (int b = 1; b < 256 && !next; b++) {
+                    uint32_t mark = ar.n;
+                    const gframe *t = g_step(g, &ar, top, b);
+                    if (t && g_close_bytes(t) == need - 1)
+                        next = t;
+                    else
+                        ar.n = mark;
+                }
+                if (!next)
+                    fail_msg("schema %zu: no byte completes %.*s in %llu", si, (int)cut, doc,
+                             (unsigned long long)need);
+                top = next;
+                need--;
+            }
+            if (!g_step(g, &ar, top, G_END))
+                fail_msg("schema %zu: %.*s + shortest completion is not complete", si, (int)cut,
+                         doc);
+            free(doc);
+        }
+        pd_grammar_free(&g);
+    }
+    free(ar.f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_object),           cmocka_unit_test(test_properties_in_order),
         cmocka_unit_test(test_arrays_strings_enums),  cmocka_unit_test(test_depth_limit),
         cmocka_unit_test(test_schema_errors),         cmocka_unit_test(test_random_walks_validate),
-        cmocka_unit_test(test_random_bytes_validate),
+        cmocka_unit_test(test_random_bytes_validate), cmocka_unit_test(test_close_bytes_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

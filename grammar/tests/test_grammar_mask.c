@@ -54,7 +54,7 @@ static void check_against_brute_force(const char *schema, const char *prefix) {
     pd_grammar *g = gt_compile(schema);
     pd_grammar_state *s = state_at(g, prefix);
     uint32_t *w = calloc((VOCAB + 31) / 32, sizeof *w);
-    int n = pd_grammar_state_fill_mask(s, w);
+    int n = pd_grammar_state_fill_mask(s, w, -1);
     int count = 0;
     pd_grammar_state *f = state_at(g, prefix);
     for (int32_t t = 0; t < VOCAB; t++) {
@@ -161,7 +161,7 @@ static void test_random_decoding_validates(void **st) {
                             logits[id] += 20.0f;
                     }
                 }
-                int allowed = pd_grammar_state_mask_logits(s, logits);
+                int allowed = pd_grammar_state_mask_logits(s, logits, -1);
                 assert_true(allowed > 0);
                 int32_t best = -1;
                 for (int i = 0; i < VOCAB; i++)
@@ -184,6 +184,74 @@ static void test_random_decoding_validates(void **st) {
             free(text);
             pd_grammar_state_free(&s);
         }
+        json_decref(schema);
+        pd_grammar_free(&g);
+    }
+    free(logits);
+}
+
+/* With a token budget, decoding under random logits (no bias to close)
+ * ends complete within max_tokens whenever max_tokens can hold the
+ * shortest value; and with a budget too small, the mask still allows
+ * something (the limit is dropped). */
+static void test_budget_forces_completion(void **st) {
+    (void)st;
+    static const char *const schemas[] = {
+        PD_GRAMMAR_JSON_OBJECT,
+        PERSON,
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":3},\"minItems\":2}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":"
+        "\"object\","
+        "\"properties\":{\"x\":{\"type\":\"number\"}},\"required\":[\"x\"]}}},\"required\":[\"a\"]"
+        "}",
+    };
+    float *logits = malloc(VOCAB * sizeof *logits);
+    uint64_t rng = 99;
+    int32_t ids[256];
+    for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
+        pd_grammar *g = gt_compile(schemas[si]);
+        json_t *schema = json_loads(schemas[si], 0, NULL);
+        int shortest = (int)g->root->min_bytes;
+        for (int max_tokens = shortest; max_tokens < shortest + 40; max_tokens += 3) {
+            pd_grammar_state *s = NULL;
+            pd_grammar_state_init(g, vocab, &s, NULL);
+            int n = 0;
+            bool eos = false;
+            while (n < max_tokens) {
+                for (int i = 0; i < VOCAB; i++)
+                    logits[i] = (float)(gt_rand(&rng) % 1000) / 100.0f;
+                assert_true(pd_grammar_state_mask_logits(s, logits, max_tokens - n) > 0);
+                int32_t best = 0;
+                for (int i = 1; i < VOCAB; i++)
+                    if (logits[i] > logits[best])
+                        best = i;
+                assert_true(pd_grammar_state_accept_token(s, best));
+                if (best == EOS) {
+                    eos = true;
+                    break;
+                }
+                ids[n++] = best;
+                if (pd_grammar_state_is_terminal(s))
+                    break;
+            }
+            if (!eos && !pd_grammar_state_is_complete(s))
+                fail_msg("schema %zu max_tokens %d: incomplete after %d tokens", si, max_tokens, n);
+            char *text = NULL;
+            size_t len = 0;
+            pd_tok_decode(tok, ids, (size_t)n, false, &text, &len, NULL);
+            json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+            if (!v || !gt_valid(v, schema))
+                fail_msg("schema %zu max_tokens %d: %s", si, max_tokens, text);
+            json_decref(v);
+            free(text);
+            pd_grammar_state_free(&s);
+        }
+        /* a budget of one token for a value of more bytes: no dead end */
+        pd_grammar_state *s = NULL;
+        pd_grammar_state_init(g, vocab, &s, NULL);
+        memset(logits, 0, VOCAB * sizeof *logits);
+        assert_true(pd_grammar_state_mask_logits(s, logits, 1) > 0);
+        pd_grammar_state_free(&s);
         json_decref(schema);
         pd_grammar_free(&g);
     }
@@ -217,7 +285,7 @@ static void test_mask_time(void **st) {
         for (int r = 0; r < 50; r++) {
             memset(logits, 0, VOCAB * sizeof *logits);
             double t0 = pd_now_s();
-            n = pd_grammar_state_mask_logits(s, logits);
+            n = pd_grammar_state_mask_logits(s, logits, -1);
             t[r] = pd_now_s() - t0;
         }
         qsort(t, 50, sizeof *t, cmp_d);
@@ -233,6 +301,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mask_equals_brute_force),
         cmocka_unit_test(test_random_decoding_validates),
+        cmocka_unit_test(test_budget_forces_completion),
         cmocka_unit_test(test_mask_time),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
