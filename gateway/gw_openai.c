@@ -331,6 +331,80 @@ static int parse_tool_choice(const json_t *root, gw_oai_req *out, gw_oai_err *e)
     return 0;
 }
 
+/* The canonical text of schema compiled by the grammar, or NULL when it
+ * is outside the supported subset (or memory is short). */
+static char *tool_schema(const json_t *schema) {
+    char *text = json_dumps(schema, JSON_COMPACT);
+    pd_grammar *g = NULL;
+    pd_err err = {{0}};
+    char *canon = NULL;
+    if (text && pd_grammar_compile(text, strlen(text), &g, &err) == PD_OK)
+        canon = strdup(pd_grammar_canonical(g));
+    pd_grammar_free(&g);
+    free(text);
+    return canon;
+}
+
+/* tool_choice "required" / named under constrained decoding (the grammar,
+ * as vLLM's guided decoding does): named, the output is the function's
+ * arguments (its parameters schema; {"type": "object"} when that schema is
+ * outside the grammar's subset); required, a non-empty array of
+ * {"name", "parameters"} (with one tool its parameters schema, with several
+ * the names as an enum and parameters any object: the grammar's anyOf needs
+ * alternatives of different types). The gateway turns that JSON into the
+ * calls (gw_request.c calls_from_json). */
+static int constrain_tool_choice(const json_t *tools, gw_oai_req *out, gw_oai_err *e) {
+    if (out->tool_choice != GW_TOOLS_REQUIRED && out->tool_choice != GW_TOOLS_NAMED)
+        return 0;
+    if (out->json_schema)
+        return fail(e, 400, "tool_choice",
+                    "'tool_choice' \"required\" or a named function cannot be combined with a "
+                    "JSON 'response_format'");
+    json_t *obj = json_pack("{s:s}", "type", "object");
+    json_t *params = NULL;
+    if (out->tool_choice == GW_TOOLS_NAMED || out->n_tools == 1) {
+        const char *want = out->tool_choice == GW_TOOLS_NAMED ? out->tool_choice_name
+                                                              : out->tool_names[0];
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            if (strcmp(json_string_value(json_object_get(fn, "name")), want) == 0)
+                params = field(fn, "parameters");
+        }
+    }
+    json_t *schema;
+    if (out->tool_choice == GW_TOOLS_NAMED) {
+        schema = json_incref(params ? params : obj);
+    } else {
+        json_t *names = json_array();
+        for (int i = 0; i < out->n_tools; i++)
+            json_array_append_new(names, json_string(out->tool_names[i]));
+        schema = json_pack("{s:s, s:i, s:{s:s, s:{s:{s:o}, s:O}, s:[s, s]}}", "type", "array",
+                           "minItems", 1, "items", "type", "object", "properties", "name", "enum",
+                           names, "parameters", params ? params : obj, "required", "name",
+                           "parameters");
+    }
+    out->json_schema = schema ? tool_schema(schema) : NULL;
+    if (!out->json_schema && out->tool_choice == GW_TOOLS_NAMED)
+        out->json_schema = tool_schema(obj);
+    if (!out->json_schema && out->tool_choice == GW_TOOLS_REQUIRED && params) {
+        json_decref(schema); /* parameters outside the subset: any object */
+        json_t *names = json_array();
+        for (int i = 0; i < out->n_tools; i++)
+            json_array_append_new(names, json_string(out->tool_names[i]));
+        schema = json_pack("{s:s, s:i, s:{s:s, s:{s:{s:o}, s:O}, s:[s, s]}}", "type", "array",
+                           "minItems", 1, "items", "type", "object", "properties", "name", "enum",
+                           names, "parameters", obj, "required", "name", "parameters");
+        out->json_schema = schema ? tool_schema(schema) : NULL;
+    }
+    json_decref(schema);
+    json_decref(obj);
+    if (!out->json_schema)
+        PD_LOGW(GW_MOD, "tool_choice: no constraint could be built; the output is not constrained");
+    return 0;
+}
+
 /* tools (validated; names kept in out) and tool_choice; *section_p: the
  * tool section of the prompt (heap) or NULL without tools. The tools are
  * rendered also under tool_choice "none", as vLLM does. */
@@ -398,6 +472,8 @@ static int parse_tools(const pd_gw_config *cfg, const json_t *root, gw_oai_req *
     }
     if (rc == 0)
         rc = parse_tool_choice(root, out, e);
+    if (rc == 0)
+        rc = constrain_tool_choice(tools, out, e);
     if (rc == 0 && n > 0) {
         pd_err err;
         if (pd_chat_tools_prompt(defs, (int)n, cfg->tool_call_parser, section_p, &err) != PD_OK)

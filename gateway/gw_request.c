@@ -954,8 +954,11 @@ static bool chat_init(pd_gw_request *req, gw_choice *ch) {
         names = (const char *const *)&r->tool_choice_name;
         n_names = 1;
     }
+    /* a constrained tool choice: the output is the JSON, from its first byte */
+    bool constrained = (r->tool_choice == GW_TOOLS_REQUIRED || r->tool_choice == GW_TOOLS_NAMED) &&
+                       r->json_schema;
     pd_chat_parser_opts o = {
-        .think = r->parse_reasoning ? r->think : PD_CHAT_THINK_OFF,
+        .think = r->parse_reasoning && !constrained ? r->think : PD_CHAT_THINK_OFF,
         .parse_tools = tools,
         .tool_parser = req->srv->cfg.tool_call_parser,
         .tool_names = names,

@@ -249,6 +249,9 @@ static const vcase cases[] = {
      "{" CHAT_MSGS "," TOOLS
      ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
      0, NULL},
+    {GW_KIND_CHAT,
+     "{" CHAT_MSGS "," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",
+     400, "tool_choice"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tools\":null,\"tool_choice\":null}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"tool_choice\":\"none\"}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"reasoning_effort\":\"high\"}", 0, NULL},
@@ -429,7 +432,25 @@ static void test_chat_tools_thinking_rendered(void **state) {
     assert_memory_equal(r.prompt_ids, ids, (size_t)n * sizeof *ids);
     assert_int_equal(r.think, PD_CHAT_THINK_OFF);
     assert_int_equal(r.tool_choice, GW_TOOLS_NONE);
+    assert_null(r.json_schema);
     free(ids);
+    gw_oai_req_clear(&r);
+
+    /* named tool choice: decoding constrained by the function's parameters */
+    const char *named = "{\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]," TOOLS
+                        ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+                        "\"get_weather\"}}}";
+    int rc = gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, named, strlen(named), &r, &e);
+    if (rc)
+        fprintf(stderr, "named: %d %s (%s)\n", e.status, e.message, e.param);
+    assert_int_equal(rc, 0);
+    assert_int_equal(r.tool_choice, GW_TOOLS_NAMED);
+    assert_string_equal(r.tool_choice_name, "get_weather");
+    pd_grammar *g = NULL;
+    assert_int_equal(pd_grammar_compile("{\"type\":\"object\"}", 17, &g, &err), PD_OK);
+    assert_non_null(r.json_schema);
+    assert_string_equal(r.json_schema, pd_grammar_canonical(g));
+    pd_grammar_free(&g);
     gw_oai_req_clear(&r);
 }
 

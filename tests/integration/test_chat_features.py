@@ -18,7 +18,9 @@ Checks:
   prompt is long: prefill replica; the first token comes from its replay);
 - malformed call (bad JSON arguments) and tool_choice none: the text as
   generated, finish_reason stop;
-- tool_choice named: a JSON object answer becomes the named call (stream too);
+- tool_choice named / required: decoding is constrained by the grammar to
+  the arguments object / an array of {name, parameters}, and that JSON
+  answer becomes the call(s) (named streamed too);
 - a tool-result round trip: prompt_tokens is the token count of the
   documented rendering (docs/api.md) of the conversation;
 - validation: 400 with `param` for bad tools / tool_choice / reasoning_effort;
@@ -45,8 +47,9 @@ DSML = ("<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
         "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
         "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
         "</｜DSML｜invoke>\n</｜DSML｜function_calls>")
-SCRIPTS = [REASONING + "</think>" + ANSWER, V3_CALLS, BAD_CALL, NAMED_JSON, DSML]
-SEED = {"reasoning": 0, "v3": 1, "bad": 2, "named": 3, "dsml": 4}
+REQUIRED_JSON = "[{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}]"
+SCRIPTS = [REASONING + "</think>" + ANSWER, V3_CALLS, BAD_CALL, NAMED_JSON, DSML, REQUIRED_JSON]
+SEED = {"reasoning": 0, "v3": 1, "bad": 2, "named": 3, "dsml": 4, "required": 5}
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {
@@ -212,6 +215,13 @@ def test_text_cases(port):
         check(len(calls) == 1 and calls[0]["function"]["name"] == "get_weather" and
               json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"},
               f"tool_choice named: the JSON answer is the named call ({calls})")
+        r = chat(port, dict(named, seed=SEED["required"], tool_choice="required"))
+        if r:
+            c = r["choices"][0]
+            calls_r = c["message"].get("tool_calls") or []
+            check([(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in calls_r] ==
+                  [("get_time", {"tz": "UTC"})] and c["finish_reason"] == "tool_calls",
+                  f"tool_choice required: the JSON array answer becomes the calls ({calls_r})")
         s = chat_stream(port, named)
         check([(v["name"], v["arguments"]) for v in s["tool_calls"].values()] ==
               [(calls[0]["function"]["name"], calls[0]["function"]["arguments"])] if calls else False,
