@@ -205,6 +205,14 @@ static void req_finished(pd_router *r, gw_req *q, const char *outcome) {
     if (!strcmp(outcome, "stop") || !strcmp(outcome, "length")) {
         pd_hist_observe(&c->e2e, now - q->t_arrival);
         if (q->t_first > 0) pd_hist_observe(&c->decode_time, now - q->t_first);
+        /* The replicas' share of a request, timed here around the ZMQ send of
+         * its Generate / Prefill and the receipt of its Tokens; a client's
+         * TTFT minus `first` is what the gateway adds (tests/load/gw_load.py). */
+        if (q->t_first > 0)
+            PD_LOGD(LOGM, "timing %s: queued %.6f s, dispatch->first tokens %.6f s, "
+                    "dispatch->last %.6f s, %llu tokens",
+                    q->p->request_id, q->t_dispatch - q->t_arrival, q->t_first - q->t_dispatch,
+                    q->t_last - q->t_dispatch, (unsigned long long)q->n_generated);
     }
     event_active(r->ev_dispatch, 0, 0);
 }

@@ -1,6 +1,7 @@
 /* pdserve gateway: the HTTP front door plus the router, on one libevent
  * loop. */
 #include <event2/event.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/resource.h>
@@ -156,6 +157,10 @@ int pd_gateway_main(int argc, char **argv) {
         return 1;
     }
     pd_router_attach(router, gw);
+    /* Loading tokenizer.json leaves tens of MB free inside the heap; hand
+     * those pages back so that RSS shows what serving uses (memory per
+     * idle connection, docs/benchmarks.md) */
+    malloc_trim(0);
     struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
     struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
     event_add(sigint, NULL);
