@@ -316,7 +316,12 @@ static void send_heartbeat(decode_svc *d) {
  * quarantined until the writer is known to be quiet). */
 static void expire_reservations(decode_svc *d) {
     double now = pd_now_s();
-    if (pd_kvx_resv_expire(d->resv, now) == 0) return;
+    size_t q0 = pd_kvx_resv_stats_get(d->resv).quarantined;
+    size_t n_expired = pd_kvx_resv_expire(d->resv, now);
+    size_t handed = q0 + n_expired - pd_kvx_resv_stats_get(d->resv).quarantined;
+    if (handed > 0) /* nobody fenced them (a grant or claim lost with the gateway) */
+        PD_LOGI(LOGM, "%s: %zu reservations handed back: their writer's lease has ended", d->replica_id, handed);
+    if (n_expired == 0) return;
     for (parked **pp = &d->parked; *pp;) {
         parked *p = *pp;
         pd_kvx_resv_state state;
@@ -382,6 +387,7 @@ static void handle(decode_svc *d, pd_msg *msg) {
             rr.reservation_id = resv;
             rr.block_ids = ublocks;
             rr.n_block_ids = (size_t)nb;
+            rr.lease_ms = (uint32_t)(pd_kvx_lease_s(d->reservation_ttl_s) * 1000.0);
             parked *p = pd_xcalloc(1, sizeof *p);
             p->gen = g;
             p->resv = resv;
@@ -496,6 +502,7 @@ int pd_decode_main(int argc, char **argv) {
     const char *ckpt_manifest = NULL, *replay_path = NULL;
     const char *numa = "auto";
     bool inject_selfcheck_failure = false;
+    double reservation_ttl = 120.0;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -514,6 +521,8 @@ int pd_decode_main(int argc, char **argv) {
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
+        {"kv-reservation-ttl", PD_FLAG_FLOAT, &reservation_ttl,
+         "seconds a long prompt's KV reservation waits for its prefill (default 120; the prefill's lease is 3/4 of it)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &g_step_delay_ms, "testing: sleep this long after every step"},
         {"debug-replay-tokens", PD_FLAG_STR, &replay_path,
          "testing: JSON array of token ids every request generates (then EOS) instead of samples"},
@@ -529,6 +538,10 @@ int pd_decode_main(int argc, char **argv) {
     pd_version_log(LOGM);
     if (!model) {
         fprintf(stderr, "pdserve decode: --model is required\n");
+        return 2;
+    }
+    if (!(reservation_ttl >= 1.0 && reservation_ttl <= 86400.0)) {
+        fprintf(stderr, "pdserve decode: --kv-reservation-ttl must be 1..86400 s\n");
         return 2;
     }
     char rid[64];
@@ -596,13 +609,17 @@ int pd_decode_main(int argc, char **argv) {
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "allocate KV", t);
-    d.reservation_ttl_s = 120.0;
+    d.reservation_ttl_s = reservation_ttl;
     {
         pd_kv_cache *kv = pd_sched_kv(d.sched);
         /* One host (no UCX_TLS given): keep shared memory (UCX peer-failure
          * detection would force TCP); same-host peers are watched by pidfd. */
         pd_kvx_config kc = {.name = replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
-        pd_kvx_resv_config rcfg = {.blocks_free = on_blocks_free, .user = &d, .block_bytes = pd_kv_cache_block_bytes(kv)};
+        /* a reservation nobody fenced (its grant or claim died with the
+         * gateway, or its writer's flush failed) is handed back once its
+         * writer's lease has ended for certain */
+        pd_kvx_resv_config rcfg = {.blocks_free = on_blocks_free, .user = &d, .block_bytes = pd_kv_cache_block_bytes(kv),
+                                   .reclaim_after_s = pd_kvx_lease_margin_s(reservation_ttl)};
         /* prefill replicas write into host memory (pd_kv_cache_host_pool);
          * KvComplete copies the blocks into the cache */
         void *kv_host = pd_kv_cache_host_pool(kv, &err);

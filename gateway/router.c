@@ -665,6 +665,7 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     pm.reservation_id = rr->reservation_id;
     pm.block_ids = rr->block_ids;
     pm.n_block_ids = rr->n_block_ids;
+    pm.lease_ms = rr->lease_ms; /* sent at once: no time to take off */
     pm.decode_ucx_address.data = s->decode->ucx_addr;
     pm.decode_ucx_address.len = s->decode->ucx_len;
     pm.decode_kv_rkey.data = s->decode->rkey;

@@ -29,12 +29,16 @@
  *      writer id, blocks, ttl): state LIVE, deadline = now + ttl. The
  *      reservation id is chosen by D, unique for the life of the table, with
  *      32 random high bits so that ids of a restarted D never repeat. D sends
- *      P the Grant: (request id, reservation id, block ids, ttl).
+ *      P the Grant: (request id, reservation id, block ids, lease), where
+ *      lease = pd_kvx_lease_s(ttl) = ttl - margin and margin =
+ *      pd_kvx_lease_margin_s(ttl) = ttl / 4 (pdserve: ReserveReply.lease_ms,
+ *      copied by the gateway into Prefill.lease_ms at once).
  *   2. Write. P writes only the granted blocks (remote offset = block id ×
  *      block bytes) with pd_kvx_put / pd_kvx_put_batch, and stops issuing
- *      writes once its lease — ttl minus a margin, timed from when P received
- *      the Grant — runs out. Because P's clock starts after D's, P's lease
- *      ends before D's deadline.
+ *      writes once its lease, timed from when P received the Grant, runs
+ *      out. In real time P received it d (D→gateway→P delivery, queueing
+ *      included) after D created the reservation, so P's last write is
+ *      issued by deadline - margin + d: before D's deadline when d < margin.
  *   3. Complete. P calls pd_kvx_flush; only when the flush callback reports
  *      PD_OK (every earlier put on that peer is visible in D's memory) does P
  *      send KvComplete(request id, reservation id, writer id). D calls
@@ -61,6 +65,15 @@
  *          gone while still alive (stalled past the heartbeat timeout) is
  *          the one case no fence covers: the supervisor must kill such a
  *          replica before its reservations are handed back.
+ *        - the writer's lease has ended for certain: deadline + margin has
+ *          passed (cfg.reclaim_after_s = margin; pd_kvx_resv_expire). P
+ *          issued its last write by deadline - margin + d, so this holds
+ *          when d plus the time a put takes to land (f) is below 2 × margin
+ *          (60 s at pdserve's 120 s ttl) — a bound on a *running* writer.
+ *          This covers the Grant or the KvComplete lost with a gateway that
+ *          died (nothing else would ever end such a reservation) and a
+ *          writer whose flush failed. A writer stopped longer than that
+ *          (SIGSTOP) and resumed is the stalled-writer case below.
  *      So a late write can only land in blocks no other request can see,
  *      and its data is never used: the only way to make blocks readable is
  *      an accepted KvComplete.
@@ -358,7 +371,21 @@ typedef struct {
     size_t block_bytes; /* bytes of one KV block (AM path: block index → offset); >0 */
     size_t remembered;  /* finished reservations remembered so that a late claim is
                            refused as released/expired, not unknown; 0: 4096 */
+    double reclaim_after_s; /* one-sided puts: a RELEASED or EXPIRED reservation whose writer
+                               never said it stopped is handed back this long after its
+                               deadline (its lease has ended: pd_kvx_lease_margin_s of the
+                               ttl; see the protocol, step 5); 0: never (only a fence, a
+                               claim or writer_gone hand it back) */
 } pd_kvx_resv_config;
+
+/** The writer's lease for a reservation of ttl_s: ttl_s - pd_kvx_lease_margin_s
+ * (seconds; > 0 and < ttl_s for ttl_s > 0). */
+double pd_kvx_lease_s(double ttl_s);
+
+/** The margin between the writer's lease and the reservation's ttl, and
+ * between the deadline and the hand-back of a reservation nobody fenced:
+ * ttl_s / 4 (seconds). */
+double pd_kvx_lease_margin_s(double ttl_s);
 
 /** Counters, for metrics and tests. */
 typedef struct {
@@ -372,7 +399,8 @@ enum {
 };
 
 /** Creates an empty table. The caller owns it (pd_kvx_resv_free).
- * Errors: PD_ERR_INVALID (cfg NULL, no blocks_free, block_bytes 0). */
+ * Errors: PD_ERR_INVALID (cfg NULL, no blocks_free, block_bytes 0,
+ * reclaim_after_s negative or not finite). */
 pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **t_p, pd_err *err);
 
 /** Frees the table and sets *t_p to NULL. Blocks still held are not handed
@@ -436,7 +464,10 @@ size_t pd_kvx_resv_writer_gone(pd_kvx_reservations *t, uint64_t writer);
 
 /** Expires every LIVE reservation whose deadline is before now_s
  * (→ EXPIRED, quarantined until its writer is quiet; the caller tells the
- * writer). Returns how many expired. Call from a timer. */
+ * writer), and, with cfg.reclaim_after_s > 0, hands back (blocks_free) every
+ * RELEASED or EXPIRED reservation whose deadline + reclaim_after_s is before
+ * now_s: its writer's lease has ended. Returns how many expired (not how
+ * many were handed back). Call from a timer. */
 size_t pd_kvx_resv_expire(pd_kvx_reservations *t, double now_s);
 
 /** Looks a reservation up. *state_p, and the borrowed block list (valid

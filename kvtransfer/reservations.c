@@ -106,6 +106,10 @@ pd_status pd_kvx_resv_init(const pd_kvx_resv_config *cfg, pd_kvx_reservations **
     if (!cfg || !cfg->blocks_free || cfg->block_bytes == 0)
         return pd_err_set(err, PD_ERR_INVALID,
                           "kvx reservations: config needs blocks_free and block_bytes > 0");
+    if (!(cfg->reclaim_after_s >= 0) || !isfinite(cfg->reclaim_after_s))
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "kvx reservations: reclaim_after_s %g must be a finite value >= 0",
+                          cfg->reclaim_after_s);
     pd_kvx_reservations *t = pd_xcalloc(1, sizeof *t);
     t->cfg = *cfg;
     if (t->cfg.remembered == 0)
@@ -451,16 +455,32 @@ size_t pd_kvx_resv_writer_gone(pd_kvx_reservations *t, uint64_t writer) {
     return handed;
 }
 
+double pd_kvx_lease_margin_s(double ttl_s) {
+    return ttl_s / 4;
+}
+
+double pd_kvx_lease_s(double ttl_s) {
+    return ttl_s - pd_kvx_lease_margin_s(ttl_s);
+}
+
 size_t pd_kvx_resv_expire(pd_kvx_reservations *t, double now_s) {
     PD_ASSERT(!t->in_cb);
     size_t n = 0;
+    double grace = t->cfg.reclaim_after_s;
     for (size_t i = 0; i < t->n_buckets; i++) {
         for (kvx_resv *r = t->buckets[i]; r; r = r->hnext) {
-            if (r->state != PD_KVX_RESV_LIVE || !(now_s > r->deadline))
+            if (r->finished)
                 continue;
-            set_state(t, r, PD_KVX_RESV_EXPIRED);
+            if (r->state == PD_KVX_RESV_LIVE && now_s > r->deadline) {
+                set_state(t, r, PD_KVX_RESV_EXPIRED);
+                n++;
+            }
+            /* the writer's lease ended a margin before the deadline; one
+             * more margin covers its grant's delivery (the protocol, step 5) */
+            if (grace > 0 && now_s > r->deadline + grace &&
+                (r->state == PD_KVX_RESV_RELEASED || r->state == PD_KVX_RESV_EXPIRED))
+                r->quiescent = true;
             maybe_finish(t, r);
-            n++;
         }
     }
     forget_excess(t);

@@ -444,7 +444,10 @@ static void handle(prefill_svc *p, pd_msg *msg) {
         j->msg = m;
         msg->msg = NULL;
         j->t_start = pd_now_s();
-        j->t_lease_end = j->t_start + 100.0; /* the decode side's ttl is 120 s: stop well before */
+        /* the decode replica's lease (kvtransfer/pd_kvtransfer.h, the
+         * reservation protocol): its ttl less a margin, from receipt; an
+         * older decode replica sends none (its ttl is 120 s) */
+        j->t_lease_end = j->t_start + (m->lease_ms > 0 ? m->lease_ms / 1000.0 : 100.0);
         job **pp = &p->jobs;
         while (*pp) pp = &(*pp)->next;
         *pp = j;

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -458,6 +459,102 @@ static uint64_t resv_new(pd_kvx_reservations *t, const char *req, uint64_t write
     if (pd_kvx_resv_create(t, req, writer, blocks, n, ttl, now, flags, &id, &e) != PD_OK)
         fail_msg("%s", e.msg);
     return id;
+}
+
+/* The lease and the hand-back after it (the reservation protocol, steps 2
+ * and 5): a reservation whose grant never reached its writer (the gateway
+ * died between ReserveReply and Prefill), or whose writer never answered,
+ * is handed back once deadline + margin has passed, and not before; the
+ * writer's lease ends a margin before the deadline, so the hand-back comes
+ * two margins after the last moment the writer may issue a write. */
+static void test_resv_lease_reclaim(void **state) {
+    (void)state;
+    for (double ttl = 0.5; ttl <= 1000; ttl *= 3) {
+        double lease = pd_kvx_lease_s(ttl), margin = pd_kvx_lease_margin_s(ttl);
+        assert_true(lease > 0 && lease < ttl);
+        assert_true(margin > 0);
+        assert_true(fabs(lease + margin - ttl) < 1e-9 * ttl);
+    }
+    resv_log l = {0};
+    double ttl = 120, margin = pd_kvx_lease_margin_s(ttl);
+    pd_kvx_resv_config cfg = {
+        .blocks_free = on_blocks_free, .user = &l, .block_bytes = BB, .reclaim_after_s = margin};
+    pd_kvx_reservations *t = NULL;
+    pd_err e = {{0}};
+    cfg.reclaim_after_s = -1;
+    assert_int_equal(pd_kvx_resv_init(&cfg, &t, &e), PD_ERR_INVALID);
+    cfg.reclaim_after_s = NAN;
+    assert_int_equal(pd_kvx_resv_init(&cfg, &t, &e), PD_ERR_INVALID);
+    cfg.reclaim_after_s = margin;
+    assert_int_equal(pd_kvx_resv_init(&cfg, &t, &e), PD_OK);
+    double now = 500.0;
+    int32_t b1[] = {3, 7, 8}, b2[] = {11}, b3[] = {20, 21}, b4[] = {30};
+    /* orphan: granted, never written, never claimed, never released */
+    uint64_t orphan = resv_new(t, "orphan", 1, b1, 3, ttl, now, 0);
+    /* released by D (the request was aborted) but its writer never fenced */
+    uint64_t rel = resv_new(t, "released", 2, b2, 1, ttl, now + 10, 0);
+    assert_int_equal(pd_kvx_resv_release(t, "released", rel, &e), PD_OK);
+    /* completed normally: never handed back */
+    uint64_t done = resv_new(t, "done", 1, b3, 2, ttl, now, 0);
+    assert_int_equal(pd_kvx_resv_complete(t, "done", done, 1, 0, now + 1, &e), PD_KVX_ACCEPTED);
+    /* live, created later: untouched throughout */
+    uint64_t live = resv_new(t, "live", 1, b4, 1, ttl, now + 100, 0);
+
+    /* within the ttl: nothing happens */
+    assert_int_equal(pd_kvx_resv_expire(t, now + ttl - 1), 0);
+    assert_int_equal(l.freed_calls, 0);
+    /* past the deadline: expired (a claim now is refused), still quarantined,
+     * since its writer's lease may have started late */
+    assert_int_equal(pd_kvx_resv_expire(t, now + ttl + 1), 1);
+    assert_int_equal(pd_kvx_resv_complete(t, "orphan", orphan, 1, 0, now + ttl + 1, &e),
+                     PD_KVX_REFUSED_EXPIRED);
+    /* (a refused claim from the granted writer proves it stopped: make a new
+     * orphan for the rest) */
+    assert_int_equal(l.freed_calls, 1);
+    l.freed_calls = 0;
+    l.n_freed = 0;
+    orphan = resv_new(t, "orphan", 1, b1, 3, ttl, now, 0);
+    assert_int_equal(pd_kvx_resv_expire(t, now + ttl + margin - 0.5), 1);
+    assert_int_equal(l.freed_calls, 0);
+    pd_kvx_resv_stats st = pd_kvx_resv_stats_get(t);
+    assert_int_equal(st.quarantined, 2); /* the orphan and the released one */
+    assert_int_equal(st.live, 1);
+    /* deadline + margin passed: the orphan goes back, exactly once */
+    assert_int_equal(pd_kvx_resv_expire(t, now + ttl + margin + 0.5), 0);
+    assert_int_equal(l.freed_calls, 1);
+    assert_int_equal(l.last_resv, orphan);
+    assert_int_equal(l.n_freed, 3);
+    assert_int_equal(l.freed[0], 3);
+    assert_int_equal(l.freed[2], 8);
+    /* the released one was reserved 10 s later: its turn comes 10 s later */
+    assert_int_equal(pd_kvx_resv_expire(t, now + 10 + ttl + margin - 0.5), 0);
+    assert_int_equal(l.freed_calls, 1);
+    assert_int_equal(pd_kvx_resv_expire(t, now + 10 + ttl + margin + 0.5), 0);
+    assert_int_equal(l.freed_calls, 2);
+    assert_int_equal(l.last_resv, rel);
+    assert_int_equal(l.freed[3], 11);
+    /* much later: nothing more (the completed one belongs to its sequence) */
+    assert_int_equal(pd_kvx_resv_expire(t, now + 99 + ttl), 0);
+    assert_int_equal(l.freed_calls, 2);
+    st = pd_kvx_resv_stats_get(t);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.live, 1);
+    assert_int_equal(st.complete, 1);
+    /* a late fence for a handed-back reservation is harmless */
+    assert_int_equal(pd_kvx_resv_fenced(t, "orphan", orphan, 1, &e), PD_OK);
+    assert_int_equal(l.freed_calls, 2);
+    (void)live;
+    pd_kvx_resv_free(&t);
+
+    /* reclaim_after_s 0 (the old behaviour): quarantined until fenced */
+    memset(&l, 0, sizeof l);
+    cfg.reclaim_after_s = 0;
+    assert_int_equal(pd_kvx_resv_init(&cfg, &t, &e), PD_OK);
+    orphan = resv_new(t, "orphan", 1, b1, 3, ttl, now, 0);
+    assert_int_equal(pd_kvx_resv_expire(t, now + 10 * ttl), 1);
+    assert_int_equal(l.freed_calls, 0);
+    assert_int_equal(pd_kvx_resv_stats_get(t).quarantined, 1);
+    pd_kvx_resv_free(&t);
 }
 
 static void test_resv_table(void **state) {
@@ -1211,6 +1308,7 @@ int main(int argc, char **argv) {
         cmocka_set_test_filter(getenv("KVX_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resv_table),
+        cmocka_unit_test(test_resv_lease_reclaim),
         cmocka_unit_test(test_bad_blobs),
         BOTH(test_put_blocks),
         BOTH(test_put_batch),
