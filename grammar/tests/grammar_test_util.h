@@ -139,7 +139,7 @@ static inline uint64_t gt_rand(uint64_t *x) {
  * nothing: a bug) or passed max_len. */
 static inline char *gt_walk(const pd_grammar *g, uint64_t *rng, size_t soft_len, size_t max_len,
                             size_t *len_p) {
-    garena ar = {.cap = 1u << 20};
+    garena ar = {.cap = 4 * (uint32_t)max_len + 64};
     ar.f = calloc(ar.cap, sizeof *ar.f);
     gframe root = {.node = g->root, .kind = GF_ROOT};
     const gframe *top = &root;

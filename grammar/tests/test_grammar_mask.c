@@ -268,13 +268,17 @@ static void test_mask_time(void **st) {
     (void)st;
     static const struct {
         const char *what, *schema, *prefix;
+        int64_t left; /* tokens_left: -1 none */
     } cases[] = {
-        {"start of an object", PERSON, ""},
-        {"in a key", PERSON, "{\"na"},
-        {"in a string (maxLength 5)", PERSON, "{\"name\":\"ab"},
-        {"in a string (json_object)", PD_GRAMMAR_JSON_OBJECT, "{\"k\":\"x"},
-        {"after a value (json_object)", PD_GRAMMAR_JSON_OBJECT, "{\"k\":1"},
-        {"in a number", PERSON, "{\"name\":\"a\",\"age\":1"},
+        {"start of an object", PERSON, "", -1},
+        {"in a key", PERSON, "{\"na", -1},
+        {"in a string (maxLength 5)", PERSON, "{\"name\":\"ab", -1},
+        {"in a string (json_object)", PD_GRAMMAR_JSON_OBJECT, "{\"k\":\"x", -1},
+        {"in a string, 100 tokens left", PD_GRAMMAR_JSON_OBJECT, "{\"k\":\"x", 100},
+        {"in a string, 3 tokens left", PD_GRAMMAR_JSON_OBJECT, "{\"k\":\"x", 3},
+        {"after a value (json_object)", PD_GRAMMAR_JSON_OBJECT, "{\"k\":1", -1},
+        {"after a value, 100 tokens left", PD_GRAMMAR_JSON_OBJECT, "{\"k\":1", 100},
+        {"in a number", PERSON, "{\"name\":\"a\",\"age\":1", -1},
     };
     float *logits = malloc(VOCAB * sizeof *logits);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -285,7 +289,7 @@ static void test_mask_time(void **st) {
         for (int r = 0; r < 50; r++) {
             memset(logits, 0, VOCAB * sizeof *logits);
             double t0 = pd_now_s();
-            n = pd_grammar_state_mask_logits(s, logits, -1);
+            n = pd_grammar_state_mask_logits(s, logits, cases[i].left);
             t[r] = pd_now_s() - t0;
         }
         qsort(t, 50, sizeof *t, cmp_d);
