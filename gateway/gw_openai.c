@@ -970,6 +970,13 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         out->think = ends_with(text, "<think>")    ? PD_CHAT_THINK_ON
                      : ends_with(text, "</think>") ? PD_CHAT_THINK_OFF
                                                    : PD_CHAT_THINK_AUTO;
+        if (out->json_schema && out->parse_reasoning && out->think == PD_CHAT_THINK_ON) {
+            /* the mask applies from the first token: the JSON would be the reasoning */
+            free(text);
+            return fail(e, 400, "response_format",
+                        "'response_format' with thinking on is not supported: the output would "
+                        "be reasoning; turn thinking off (chat_template_kwargs.thinking: false)");
+        }
         /* The rendered text starts with the BOS text: no second BOS. */
         int r = tokenize(tok, text, strlen(text), false, out, e);
         free(text);

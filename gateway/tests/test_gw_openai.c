@@ -311,6 +311,11 @@ static void test_response_format(void **state) {
         {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":{\"format\":"
          "\"date\"}}}",
          "", "response_format.json_schema.schema"},
+        /* thinking on: the constrained output would be the reasoning */
+        {"{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"thinking\":true}", "",
+         "response_format"},
+        {"{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"thinking\":false}",
+         PD_GRAMMAR_JSON_OBJECT, NULL},
     };
     for (size_t i = 0; i < sizeof rcases / sizeof *rcases; i++) {
         char body[1024];
