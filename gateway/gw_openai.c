@@ -970,8 +970,10 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         out->think = ends_with(text, "<think>")    ? PD_CHAT_THINK_ON
                      : ends_with(text, "</think>") ? PD_CHAT_THINK_OFF
                                                    : PD_CHAT_THINK_AUTO;
-        if (out->json_schema && out->parse_reasoning && out->think == PD_CHAT_THINK_ON) {
-            /* the mask applies from the first token: the JSON would be the reasoning */
+        if (out->json_schema && out->parse_reasoning && out->think == PD_CHAT_THINK_ON &&
+            out->tool_choice != GW_TOOLS_REQUIRED && out->tool_choice != GW_TOOLS_NAMED) {
+            /* the mask applies from the first token: the JSON would be the reasoning (the
+             * tool_choice constraint is the tool-call code's to decide) */
             free(text);
             return fail(e, 400, "response_format",
                         "'response_format' with thinking on is not supported: the output would "
