@@ -10,7 +10,8 @@ libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
 libucx-dev ucx-utils libevent-dev libnghttp2-dev libhttp-parser-dev libssl-dev
 libcurl4-openssl-dev libnuma-dev curl python3
 python3-httpx python3-h2 python3-jsonschema nghttp2-client openssl
-clang libclang-rt-14-dev"
+clang libclang-rt-14-dev
+valgrind wrk"
 
 missing=""
 for p in $PKGS; do
