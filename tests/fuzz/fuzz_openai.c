@@ -9,6 +9,7 @@
 
 #include "fuzz_util.h"
 #include "gw_internal.h"
+#include "pd_grammar.h"
 
 static pd_gw_config g_cfg;
 static const pd_tokenizer *g_tok;
@@ -56,6 +57,13 @@ static void check_ok(const gw_oai_req *r, gw_kind kind) {
     FZ_CHECK(!r->include_usage || r->stream, "include_usage without stream");
     FZ_CHECK(!r->echo || kind == GW_KIND_COMPLETION, "echo on chat");
     FZ_CHECK(!r->echo || r->echo_text, "echo without text");
+    if (r->json_schema) { /* what the replicas get compiles there too */
+        pd_grammar *g = NULL;
+        pd_err err = {{0}};
+        FZ_CHECK(pd_grammar_compile(r->json_schema, strlen(r->json_schema), &g, &err) == PD_OK,
+                 "json_schema %s: %s", r->json_schema, err.msg);
+        pd_grammar_free(&g);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
