@@ -382,6 +382,26 @@ int pd_sched_step(pd_sched *s) {
         free(sample);
         return processed;
     }
+    /* response_format: the grammar masks of the rows about to be sampled,
+     * in parallel (each state has its own scratch; the trie walks are the
+     * costly part: up to ~0.5 ms a row, docs/benchmarks.md). The EOS logit
+     * is kept to restore when only EOS is left (see below). */
+    int n_gram = 0;
+    for (int i = 0; i < nb; i++)
+        n_gram += bseq[i]->gs && (bseq[i]->state != SEQ_WAITING || sample[i]);
+    int *gram_ok = n_gram ? pd_xcalloc((size_t)nb, sizeof *gram_ok) : NULL;
+    float *gram_eos = n_gram ? pd_xcalloc((size_t)nb, sizeof *gram_eos) : NULL;
+    if (n_gram) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_gram > 1)
+        for (int i = 0; i < nb; i++) {
+            seq *q = bseq[i];
+            if (!q->gs || (q->state == SEQ_WAITING && !sample[i]))
+                continue;
+            float *lg = s->logits + (size_t)i * c->vocab_size;
+            gram_eos[i] = lg[c->eos_token_id];
+            gram_ok[i] = pd_grammar_state_mask_logits(q->gs, lg, q->max_tokens - q->n_generated);
+        }
+    }
     for (int i = 0; i < nb; i++) {
         seq *q = bseq[i];
         if (q->state == SEQ_WAITING) {
@@ -392,17 +412,13 @@ int pd_sched_step(pd_sched *s) {
             q->admit_order = ++s->admit_counter;
         }
         float *lg = s->logits + (size_t)i * c->vocab_size;
-        const float eos_raw = lg[c->eos_token_id];
         if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
             if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
             for (int k = 0; k < q->n_stop; k++)
                 if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
         }
-        if (q->gs) { /* response_format: tokens the grammar refuses -> -inf */
-            int n_ok = pd_grammar_state_mask_logits(q->gs, lg, q->max_tokens - q->n_generated);
-            if (n_ok == 1 && pd_grammar_state_is_complete(q->gs))
-                lg[c->eos_token_id] = eos_raw; /* only EOS is left: it wins over min_tokens */
-        }
+        if (q->gs && gram_ok[i] == 1 && pd_grammar_state_is_complete(q->gs))
+            lg[c->eos_token_id] = gram_eos[i]; /* only EOS is left: it wins over min_tokens */
         /* logprobs (and the top ones, by a bounded selection) of the
          * logits as they stand here: the model's, min_tokens and grammar
          * masks applied, before penalties and temperature */
@@ -428,6 +444,8 @@ int pd_sched_step(pd_sched *s) {
             seq_free(s, q);
         }
     }
+    free(gram_ok);
+    free(gram_eos);
     free(batch);
     free(bseq);
     free(sample);

@@ -13,7 +13,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "pd_decode.h"
+#include "pd_tokenizer.h"
 
 #define MAXREQ 16
 #define MAXTOK 64
@@ -435,6 +438,96 @@ static void test_top_logprobs_batched(void **state) {
     pd_sched_free(&s);
 }
 
+/* response_format: constrained sequences batched together (their masks run
+ * in parallel) generate what each generates alone, every output is complete
+ * JSON, ended "stop" within max_tokens by the grammar's budget; a schema
+ * without a vocabulary, or one that does not compile, is refused. */
+static void run_constrained(pd_grammar_vocab *v, const int *which, int n, outputs *o) {
+    static const char *const schemas[] = {
+        PD_GRAMMAR_JSON_OBJECT,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+        "\"n\":{\"type\":\"integer\"},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"ok\"]}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bb\",3]},\"minItems\":2}",
+    };
+    pd_sched *s;
+    pd_err err = {{0}};
+    pd_sched_config cfg = {.max_num_seqs = 8, .max_num_batched_tokens = 64, .chunked_prefill_size = 16,
+                           .block_size = 4, .num_blocks = 256};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, o, &s, &err), PD_OK);
+    pd_sched_set_grammar_vocab(s, v);
+    for (int k = 0; k < n; k++) {
+        int i = which[k];
+        int32_t prompt[12];
+        make_prompt(prompt, 5 + i, 300 + i);
+        snprintf(o->r[o->n].id, 32, "json-%d", i);
+        pd_sampling_params sp = pd_sampling_defaults();
+        sp.temperature = i % 2 ? 1.0f : 0.0f;
+        sp.seed = 77 + i;
+        sp.has_seed = true;
+        pd_sched_request r = {.request_id = o->r[o->n].id, .prompt_ids = prompt, .n_prompt = 5 + i,
+                              .sampling = sp, .max_tokens = 20, .json_schema = schemas[i % 3]};
+        o->n++;
+        assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    }
+    for (int g = 0; g < 1000 && pd_sched_step(s) > 0; g++) {}
+    pd_sched_free(&s);
+}
+
+static void test_constrained_batch(void **state) {
+    const char *cache = getenv("PD_CACHE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer-deepseek_v3/tokenizer.json", cache && *cache ? cache : PD_SOURCE_DIR "/.cache");
+    pd_err err = {{0}};
+    pd_tokenizer *tok = NULL;
+    if (pd_tok_load(path, &tok, &err) != PD_OK) fail_msg("%s", err.msg);
+    const pd_model_config *c = pd_model_config_of(g_m);
+    pd_grammar_vocab *v = NULL;
+    assert_int_equal(pd_grammar_vocab_init(tok, c->vocab_size, c->eos_token_id, &v, &err), PD_OK);
+
+    static outputs all, one;
+    memset(&all, 0, sizeof all);
+    int which[6] = {0, 1, 2, 3, 4, 5};
+    run_constrained(v, which, 6, &all);
+    for (int i = 0; i < 6; i++) {
+        memset(&one, 0, sizeof one);
+        run_constrained(v, &which[i], 1, &one);
+        const req_out *a = &all.r[i], *b = &one.r[0];
+        assert_false(a->errored);
+        assert_int_equal(a->n_out, b->n_out);
+        assert_memory_equal(a->out, b->out, (size_t)a->n_out * sizeof(int32_t));
+        assert_string_equal(a->finish, "stop");
+        assert_true(a->n_out <= 20);
+        char *text = NULL;
+        size_t len = 0;
+        int n = a->n_out;
+        if (n > 0 && a->out[n - 1] == c->eos_token_id) n--;
+        assert_int_equal(pd_tok_decode(tok, a->out, (size_t)n, true, &text, &len, &err), PD_OK);
+        json_error_t je;
+        json_t *j = json_loadb(text, len, JSON_DECODE_ANY, &je);
+        if (!j) fail_msg("request %d: %s: %s", i, je.text, text);
+        json_decref(j);
+        free(text);
+    }
+
+    /* refusals */
+    pd_sched *s;
+    outputs o = {0};
+    pd_sched_config cfg = {.max_num_seqs = 2, .max_num_batched_tokens = 16, .chunked_prefill_size = 8,
+                           .block_size = 4, .num_blocks = 32};
+    assert_int_equal(pd_sched_init(g_m, &cfg, &cbs, &o, &s, &err), PD_OK);
+    int32_t prompt[3] = {5, 6, 7};
+    pd_sched_request r = {.request_id = "x", .prompt_ids = prompt, .n_prompt = 3, .sampling = pd_sampling_defaults(),
+                          .max_tokens = 4, .json_schema = PD_GRAMMAR_JSON_OBJECT};
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_INVALID); /* no vocab */
+    pd_sched_set_grammar_vocab(s, v);
+    r.json_schema = "{\"type\":\"string\",\"pattern\":\"a\"}";
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "pattern"));
+    pd_sched_free(&s);
+    pd_grammar_vocab_free(&v);
+    pd_tok_free(&tok);
+}
+
 int main(void) {
     const struct CMUnitTest t[] = {
         cmocka_unit_test(test_batched_greedy_equals_alone),
@@ -445,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_top_logprobs_greedy),
         cmocka_unit_test(test_top_logprobs_raw_under_penalties),
         cmocka_unit_test(test_top_logprobs_batched),
+        cmocka_unit_test(test_constrained_batch),
     };
     return cmocka_run_group_tests(t, setup, teardown);
 }
