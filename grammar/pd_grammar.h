@@ -35,8 +35,11 @@
  *   const, anyOf and oneOf (alternatives must start with different bytes,
  *   i.e. be of different JSON types, so that the automaton stays
  *   deterministic; then oneOf == anyOf), boolean schemas (true = any
- *   value). Annotations are ignored: title, description, $schema, $id,
- *   $comment, default, examples, deprecated, readOnly, writeOnly.
+ *   value), $ref into the same schema ("#/$defs/Name", any "#/..." JSON
+ *   pointer; not recursive; each target compiled once and shared).
+ *   Annotations are ignored: title, description, $schema, $id, $comment,
+ *   default, examples, deprecated, readOnly, writeOnly, and the $defs /
+ *   definitions containers.
  *   With no type, the keywords imply one (properties -> object, items ->
  *   array, minLength -> string), else any JSON value.
  *

@@ -19,11 +19,21 @@ typedef struct {
     pd_err *err;
     pd_status st; /* of the first failure */
     char path[256];
+    const json_t *doc; /* the whole schema: what "$ref": "#/..." points into */
+    /* $ref targets: those being compiled (a cycle is a recursive schema)
+     * and those done (compiled once, the node shared) */
+    const json_t *open_refs[PD_GRAMMAR_MAX_SCHEMA_DEPTH + 2];
+    int n_open;
+    const json_t **done_ref;
+    const gnode **done_node;
+    int n_done;
 } cctx;
 
 static const char *const ANNOTATIONS[] = {"title",    "description", "$schema",  "$id",
                                           "$comment", "default",     "examples", "deprecated",
-                                          "readOnly", "writeOnly",   NULL};
+                                          "readOnly", "writeOnly",   "$defs",    "definitions",
+                                          NULL}; /* $defs / definitions: only what $ref uses counts
+                                                  */
 static const char *const KEYWORDS[] = {
     "type",      "properties", "required", "additionalProperties",
     "items",     "minItems",   "maxItems", "enum",
@@ -456,6 +466,74 @@ static const gnode *compile_enum(cctx *c, const json_t *s, const json_t *type) {
     return n;
 }
 
+/* "$ref": a JSON pointer into this document ("#/$defs/Name",
+ * "#/definitions/Name", any "#/a/b" with ~0 ~1 escapes, RFC 6901). Each
+ * target is compiled once and its node shared; a target reached again
+ * while it is being compiled is a recursive schema, which the automaton
+ * (bounded, deterministic) does not take. */
+static const gnode *compile_ref(cctx *c, const json_t *ref, int depth) {
+    if (!json_is_string(ref))
+        return cfail(c, PD_ERR_INVALID, "'$ref' must be a string"), NULL;
+    const char *p = json_string_value(ref);
+    if (p[0] != '#')
+        return cfail(c, PD_ERR_UNSUPPORTED,
+                     "unsupported '$ref' %.100s: only references into this schema (\"#/...\")", p),
+               NULL;
+    const json_t *t = c->doc;
+    for (p++; *p;) {
+        if (*p != '/')
+            return cfail(c, PD_ERR_INVALID, "'$ref' %.100s is not a JSON pointer",
+                         json_string_value(ref)),
+                   NULL;
+        p++;
+        char seg[256];
+        size_t n = 0;
+        for (; *p && *p != '/'; p++) {
+            char ch = *p;
+            if (ch == '~' && (p[1] == '0' || p[1] == '1'))
+                ch = *++p == '0' ? '~' : '/';
+            if (n + 1 < sizeof seg)
+                seg[n++] = ch;
+        }
+        seg[n] = '\0';
+        const json_t *next = NULL;
+        if (json_is_object(t))
+            next = json_object_get(t, seg);
+        else if (json_is_array(t) && n > 0 && strspn(seg, "0123456789") == n)
+            next = json_array_get(t, (size_t)strtoul(seg, NULL, 10));
+        if (!next)
+            return cfail(c, PD_ERR_INVALID, "'$ref' %.100s does not resolve",
+                         json_string_value(ref)),
+                   NULL;
+        t = next;
+    }
+    for (int i = 0; i < c->n_done; i++)
+        if (c->done_ref[i] == t)
+            return c->done_node[i];
+    for (int i = 0; i < c->n_open; i++)
+        if (c->open_refs[i] == t)
+            return cfail(c, PD_ERR_UNSUPPORTED, "unsupported schema: recursive '$ref' %.100s",
+                         json_string_value(ref)),
+                   NULL;
+    if (c->n_open >= (int)(sizeof c->open_refs / sizeof *c->open_refs))
+        return cfail(c, PD_ERR_LIMIT, "'$ref' chains nested more than %d deep",
+                     PD_GRAMMAR_MAX_SCHEMA_DEPTH),
+               NULL;
+    c->open_refs[c->n_open++] = t;
+    size_t m = path_push(c, "$ref");
+    const gnode *node = compile(c, t, depth + 1);
+    path_pop(c, m);
+    c->n_open--;
+    if (node) {
+        c->done_ref = realloc(c->done_ref, (size_t)(c->n_done + 1) * sizeof *c->done_ref);
+        c->done_node = realloc(c->done_node, (size_t)(c->n_done + 1) * sizeof *c->done_node);
+        PD_ASSERT(c->done_ref && c->done_node);
+        c->done_ref[c->n_done] = t;
+        c->done_node[c->n_done++] = node;
+    }
+    return node;
+}
+
 static const gnode *compile(cctx *c, const json_t *s, int depth) {
     if (depth > PD_GRAMMAR_MAX_SCHEMA_DEPTH)
         return cfail(c, PD_ERR_LIMIT, "schema nested more than %d deep",
@@ -474,9 +552,17 @@ static const gnode *compile(cctx *c, const json_t *s, int depth) {
     json_object_foreach((json_t *)s, k, v) {
         if (in_list(ANNOTATIONS, k))
             continue;
-        if (!in_list(KEYWORDS, k))
+        if (strcmp(k, "$ref") != 0 && !in_list(KEYWORDS, k))
             return cfail(c, PD_ERR_UNSUPPORTED, "unsupported schema keyword: %s", k), NULL;
         n_constraints++;
+    }
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        if (n_constraints != 1)
+            return cfail(c, PD_ERR_UNSUPPORTED,
+                         "unsupported schema: '$ref' together with other keywords"),
+                   NULL;
+        return compile_ref(c, ref, depth);
     }
 
     json_t *any_of = json_object_get(s, "anyOf");
@@ -602,9 +688,11 @@ pd_status pd_grammar_compile(const char *schema, size_t len, pd_grammar **g_p, p
     if (!root)
         return pd_err_set(err, PD_ERR_INVALID, "schema is not JSON: %s", je.text);
     pd_grammar *g = pd_xcalloc(1, sizeof *g);
-    cctx c = {.g = g, .err = err};
+    cctx c = {.g = g, .err = err, .doc = root};
     make_any(&c);
     g->root = compile(&c, root, 0);
+    free(c.done_ref);
+    free(c.done_node);
     if (!g->root) {
         json_decref(root);
         pd_grammar_free(&g);

@@ -46,10 +46,23 @@ static inline bool gt_is_type(const json_t *v, const char *t) {
     return false;
 }
 
+/* The document "$ref": "#/$defs/Name" (or "#/definitions/Name") points
+ * into; set before gt_valid. */
+static const json_t *gt_doc;
+
 /* Does instance v validate against schema s (the subset of pd_grammar.h)? */
 static inline bool gt_valid(const json_t *v, const json_t *s) {
     if (json_is_true(s))
         return true;
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        const char *p = json_string_value(ref);
+        const char *slash = strrchr(p, '/');
+        json_t *defs =
+            json_object_get(gt_doc, strncmp(p, "#/$defs/", 8) == 0 ? "$defs" : "definitions");
+        json_t *t = defs && slash ? json_object_get(defs, slash + 1) : NULL;
+        return t && gt_valid(v, t);
+    }
     if (json_is_false(s))
         return false;
     json_t *k;

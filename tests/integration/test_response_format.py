@@ -40,6 +40,17 @@ SCHEMAS = {
                          {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}]},
     "tags": {"type": "object", "properties": {"tags": {"type": "array", "items": {"const": "x"}, "minItems": 2}},
              "required": ["tags"]},
+    # as pydantic writes class Owner(BaseModel): name: str; pets: list[Pet] (Pet a model, kind an Enum)
+    "pydantic": {"$defs": {"Kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                           "Pet": {"properties": {"kind": {"$ref": "#/$defs/Kind"},
+                                                  "age": {"anyOf": [{"type": "integer"}, {"type": "null"}],
+                                                          "default": None, "title": "Age"}},
+                                   "required": ["kind"], "title": "Pet", "type": "object",
+                                   "additionalProperties": False}},
+                 "properties": {"name": {"title": "Name", "type": "string", "maxLength": 8},
+                                "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array",
+                                         "maxItems": 2}},
+                 "required": ["name", "pets"], "title": "Owner", "type": "object", "additionalProperties": False},
 }
 
 
