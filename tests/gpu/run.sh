@@ -11,6 +11,9 @@
 #   bench     bench_cuda: GEMM and MLA against the ceilings          -> bench.md
 #   v2lite    mkmodel v2-lite into /tmp (started first, in the background), then
 #             bench_step (decode steps), the transformers peer, and generate -> step.md, peer.md, v2lite.log
+#   prof      v2-lite cut to 2 and 4 layers (mkmodel --num-layers): bench_step at batch 1 / 1K on
+#             both (the difference is two MoE layers' time), then ncu's kernel durations of the
+#             4-layer model's decode steps summed by kernel (ncu_summary.py)  -> prof.md, prof.csv
 #   tp        tensor parallelism over 2 GPUs: test_all_reduce; generate on tiny at TP 1 and 2 (greedy
 #             ids must match, bf16 and fp32); then (mkmodel v2-lite started first, in the background)
 #             logits of generate at TP 2 against TP 1 (cmp_logits.py) and bench_step --tp 1, 2 -> tp.log, tp-step.md
@@ -80,6 +83,26 @@ for what in "$@"; do
         timeout 150 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 32 --ignore-eos \
             --device cuda >"$O/v2lite.log" 2>&1 || rc=1
         cat "$O/step.md" "$O/peer.md"; tail -4 "$O/v2lite.log"; f=v2lite.log ;;
+    prof)
+        P=$O/prof.md
+        : >"$P"
+        for nl in 2 4; do
+            "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --num-layers $nl --out "$PD_BUILD_DIR/v2l$nl" \
+                >/dev/null 2>&1 || rc=1
+            echo "## v2-lite, $nl layers" >>"$P"
+            timeout 120 "$C/bin/bench_step" "$PD_BUILD_DIR/v2l$nl" --batches ${PROF_BATCHES:-1,8} --contexts 1024 \
+                --variants fast >>"$P" 2>>"$O/prof.err" || rc=1
+        done
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then
+            timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+                "$C/bin/bench_step" "$PD_BUILD_DIR/v2l4" --batches 1 --contexts 1024 --steps 1 --variants fast \
+                >"$O/prof.csv" 2>>"$O/prof.err" || rc=1
+            python3 tests/gpu/ncu_summary.py "$O/prof.csv" >>"$P" 2>&1 || rc=1
+        else
+            echo "no ncu" >>"$P"
+        fi
+        cat "$P"; tail -5 "$O/prof.err"; f=prof.md ;;
     tp)
         L=$O/tp.log
         : >"$L"
