@@ -351,6 +351,13 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
     {
         const char *g = getenv("PD_CUDA_GRAPHS");
         c->graphs_off = g && !strcmp(g, "0");
+        /* tuning knobs for A/B runs (tests/gpu/run.sh prof): the decode
+         * attention's least tokens a split, and the first version's MLA
+         * q_lat / merge kernels */
+        const char *mc = getenv("PD_MLA_MIN_CHUNK");
+        c->mla_min_chunk = mc && atoi(mc) > 0 ? atoi(mc) : CU_MLA_MIN_CHUNK;
+        const char *fk = getenv("PD_MLA_FIRST_KERNELS");
+        c->mla_first_kernels = fk && !strcmp(fk, "1");
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));

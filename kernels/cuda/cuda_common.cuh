@@ -67,6 +67,8 @@ typedef struct {
     bool capturing;     /* between graph_begin and graph_end */
     bool graphs_off;    /* PD_CUDA_GRAPHS=0, or a recording failed */
     bool no_gemv, no_moe_device; /* pd_cuda_features switched off */
+    int mla_min_chunk;           /* batched decode attention: least tokens a split (PD_MLA_MIN_CHUNK) */
+    bool mla_first_kernels;      /* PD_MLA_FIRST_KERNELS=1: the first q_lat / merge kernels */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
@@ -145,10 +147,16 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
         return e_;                                                                                              \
     }())
 
+/* Batched decode attention: a split takes at least this many tokens (mla.cu). */
+#define CU_MLA_MIN_CHUNK 64
+
 /* ---- shared launchers and internal entry points ---- */
-/* Grouped skinny GEMM (gemm.cu; see there); weights of the backend's format. */
+/* Grouped skinny GEMM (gemm.cu; see there); weights of the backend's format.
+ * n_groups is grid.y: with glist, glist[0 .. n_groups-1] names the group each
+ * y-block works on (-1: none), so a launch sized for the groups that can
+ * have rows skips the rest; without it, block y is group y. */
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
-                           const void *const *w, const int *off, int M, const int *xrow, const int *yrow,
+                           const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
                            const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s);
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */

@@ -192,10 +192,14 @@ template <> struct gv_w8<float> {
 template <bool SWIGLU, typename WT>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
-           int M, const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
+           const int *__restrict__ glist, int M, const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
            float *__restrict__ y, int ldy, int accumulate) {
     constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
-    const int g = blockIdx.y;
+    /* glist: the groups that have rows, in order, then -1s (grid.y is its
+     * length); without it blockIdx.y is the group */
+    const int g = glist ? glist[blockIdx.y] : (int)blockIdx.y;
+    if (g < 0)
+        return;
     const int p0 = off ? off[g] : 0, p1 = off ? off[g + 1] : M;
     if (p0 >= p1)
         return;
@@ -277,21 +281,21 @@ bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
 }
 
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
-                           const void *const *w, const int *off, int M, const int *xrow, const int *yrow,
+                           const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
                            const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s) {
     dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
     const int acc = accumulate ? 1 : 0;
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w0;
     const float *wf = (const float *)w0;
     if (fmt == PD_CUDA_WEIGHTS_BF16 && swiglu)
-        k_gemv<true, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, M, xrow, yrow, x, ldx, y, ldy, 0);
+        k_gemv<true, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
     else if (fmt == PD_CUDA_WEIGHTS_BF16)
-        k_gemv<false, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, M, xrow, yrow, x, ldx, y, ldy,
+        k_gemv<false, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
                                                                     acc);
     else if (swiglu)
-        k_gemv<true, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, M, xrow, yrow, x, ldx, y, ldy, 0);
+        k_gemv<true, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
     else
-        k_gemv<false, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, M, xrow, yrow, x, ldx, y, ldy, acc);
+        k_gemv<false, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
     return cudaGetLastError();
 }
 
@@ -309,7 +313,7 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
     }
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
         return CU_LAUNCHED(c,
-                           cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, M, NULL, NULL, x, K, y, N,
+                           cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, y, N,
                                           accumulate, c->stream),
                            "gemv");
     if (c->wfmt == PD_CUDA_WEIGHTS_BF16)

@@ -143,6 +143,92 @@ static __global__ void __launch_bounds__(QLAT_THREADS)
             o[kvr + d] = qr[dn + d];
 }
 
+/* Eight consecutive weights as fp32: one 16-byte load of bf16, two of fp32. */
+__device__ __forceinline__ void mla_ld8(const __nv_bfloat16 *p, float *o) {
+    const uint4 v = __ldg((const uint4 *)p);
+    o[0] = __uint_as_float(v.x << 16), o[1] = __uint_as_float(v.x & 0xffff0000u);
+    o[2] = __uint_as_float(v.y << 16), o[3] = __uint_as_float(v.y & 0xffff0000u);
+    o[4] = __uint_as_float(v.z << 16), o[5] = __uint_as_float(v.z & 0xffff0000u);
+    o[6] = __uint_as_float(v.w << 16), o[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+__device__ __forceinline__ void mla_ld8(const float *p, float *o) {
+    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+/* The same q_lat, for every query at once: block (head h, 256 latent
+ * columns, QL_QB queries); thread (slice, column group) sums rows
+ * slice, slice + 8, ... of W_UK[h] for 8 columns with 16-byte loads, all
+ * of a thread's rows in flight together, and the 8 slices are added in
+ * shared memory. W_UK[h] (dn × kvr, 128 KB in bf16 for V2/V3) is read once
+ * per QL_QB queries instead of by one 2-byte load a column and row; the
+ * first version (k_mla_qlat, kept for shapes this one does not take) spent
+ * ~16 µs a layer on it at batch 1. Needs kvr % 8 == 0, dn <= QL_DN_MAX and
+ * 16-byte aligned rows. */
+#define QL_THREADS 256
+#define QL_SLICES 8
+#define QL_COLS 256 /* 32 column groups of 8 */
+#define QL_QB 4
+#define QL_DN_MAX 256
+template <typename W>
+static __global__ void __launch_bounds__(QL_THREADS)
+    k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q,
+                const W *__restrict__ kvb, float *__restrict__ ql) {
+    __shared__ float qs[QL_QB][QL_DN_MAX];
+    __shared__ float red[QL_SLICES][QL_QB][QL_COLS + 4];
+    const int h = blockIdx.x, c0 = blockIdx.y * QL_COLS, i0 = blockIdx.z * QL_QB;
+    const int tid = threadIdx.x, slice = tid >> 5, cg = tid & 31;
+    const int nq = min(QL_QB, n_q - i0);
+    for (int k = tid; k < QL_QB * dn; k += QL_THREADS) {
+        const int j = k / dn, d = k - j * dn;
+        qs[j][d] = j < nq ? q[((size_t)(i0 + j) * nh + h) * (dn + dr) + d] : 0.0f;
+    }
+    __syncthreads();
+    const int c = c0 + cg * 8;
+    float acc[QL_QB][8];
+#pragma unroll
+    for (int j = 0; j < QL_QB; j++)
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            acc[j][u] = 0.0f;
+    if (c < kvr) {
+        const W *wuk = kvb + (size_t)h * (dn + dv) * kvr + c;
+#pragma unroll 4
+        for (int d = slice; d < dn; d += QL_SLICES) {
+            float w[8];
+            mla_ld8(wuk + (size_t)d * kvr, w);
+#pragma unroll
+            for (int j = 0; j < QL_QB; j++) {
+                const float x = qs[j][d];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    acc[j][u] = fmaf(x, w[u], acc[j][u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < QL_QB; j++)
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            red[slice][j][cg * 8 + u] = acc[j][u];
+    __syncthreads();
+    for (int k = tid; k < QL_QB * QL_COLS; k += QL_THREADS) {
+        const int j = k / QL_COLS, cc = k - j * QL_COLS;
+        if (j >= nq || c0 + cc >= kvr)
+            continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < QL_SLICES; sl++)
+            v += red[sl][j][cc];
+        ql[((size_t)(i0 + j) * nh + h) * (kvr + dr) + c0 + cc] = v;
+    }
+    if (blockIdx.y == 0)
+        for (int k = tid; k < nq * dr; k += QL_THREADS) {
+            const int j = k / dr, d = k - j * dr;
+            ql[((size_t)(i0 + j) * nh + h) * (kvr + dr) + kvr + d] = q[((size_t)(i0 + j) * nh + h) * (dn + dr) + dn + d];
+        }
+}
+
 /* One step of the online softmax for head hh over this tile's scores (one
  * per lane): running max and sum, the factor that rescales what was
  * accumulated so far, and the tile's probabilities ps[t][hh]. */
@@ -163,8 +249,10 @@ __device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int 
 }
 
 /* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
- * of query i against heads h0 .. h0+15, chunk = n_vis / n_splits rounded up
- * to whole tiles. Query i sees n_vis = q_len[i] tokens (q_len NULL: one
+ * of query i against heads h0 .. h0+15, chunk = max(n_vis / n_splits,
+ * min_chunk) rounded up to whole tiles (splits past the end stay empty: a
+ * split's fixed cost — its share of q_lat read, its partial written and
+ * merged — is worth a few tiles of work). Query i sees n_vis = q_len[i] tokens (q_len NULL: one
  * sequence's queries, start_pos + i + 1) through the block table
  * btab + q_boff[i] (q_boff NULL: btab). Writes unnormalised partials:
  * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]; a split past the
@@ -173,7 +261,7 @@ __device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int 
 template <int KMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
     k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, const int *__restrict__ q_len,
-                 const int *__restrict__ q_boff, int n_splits, const float *__restrict__ ql,
+                 const int *__restrict__ q_boff, int n_splits, int min_chunk, const float *__restrict__ ql,
                  const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
                  float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
     extern __shared__ float4 smem4[];
@@ -186,7 +274,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     const int i = blockIdx.x / n_splits, split = blockIdx.x - i * n_splits, h0 = blockIdx.y * DEC_HG;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_vis = q_len ? q_len[i] : start_pos + i + 1;
-    const int chunk = ((n_vis + n_splits - 1) / n_splits + DEC_TT - 1) / DEC_TT * DEC_TT;
+    const int chunk = (max((n_vis + n_splits - 1) / n_splits, min_chunk) + DEC_TT - 1) / DEC_TT * DEC_TT;
     const int t_begin = split * chunk, t_end = min(n_vis, t_begin + chunk);
     const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
 
@@ -372,6 +460,80 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     }
 }
 
+/* The same merge and W_UV, with the work spread for one query: the splits
+ * that saw tokens are listed first (an empty split costs nothing more),
+ * each thread merges its columns over them with independent loads, and
+ * W_UV[h] (dv × kvr) is read with 16-byte loads, warp w taking rows w,
+ * w + 8, ..., a lane 8 columns at a time. The first version (k_mla_combine,
+ * kept for shapes this one does not take) read W_UV one element a load and
+ * every split's partial, ~34 µs a layer at batch 1. Needs kvr % 8 == 0. */
+template <typename W>
+static __global__ void __launch_bounds__(CMB_THREADS)
+    k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
+                   const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
+                   float *__restrict__ out) {
+    extern __shared__ float4 smem4[];
+    float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
+    int *act = (int *)(wsp + n_splits);               /* [n_splits] */
+    __shared__ int n_act;
+    __shared__ float inv_l;
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const size_t base = ((size_t)i * nh + h) * n_splits;
+    if (tid == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; s++)
+            if (part_l[base + s] > 0.0f)
+                M = fmaxf(M, part_m[base + s]);
+        float L = 0.0f;
+        int na = 0;
+        for (int s = 0; s < n_splits; s++) {
+            const float l = part_l[base + s];
+            if (l > 0.0f) {
+                const float w = expf(part_m[base + s] - M);
+                wsp[na] = w;
+                act[na++] = s;
+                L += w * l;
+            }
+        }
+        n_act = na;
+        inv_l = 1.0f / L; /* split 0 holds token 0 */
+    }
+    __syncthreads();
+    const int na = n_act;
+    for (int c = tid; c < kvr; c += CMB_THREADS) {
+        const float *po = part_o + base * kvr + c;
+        float o = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < na; k++)
+            o = fmaf(wsp[k], po[(size_t)act[k] * kvr], o);
+        olat[c] = o * inv_l;
+    }
+    __syncthreads();
+    const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
+    const int G8 = kvr / 8;
+#pragma unroll 2
+    for (int d = warp; d < dv; d += CMB_THREADS / 32) {
+        const W *row = wuv + (size_t)d * kvr;
+        float s = 0.0f;
+        for (int g = lane; g < G8; g += 32) {
+            float w[8];
+            mla_ld8(row + g * 8, w);
+            const float4 a = ((const float4 *)olat)[2 * g], b = ((const float4 *)olat)[2 * g + 1];
+            s = fmaf(w[0], a.x, s);
+            s = fmaf(w[1], a.y, s);
+            s = fmaf(w[2], a.z, s);
+            s = fmaf(w[3], a.w, s);
+            s = fmaf(w[4], b.x, s);
+            s = fmaf(w[5], b.y, s);
+            s = fmaf(w[6], b.z, s);
+            s = fmaf(w[7], b.w, s);
+        }
+        s = cu_warp_sum(s);
+        if (lane == 0)
+            out[((size_t)i * nh + h) * dv + d] = s;
+    }
+}
+
 /* ---- launchers -------------------------------------------------------- */
 
 static cudaError_t expanded_launch(const pd_mla_args *a, const int *btab, float *lat, float *kpe, const float *kv,
@@ -396,7 +558,8 @@ static size_t decode_smem(int D) {
 /* The absorbed form's three launches (q_lat, split attention, merge with
  * W_UV) for n_q queries; q_len/q_boff as k_mla_decode takes them. */
 typedef struct {
-    int nh, dn, dr, dv, kvr, n_q, start_pos, n_layers, layer, bs, n_splits;
+    int nh, dn, dr, dv, kvr, n_q, start_pos, n_layers, layer, bs, n_splits, min_chunk;
+    bool first_kernels; /* the first version's q_lat and merge kernels (for A/B runs) */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -406,8 +569,13 @@ typedef struct {
 template <typename W>
 static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
     const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
-    k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS, a->dn * sizeof(float),
-                    s>>>(nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
+    const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !a->first_kernels;
+    if (v8 && a->dn <= QL_DN_MAX)
+        k_mla_qlat8<W><<<dim3(nh, (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB), QL_THREADS, 0, s>>>(
+            a->n_q, nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
+    else
+        k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS,
+                        a->dn * sizeof(float), s>>>(nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -419,19 +587,23 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
         if ((e = CU_SMEM_OPTIN(k_mla_decode<1>, smem)) != cudaSuccess)
             return e;
         k_mla_decode<1><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
-                                                        n_splits, a->ql, a->cache, a->n_layers, a->layer, a->bs,
+                                                        n_splits, a->min_chunk, a->ql, a->cache, a->n_layers, a->layer, a->bs,
                                                         a->btab, part_m, part_l, part_o);
     } else {
         if ((e = CU_SMEM_OPTIN(k_mla_decode<2>, smem)) != cudaSuccess)
             return e;
         k_mla_decode<2><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
-                                                        n_splits, a->ql, a->cache, a->n_layers, a->layer, a->bs,
+                                                        n_splits, a->min_chunk, a->ql, a->cache, a->n_layers, a->layer, a->bs,
                                                         a->btab, part_m, part_l, part_o);
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
-    k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
-        nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
+    if (v8)
+        k_mla_combine8<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + 2 * n_splits) * sizeof(float), s>>>(
+            nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
+    else
+        k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
+            nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     return cudaGetLastError();
 }
 
@@ -521,6 +693,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
     absorbed_call ac = {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
+        .min_chunk = 0, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
         .ql = NULL, .part = NULL, .out = a->out,
     };
@@ -555,6 +728,7 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
     absorbed_call ac = {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
+        .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens, .q_boff = a->block_off,
         .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out,
     };

@@ -369,13 +369,15 @@ void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_mo
 
 /* Groups the n = rows × top_k (token, expert) pairs by expert, in pair
  * order within an expert: off[e] .. off[e+1] index expert e's pairs in
- * tok (their token rows) and pair (their pair index). One block; thread e
- * scans the n ids for its experts (n is small in a decode step). Ids
- * outside [0, E) are dropped. */
+ * tok (their token rows) and pair (their pair index); list[0 .. G-1], G =
+ * min(E, n), holds the experts that have pairs in increasing order, then
+ * -1s, so the grouped GEMMs launch G groups, not E (at batch 1 and top-6 of
+ * 64 experts, 6 instead of 64). One block; thread e scans the n ids for its
+ * experts (n is small in a decode step). Ids outside [0, E) are dropped. */
 #define PLAN_THREADS 256
 static __global__ void __launch_bounds__(PLAN_THREADS)
     k_moe_plan(int n, int top_k, int E, const int32_t *__restrict__ ids, int *__restrict__ off,
-               int *__restrict__ tok, int *__restrict__ pair) {
+               int *__restrict__ tok, int *__restrict__ pair, int *__restrict__ list) {
     extern __shared__ int cnt[]; /* [E] */
     for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
         int k = 0;
@@ -385,14 +387,19 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int s = 0;
+        int s = 0, na = 0;
+        const int G = min(E, n);
         for (int e = 0; e < E; e++) {
             const int k = cnt[e];
             off[e] = s;
             cnt[e] = s;
             s += k;
+            if (k > 0 && na < G)
+                list[na++] = e;
         }
         off[E] = s;
+        for (; na < G; na++)
+            list[na] = -1;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
@@ -406,17 +413,24 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
     }
 }
 
-/* out[r] += Σ_j w[r, j] · y[r*top_k + j] (pairs in token order). */
-static __global__ void k_moe_combine_pairs(int hidden, int top_k, const float *__restrict__ w,
-                                           const float *__restrict__ y, float *__restrict__ out) {
-    const int r = blockIdx.x;
-    float *o = out + (size_t)r * hidden;
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
-        float acc = o[d];
-        for (int j = 0; j < top_k; j++)
-            acc += w[(size_t)r * top_k + j] * y[((size_t)r * top_k + j) * hidden + d];
-        o[d] = acc;
-    }
+/* out[r] += Σ_j w[r, j] · y[r*top_k + j] (pairs in token order). Block
+ * (row, 256 columns), one column a thread: the top_k loads of a column are
+ * independent, so a row of 2048 takes 8 blocks instead of one block's
+ * 8 × top_k dependent loads a thread. */
+#define CMB_PAIRS_THREADS 256
+static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
+    k_moe_combine_pairs(int hidden, int top_k, const float *__restrict__ w, const float *__restrict__ y,
+                        float *__restrict__ out) {
+    const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
+    if (d >= hidden)
+        return;
+    const float *wr = w + (size_t)r * top_k;
+    const float *yr = y + (size_t)r * top_k * hidden + d;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < top_k; j++)
+        acc = fmaf(wr[j], yr[(size_t)j * hidden], acc);
+    out[(size_t)r * hidden + d] += acc;
 }
 
 /* Decode-sized batches (at most this many pairs) run as four launches that
@@ -476,32 +490,34 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
     }
     const void *const *tgu = cu_wtable_get(c, gate_up, n_experts);
     const void *const *tdn = tgu ? cu_wtable_get(c, down, n_experts) : NULL;
-    int *plan = (int *)cu_scratch(c, CU_SCR_MOE_IDX, ((size_t)n_experts + 1 + 2 * (size_t)n) * sizeof(int));
+    const int G = (int)(n < n_experts ? n : n_experts); /* groups that can have pairs */
+    int *plan = (int *)cu_scratch(c, CU_SCR_MOE_IDX, ((size_t)n_experts + 1 + 2 * (size_t)n + G) * sizeof(int));
     float *act = (float *)cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * sizeof(float));
     float *y = (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float));
     if (!tgu || !tdn || !plan || !act || !y)
         return;
-    int *off = plan, *tok = plan + n_experts + 1, *pair = tok + n;
+    int *off = plan, *tok = plan + n_experts + 1, *pair = tok + n, *list = pair + n;
     size_t smem = (size_t)n_experts * sizeof(int);
     cudaError_t e = CU_SMEM_OPTIN(k_moe_plan, smem);
     if (e == cudaSuccess) {
-        k_moe_plan<<<1, PLAN_THREADS, smem, c->stream>>>((int)n, top_k, n_experts, ids, off, tok, pair);
+        k_moe_plan<<<1, PLAN_THREADS, smem, c->stream>>>((int)n, top_k, n_experts, ids, off, tok, pair, list);
         e = cudaGetLastError();
     }
     if (!CU_LAUNCHED(c, e, "moe plan"))
         return;
     /* act[pair] = silu(gate_e · x[tok]) ⊙ (up_e · x[tok]) */
     if (!CU_LAUNCHED(c,
-                     cu_gemv_launch(c->wfmt, true, n_experts, inter, hidden, NULL, tgu, off, 0, tok, pair, x, hidden, act,
+                     cu_gemv_launch(c->wfmt, true, G, inter, hidden, NULL, tgu, off, list, 0, tok, pair, x, hidden, act,
                                     inter, false, c->stream),
                      "moe gate_up"))
         return;
     /* y[pair] = down_e · act[pair] */
     if (!CU_LAUNCHED(c,
-                     cu_gemv_launch(c->wfmt, false, n_experts, hidden, inter, NULL, tdn, off, 0, pair, pair, act, inter, y,
+                     cu_gemv_launch(c->wfmt, false, G, hidden, inter, NULL, tdn, off, list, 0, pair, pair, act, inter, y,
                                     hidden, false, c->stream),
                      "moe down"))
         return;
-    k_moe_combine_pairs<<<rows, 256, 0, c->stream>>>(hidden, top_k, weights, y, out);
+    k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, weights, y, out);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
 }

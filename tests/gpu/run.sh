@@ -90,8 +90,14 @@ for what in "$@"; do
             "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --num-layers $nl --out "$PD_BUILD_DIR/v2l$nl" \
                 >/dev/null 2>&1 || rc=1
             echo "## v2-lite, $nl layers" >>"$P"
-            timeout 120 "$C/bin/bench_step" "$PD_BUILD_DIR/v2l$nl" --batches ${PROF_BATCHES:-1,8} --contexts 1024 \
+            timeout 120 "$C/bin/bench_step" "$PD_BUILD_DIR/v2l$nl" --batches ${PROF_BATCHES:-1,8} --contexts 1024,8192 \
                 --variants fast >>"$P" 2>>"$O/prof.err" || rc=1
+        done
+        # A/B in the same run: the decode attention's least tokens a split, the first MLA kernels
+        for ab in ${PROF_AB:-PD_MLA_FIRST_KERNELS=1 PD_MLA_MIN_CHUNK=32 PD_MLA_MIN_CHUNK=128 PD_MLA_MIN_CHUNK=256}; do
+            echo "## v2-lite, 4 layers, $ab" >>"$P"
+            env "$ab" timeout 120 "$C/bin/bench_step" "$PD_BUILD_DIR/v2l4" --batches ${PROF_BATCHES:-1,8} \
+                --contexts 1024,8192 --variants fast 2>>"$O/prof.err" | grep '^| [0-9]' >>"$P" || rc=1
         done
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ]; then
