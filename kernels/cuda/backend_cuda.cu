@@ -358,6 +358,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_min_chunk = mc && atoi(mc) > 0 ? atoi(mc) : CU_MLA_MIN_CHUNK;
         const char *fk = getenv("PD_MLA_FIRST_KERNELS");
         c->mla_first_kernels = fk && !strcmp(fk, "1");
+        const char *pl = getenv("PD_CUDA_PDL");
+        c->pdl = !(pl && !strcmp(pl, "0"));
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));

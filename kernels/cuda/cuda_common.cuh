@@ -69,6 +69,7 @@ typedef struct {
     bool no_gemv, no_moe_device; /* pd_cuda_features switched off */
     int mla_min_chunk;           /* batched decode attention: least tokens a split (PD_MLA_MIN_CHUNK) */
     bool mla_first_kernels;      /* PD_MLA_FIRST_KERNELS=1: the first q_lat / merge kernels */
+    bool pdl;                    /* skinny GEMMs by programmatic dependent launch (PD_CUDA_PDL=0: off) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
@@ -114,6 +115,32 @@ __device__ __forceinline__ float cu_ldw(const __nv_bfloat16 *p, size_t i) {
     return __bfloat162float(p[i]);
 }
 
+/* Programmatic dependent launch (sm_90; CUDA programming guide, "Programmatic
+ * Dependent Launch and Synchronization"): every kernel of a step lets the
+ * next grid start as soon as all its own blocks are running
+ * (cu_pdl_launch_dependents, a no-op when the next launch did not ask for
+ * it); a kernel launched with the attribute (cu_launch_pdl) may do work that
+ * depends on nothing earlier — prefetch its weights into L2 — and must call
+ * cu_pdl_wait before it reads anything an earlier kernel wrote or writes
+ * anything (it returns once the earlier grids have finished and their
+ * writes are visible; immediately when launched without the attribute). */
+__device__ __forceinline__ void cu_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Prefetch [p, p + bytes) into L2 (TMA bulk prefetch; p and bytes multiples of 16). */
+__device__ __forceinline__ void cu_prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -148,7 +175,7 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
     }())
 
 /* Batched decode attention: a split takes at least this many tokens (mla.cu). */
-#define CU_MLA_MIN_CHUNK 64
+#define CU_MLA_MIN_CHUNK 32
 
 /* ---- shared launchers and internal entry points ---- */
 /* Grouped skinny GEMM (gemm.cu; see there); weights of the backend's format.
@@ -157,7 +184,7 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
  * have rows skips the rest; without it, block y is group y. */
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
-                           const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s);
+                           const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s);
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);

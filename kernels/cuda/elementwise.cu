@@ -6,6 +6,7 @@
 #include "cuda_common.cuh"
 
 static __global__ void k_silu_mul(int rows, int inter, const float *__restrict__ gu, float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     size_t n = (size_t)rows * inter;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
         size_t r = k / inter, i = k - r * inter;
@@ -32,6 +33,7 @@ void cu_silu_mul(pd_backend *be, int rows, int inter, const float *gu, float *ou
 }
 
 static __global__ void k_add(size_t n, float *x, const float *y) {
+    cu_pdl_launch_dependents();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] += y[i];
 }
@@ -55,6 +57,7 @@ void cu_add(pd_backend *be, size_t n, float *x, const float *y) {
 template <typename W>
 static __global__ void k_embed(int dim, const int32_t *__restrict__ ids, const W *__restrict__ table,
                                float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     const W *src = table + (size_t)ids[blockIdx.x] * dim;
     float *dst = out + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
@@ -107,6 +110,7 @@ void cu_embed_ids(pd_backend *be, int rows, int dim, const int32_t *ids, const p
 /* cache + (slots[r] + off) * dim ← src row r */
 static __global__ void k_kv_store(int dim, const float *__restrict__ src, int src_stride, float *__restrict__ cache,
                                   const int32_t *__restrict__ slots, size_t off) {
+    cu_pdl_launch_dependents();
     const float *s = src + (size_t)blockIdx.x * src_stride;
     float *d = cache + ((size_t)slots[blockIdx.x] + off) * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)

@@ -197,6 +197,19 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
     /* glist: the groups that have rows, in order, then -1s (grid.y is its
      * length); without it blockIdx.y is the group */
+    cu_pdl_launch_dependents();
+    {
+        /* one weight matrix (no table): its rows can stream into L2 before
+         * the activations exist */
+        const int n_0 = (blockIdx.x * GV_WARPS + (threadIdx.x >> 5)) * GV_ROWS;
+        if (!w && (threadIdx.x & 31) == 0 && n_0 < N) {
+            const unsigned bytes = (unsigned)(min(GV_ROWS, N - n_0) * (size_t)K * sizeof(WT));
+            cu_prefetch_l2(w0 + (size_t)n_0 * K, bytes);
+            if (SWIGLU)
+                cu_prefetch_l2(w0 + ((size_t)N + n_0) * K, bytes);
+        }
+    }
+    cu_pdl_wait();
     const int g = glist ? glist[blockIdx.y] : (int)blockIdx.y;
     if (g < 0)
         return;
@@ -280,23 +293,40 @@ bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
     return K > 0 && K % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
 }
 
+template <bool SWIGLU, typename WT>
+static cudaError_t gemv_launch_t(dim3 grid, bool pdl, cudaStream_t s, int N, int K, const WT *w0,
+                                 const void *const *w, const int *off, const int *glist, int M, const int *xrow,
+                                 const int *yrow, const float *x, int ldx, float *y, int ldy, int acc) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(GV_WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT>, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+}
+
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
-                           const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
-                           const float *x, int ldx, float *y, int ldy, bool accumulate, cudaStream_t s) {
+                           const void *const *w, const int *off, const int *glist, int M, const int *xrow,
+                           const int *yrow, const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
+                           cudaStream_t s) {
     dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
     const int acc = accumulate ? 1 : 0;
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w0;
     const float *wf = (const float *)w0;
     if (fmt == PD_CUDA_WEIGHTS_BF16 && swiglu)
-        k_gemv<true, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
-    else if (fmt == PD_CUDA_WEIGHTS_BF16)
-        k_gemv<false, __nv_bfloat16><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
-                                                                    acc);
-    else if (swiglu)
-        k_gemv<true, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
-    else
-        k_gemv<false, float><<<grid, GV_WARPS * 32, 0, s>>>(N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
-    return cudaGetLastError();
+        return gemv_launch_t<true>(grid, pdl, s, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
+    if (fmt == PD_CUDA_WEIGHTS_BF16)
+        return gemv_launch_t<false>(grid, pdl, s, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+    if (swiglu)
+        return gemv_launch_t<true>(grid, pdl, s, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
+    return gemv_launch_t<false>(grid, pdl, s, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
 }
 
 /* GEMMs of at most this many rows go through k_gemv. */
@@ -314,7 +344,7 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
         return CU_LAUNCHED(c,
                            cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, y, N,
-                                          accumulate, c->stream),
+                                          accumulate, c->pdl, c->stream),
                            "gemv");
     if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
         return gemm_bf16(c, M, N, K, x, (const __nv_bfloat16 *)w->data, y, accumulate);

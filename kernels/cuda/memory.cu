@@ -61,11 +61,13 @@ void cu_copy(pd_backend *be, void *dst, const void *src, size_t bytes) {
 }
 
 static __global__ void k_f32_to_bf16(const float *__restrict__ x, __nv_bfloat16 *__restrict__ y, size_t n) {
+    cu_pdl_launch_dependents();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
 static __global__ void k_f32_to_bf16_x4(const float4 *__restrict__ x, __nv_bfloat162 *__restrict__ y, size_t n4) {
+    cu_pdl_launch_dependents();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         float4 v = x[i];
         y[2 * i] = __floats2bfloat162_rn(v.x, v.y);
@@ -178,6 +180,7 @@ pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p) {
 }
 
 static __global__ void k_bf16_to_f32(const __nv_bfloat16 *__restrict__ x, float *__restrict__ y, size_t n) {
+    cu_pdl_launch_dependents();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = __bfloat162float(x[i]);
 }

@@ -26,6 +26,7 @@
 
 static __global__ void k_mla_gather(int kvr, int dr, const float *__restrict__ cache, int n_layers, int layer, int bs,
                                     const int *__restrict__ btab, float *__restrict__ lat, float *__restrict__ kpe) {
+    cu_pdl_launch_dependents();
     const int t = blockIdx.x, D = kvr + dr;
     const float *row = cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D;
     for (int k = threadIdx.x; k < D; k += blockDim.x) {
@@ -42,6 +43,7 @@ static __global__ void k_mla_gather(int kvr, int dr, const float *__restrict__ c
 static __global__ void __launch_bounds__(PF_THREADS)
     k_mla_prefill(int nh, int dn, int dr, int dv, float scale, int start_pos, const float *__restrict__ q,
                   const float *__restrict__ kv, const float *__restrict__ kpe, float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *sm = (float *)smem4;
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -122,6 +124,7 @@ template <typename W>
 static __global__ void __launch_bounds__(QLAT_THREADS)
     k_mla_qlat(int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q, const W *__restrict__ kvb,
                float *__restrict__ ql) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *qn = (float *)smem4; /* [dn] */
     const int i = blockIdx.x, h = blockIdx.y, c = blockIdx.z * QLAT_THREADS + threadIdx.x;
@@ -174,6 +177,7 @@ template <typename W>
 static __global__ void __launch_bounds__(QL_THREADS)
     k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q,
                 const W *__restrict__ kvb, float *__restrict__ ql) {
+    cu_pdl_launch_dependents();
     __shared__ float qs[QL_QB][QL_DN_MAX];
     __shared__ float red[QL_SLICES][QL_QB][QL_COLS + 4];
     const int h = blockIdx.x, c0 = blockIdx.y * QL_COLS, i0 = blockIdx.z * QL_QB;
@@ -264,6 +268,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
                  const int *__restrict__ q_boff, int n_splits, int min_chunk, const float *__restrict__ ql,
                  const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
                  float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *sm = (float *)smem4;
     const int D = kvr + dr, D4 = D / 4, DP = D + 4, kvr4 = kvr / 4;
@@ -398,6 +403,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                   const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                   float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
     __shared__ float red[CMB_THREADS / 32];
@@ -472,6 +478,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                    const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                    float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
     int *act = (int *)(wsp + n_splits);               /* [n_splits] */
@@ -479,24 +486,39 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     __shared__ float inv_l;
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)i * nh + h) * n_splits;
-    if (tid == 0) {
+    if (warp == 0) {
+        /* lane j holds splits j, j + 32, ... (n_splits <= DEC_MAX_SPLITS) */
+        float lv[DEC_MAX_SPLITS / 32], mv[DEC_MAX_SPLITS / 32];
         float M = -INFINITY;
-        for (int s = 0; s < n_splits; s++)
-            if (part_l[base + s] > 0.0f)
-                M = fmaxf(M, part_m[base + s]);
+#pragma unroll
+        for (int k = 0; k < DEC_MAX_SPLITS / 32; k++) {
+            const int s = lane + 32 * k;
+            lv[k] = s < n_splits ? part_l[base + s] : 0.0f;
+            mv[k] = s < n_splits ? part_m[base + s] : -INFINITY;
+            if (lv[k] > 0.0f)
+                M = fmaxf(M, mv[k]);
+        }
+        M = cu_warp_max(M); /* finite: split 0 holds token 0 */
         float L = 0.0f;
         int na = 0;
-        for (int s = 0; s < n_splits; s++) {
-            const float l = part_l[base + s];
-            if (l > 0.0f) {
-                const float w = expf(part_m[base + s] - M);
-                wsp[na] = w;
-                act[na++] = s;
-                L += w * l;
+#pragma unroll
+        for (int k = 0; k < DEC_MAX_SPLITS / 32; k++) {
+            const bool on = lv[k] > 0.0f;
+            const unsigned bal = __ballot_sync(0xffffffffu, on);
+            if (on) {
+                const int at = na + __popc(bal & ((1u << lane) - 1u));
+                const float w = expf(mv[k] - M);
+                wsp[at] = w;
+                act[at] = lane + 32 * k;
+                L += w * lv[k];
             }
+            na += __popc(bal);
         }
-        n_act = na;
-        inv_l = 1.0f / L; /* split 0 holds token 0 */
+        L = cu_warp_sum(L);
+        if (lane == 0) {
+            n_act = na;
+            inv_l = 1.0f / L;
+        }
     }
     __syncthreads();
     const int na = n_act;

@@ -71,6 +71,7 @@ static __global__ void __launch_bounds__(32)
     k_moe_route(int E, int G, int topk_group, int top_k, int scoring, int method, int norm, float scaling,
                 const float *__restrict__ bias, const float *__restrict__ logits, int32_t *__restrict__ ids_out,
                 float *__restrict__ w_out) {
+    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *s = (float *)smem4, *ch = s + E;
     int *taken = (int *)(ch + E);
@@ -211,6 +212,7 @@ void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_ro
 /* xin[j] = x[src_row[j]] */
 static __global__ void k_moe_gather(int hidden, const int *__restrict__ src_row, const float *__restrict__ x,
                                     float *__restrict__ xin) {
+    cu_pdl_launch_dependents();
     const float *s = x + (size_t)src_row[blockIdx.x] * hidden;
     float *d = xin + (size_t)blockIdx.x * hidden;
     for (int k = threadIdx.x; k < hidden; k += blockDim.x)
@@ -222,6 +224,7 @@ static __global__ void k_moe_gather(int hidden, const int *__restrict__ src_row,
 static __global__ void k_moe_combine(int hidden, int top_k, const int *__restrict__ tok_pos,
                                      const float *__restrict__ tok_w, const float *__restrict__ y,
                                      float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     const int r = blockIdx.x;
     const int *pos = tok_pos + (size_t)r * top_k;
     const float *w = tok_w + (size_t)r * top_k;
@@ -378,6 +381,7 @@ void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_mo
 static __global__ void __launch_bounds__(PLAN_THREADS)
     k_moe_plan(int n, int top_k, int E, const int32_t *__restrict__ ids, int *__restrict__ off,
                int *__restrict__ tok, int *__restrict__ pair, int *__restrict__ list) {
+    cu_pdl_launch_dependents();
     extern __shared__ int cnt[]; /* [E] */
     for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
         int k = 0;
@@ -421,6 +425,7 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, const float *__restrict__ w, const float *__restrict__ y,
                         float *__restrict__ out) {
+    cu_pdl_launch_dependents();
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     if (d >= hidden)
         return;
@@ -508,13 +513,13 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
     /* act[pair] = silu(gate_e · x[tok]) ⊙ (up_e · x[tok]) */
     if (!CU_LAUNCHED(c,
                      cu_gemv_launch(c->wfmt, true, G, inter, hidden, NULL, tgu, off, list, 0, tok, pair, x, hidden, act,
-                                    inter, false, c->stream),
+                                    inter, false, c->pdl, c->stream),
                      "moe gate_up"))
         return;
     /* y[pair] = down_e · act[pair] */
     if (!CU_LAUNCHED(c,
                      cu_gemv_launch(c->wfmt, false, G, hidden, inter, NULL, tdn, off, list, 0, pair, pair, act, inter, y,
-                                    hidden, false, c->stream),
+                                    hidden, false, c->pdl, c->stream),
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),

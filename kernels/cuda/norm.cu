@@ -7,6 +7,7 @@
 
 static __global__ void __launch_bounds__(NORM_THREADS)
     k_rmsnorm(int dim, const float *x, int xs, const float *__restrict__ w, float eps, float *y, int ys) {
+    cu_pdl_launch_dependents();
     __shared__ double part[NORM_THREADS / 32];
     __shared__ float inv_s;
     const float *xr = x + (size_t)blockIdx.x * xs;

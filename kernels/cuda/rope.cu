@@ -11,6 +11,7 @@
 static __global__ void __launch_bounds__(ROPE_THREADS)
     k_rope(int n_heads, float *x, int row_stride, int head_stride, int half, const int *__restrict__ pos,
            const float *__restrict__ inv_freq, float mscale) {
+    cu_pdl_launch_dependents();
     extern __shared__ float tab[]; /* cos[half] | sin[half] */
     float *cs = tab, *sn = tab + half;
     const int r = blockIdx.x;

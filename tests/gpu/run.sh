@@ -94,7 +94,7 @@ for what in "$@"; do
                 --variants fast >>"$P" 2>>"$O/prof.err" || rc=1
         done
         # A/B in the same run: the decode attention's least tokens a split, the first MLA kernels
-        for ab in ${PROF_AB:-PD_MLA_FIRST_KERNELS=1 PD_MLA_MIN_CHUNK=32 PD_MLA_MIN_CHUNK=128 PD_MLA_MIN_CHUNK=256}; do
+        for ab in ${PROF_AB:-PD_CUDA_PDL=0 PD_MLA_FIRST_KERNELS=1 PD_MLA_MIN_CHUNK=64}; do
             echo "## v2-lite, 4 layers, $ab" >>"$P"
             env "$ab" timeout 120 "$C/bin/bench_step" "$PD_BUILD_DIR/v2l4" --batches ${PROF_BATCHES:-1,8} \
                 --contexts 1024,8192 --variants fast 2>>"$O/prof.err" | grep '^| [0-9]' >>"$P" || rc=1
