@@ -481,7 +481,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
-    int *act = (int *)(wsp + n_splits);               /* [n_splits] */
+    int *act = (int *)(wsp + n_splits);               /* [n_splits], then 2 × kvr partial sums */
     __shared__ int n_act;
     __shared__ float inv_l;
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -521,14 +521,29 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         }
     }
     __syncthreads();
-    const int na = n_act;
-    for (int c = tid; c < kvr; c += CMB_THREADS) {
-        const float *po = part_o + base * kvr + c;
-        float o = 0.0f;
+    /* merge: thread (half, column group of 4) sums every other live split
+     * with 16-byte loads, the two halves meet in shared memory */
+    const int na = n_act, K4 = kvr / 4, half = tid / (CMB_THREADS / 2), t2 = tid % (CMB_THREADS / 2);
+    float4 *oh = (float4 *)(act + n_splits + 2 * (n_splits & 1)); /* [2][kvr / 4] partial sums, 16-byte aligned */
+    for (int c4 = t2; c4 < K4; c4 += CMB_THREADS / 2) {
+        const float4 *po = (const float4 *)(part_o + base * kvr) + c4;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-        for (int k = 0; k < na; k++)
-            o = fmaf(wsp[k], po[(size_t)act[k] * kvr], o);
-        olat[c] = o * inv_l;
+        for (int k = half; k < na; k += 2) {
+            const float w = wsp[k];
+            const float4 v = po[(size_t)act[k] * K4];
+            o.x = fmaf(w, v.x, o.x);
+            o.y = fmaf(w, v.y, o.y);
+            o.z = fmaf(w, v.z, o.z);
+            o.w = fmaf(w, v.w, o.w);
+        }
+        oh[half * K4 + c4] = o;
+    }
+    __syncthreads();
+    for (int c4 = tid; c4 < K4; c4 += CMB_THREADS) {
+        const float4 a = oh[c4], b = oh[K4 + c4];
+        ((float4 *)olat)[c4] = make_float4((a.x + b.x) * inv_l, (a.y + b.y) * inv_l, (a.z + b.z) * inv_l,
+                                           (a.w + b.w) * inv_l);
     }
     __syncthreads();
     const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
@@ -621,7 +636,7 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
     if (v8)
-        k_mla_combine8<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + 2 * n_splits) * sizeof(float), s>>>(
+        k_mla_combine8<W><<<dim3(a->n_q, nh), CMB_THREADS, (3 * kvr + 2 * n_splits + 8) * sizeof(float), s>>>(
             nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     else
         k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(

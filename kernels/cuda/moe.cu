@@ -513,13 +513,13 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
     /* act[pair] = silu(gate_e · x[tok]) ⊙ (up_e · x[tok]) */
     if (!CU_LAUNCHED(c,
                      cu_gemv_launch(c->wfmt, true, G, inter, hidden, NULL, tgu, off, list, 0, tok, pair, x, hidden, act,
-                                    inter, false, c->pdl, c->stream),
+                                    inter, false, false, c->stream),
                      "moe gate_up"))
         return;
     /* y[pair] = down_e · act[pair] */
     if (!CU_LAUNCHED(c,
                      cu_gemv_launch(c->wfmt, false, G, hidden, inter, NULL, tdn, off, list, 0, pair, pair, act, inter, y,
-                                    hidden, false, c->pdl, c->stream),
+                                    hidden, false, false, c->stream),
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
