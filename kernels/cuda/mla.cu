@@ -398,6 +398,7 @@ static __global__ void __launch_bounds__(DEC_THREADS)
  * kv_b), one warp per output row. Splits that saw no token have l = 0 and
  * o = 0. */
 #define CMB_THREADS 256
+#define CMB_Z 4 /* k_mla_combine8: blocks a (query, head), each merging the splits and applying a quarter of W_UV */
 template <typename W>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
@@ -546,28 +547,48 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                                            (a.w + b.w) * inv_l);
     }
     __syncthreads();
+    /* W_UV rows of this block (blockIdx.z of gridDim.z): warp w takes rows
+     * w, w + 8, w + 16, w + 24 of a pass, so a lane has four 16-byte loads
+     * in flight per column group */
     const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
-    const int G8 = kvr / 8;
-#pragma unroll 2
-    for (int d = warp; d < dv; d += CMB_THREADS / 32) {
-        const W *row = wuv + (size_t)d * kvr;
-        float s = 0.0f;
+    const int G8 = kvr / 8, per = (dv + gridDim.z - 1) / gridDim.z;
+    const int d0 = blockIdx.z * per, d1 = min(dv, d0 + per);
+    for (int dd = d0 + warp; dd < d1; dd += 4 * (CMB_THREADS / 32)) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int g = lane; g < G8; g += 32) {
-            float w[8];
-            mla_ld8(row + g * 8, w);
+            float w[4][8];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int d = dd + r * (CMB_THREADS / 32);
+                if (d < d1)
+                    mla_ld8(wuv + (size_t)d * kvr + g * 8, w[r]);
+                else
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        w[r][u] = 0.0f;
+            }
             const float4 a = ((const float4 *)olat)[2 * g], b = ((const float4 *)olat)[2 * g + 1];
-            s = fmaf(w[0], a.x, s);
-            s = fmaf(w[1], a.y, s);
-            s = fmaf(w[2], a.z, s);
-            s = fmaf(w[3], a.w, s);
-            s = fmaf(w[4], b.x, s);
-            s = fmaf(w[5], b.y, s);
-            s = fmaf(w[6], b.z, s);
-            s = fmaf(w[7], b.w, s);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float t = acc[r];
+                t = fmaf(w[r][0], a.x, t);
+                t = fmaf(w[r][1], a.y, t);
+                t = fmaf(w[r][2], a.z, t);
+                t = fmaf(w[r][3], a.w, t);
+                t = fmaf(w[r][4], b.x, t);
+                t = fmaf(w[r][5], b.y, t);
+                t = fmaf(w[r][6], b.z, t);
+                t = fmaf(w[r][7], b.w, t);
+                acc[r] = t;
+            }
         }
-        s = cu_warp_sum(s);
-        if (lane == 0)
-            out[((size_t)i * nh + h) * dv + d] = s;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float t = cu_warp_sum(acc[r]);
+            const int d = dd + r * (CMB_THREADS / 32);
+            if (lane == 0 && d < d1)
+                out[((size_t)i * nh + h) * dv + d] = t;
+        }
     }
 }
 
@@ -636,7 +657,7 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
     if (v8)
-        k_mla_combine8<W><<<dim3(a->n_q, nh), CMB_THREADS, (3 * kvr + 2 * n_splits + 8) * sizeof(float), s>>>(
+        k_mla_combine8<W><<<dim3(a->n_q, nh, CMB_Z), CMB_THREADS, (3 * kvr + 2 * n_splits + 8) * sizeof(float), s>>>(
             nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     else
         k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
