@@ -357,7 +357,7 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         const char *mc = getenv("PD_MLA_MIN_CHUNK");
         c->mla_min_chunk = mc && atoi(mc) > 0 ? atoi(mc) : CU_MLA_MIN_CHUNK;
         const char *fk = getenv("PD_MLA_FIRST_KERNELS");
-        c->mla_first_kernels = fk && !strcmp(fk, "1");
+        c->mla_first_kernels = !fk ? 0 : !strcmp(fk, "1") ? 3 : !strcmp(fk, "qlat") ? 1 : !strcmp(fk, "merge") ? 2 : 0;
         const char *pl = getenv("PD_CUDA_PDL");
         c->pdl = !(pl && !strcmp(pl, "0"));
     }

@@ -68,7 +68,7 @@ typedef struct {
     bool graphs_off;    /* PD_CUDA_GRAPHS=0, or a recording failed */
     bool no_gemv, no_moe_device; /* pd_cuda_features switched off */
     int mla_min_chunk;           /* batched decode attention: least tokens a split (PD_MLA_MIN_CHUNK) */
-    bool mla_first_kernels;      /* PD_MLA_FIRST_KERNELS=1: the first q_lat / merge kernels */
+    int mla_first_kernels;       /* PD_MLA_FIRST_KERNELS=qlat|merge|1 (both): the first q_lat / merge kernels */
     bool pdl;                    /* skinny GEMMs by programmatic dependent launch (PD_CUDA_PDL=0: off) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;

@@ -617,7 +617,7 @@ static size_t decode_smem(int D) {
  * W_UV) for n_q queries; q_len/q_boff as k_mla_decode takes them. */
 typedef struct {
     int nh, dn, dr, dv, kvr, n_q, start_pos, n_layers, layer, bs, n_splits, min_chunk;
-    bool first_kernels; /* the first version's q_lat and merge kernels (for A/B runs) */
+    int first_kernels; /* the first version's q_lat (bit 0) and merge (bit 1) kernels, for A/B runs */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -627,8 +627,8 @@ typedef struct {
 template <typename W>
 static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
     const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
-    const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !a->first_kernels;
-    if (v8 && a->dn <= QL_DN_MAX)
+    const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 2);
+    if (kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 1) && a->dn <= QL_DN_MAX)
         k_mla_qlat8<W><<<dim3(nh, (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB), QL_THREADS, 0, s>>>(
             a->n_q, nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
     else
