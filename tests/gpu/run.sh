@@ -14,6 +14,9 @@
 #   prof      v2-lite cut to 2 and 4 layers (mkmodel --num-layers): bench_step at batch 1 / 1K on
 #             both (the difference is two MoE layers' time), then ncu's kernel durations of the
 #             4-layer model's decode steps summed by kernel (ncu_summary.py)  -> prof.md, prof.csv
+#   service   (after v2lite) pdserve up on v2-lite with --device cuda (one prefill and one decode replica on
+#             the one GPU), then pdserve bench matrix: SVC_SHAPES (default 1024/128,8192/128) x
+#             SVC_CONCURRENCY (default 1,8), one round                        -> service.md, up.log
 #   tp        tensor parallelism over 2 GPUs: test_all_reduce; generate on tiny at TP 1 and 2 (greedy
 #             ids must match, bf16 and fp32); then (mkmodel v2-lite started first, in the background)
 #             logits of generate at TP 2 against TP 1 (cmp_logits.py) and bench_step --tp 1, 2 -> tp.log, tp-step.md
@@ -47,7 +50,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
-case " $* " in *" v2lite "* | *" tp "*)
+case " $* " in *" v2lite "* | *" tp "* | *" service "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -109,6 +112,19 @@ for what in "$@"; do
             echo "no ncu" >>"$P"
         fi
         cat "$P"; tail -5 "$O/prof.err"; f=prof.md ;;
+    service)
+        wait "$MKPID" 2>/dev/null
+        "$C/bin/pdserve" up --model "$V2" --port 18000 --device cuda --num-kv-blocks 16384 >"$O/up.log" 2>&1 &
+        UPPID=$!
+        n=0
+        until curl -sf http://127.0.0.1:18000/v1/models >/dev/null 2>&1 || [ $n -ge 180 ]; do sleep 1; n=$((n + 1)); done
+        echo "service ready after $n s" >"$O/service.md"
+        timeout 420 "$C/bin/pdserve" bench matrix --base-url http://127.0.0.1:18000 --model "$V2" --quiet \
+            --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests 4,16 --rounds 1 \
+            --out "$PD_BUILD_DIR/svc" >>"$O/service.md" 2>&1 || rc=1
+        for m in "$PD_BUILD_DIR"/svc/*.md; do [ -e "$m" ] && cat "$m" >>"$O/service.md"; done
+        kill -INT $UPPID 2>/dev/null; sleep 3; kill -9 $UPPID 2>/dev/null
+        cat "$O/service.md"; f=service.md ;;
     tp)
         L=$O/tp.log
         : >"$L"
