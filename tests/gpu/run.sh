@@ -117,7 +117,7 @@ for what in "$@"; do
         "$C/bin/pdserve" up --model "$V2" --port 18000 --device cuda --num-kv-blocks 16384 >"$O/up.log" 2>&1 &
         UPPID=$!
         n=0
-        until curl -sf http://127.0.0.1:18000/v1/models >/dev/null 2>&1 || [ $n -ge 180 ]; do sleep 1; n=$((n + 1)); done
+        until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18000/v1/models', timeout=2)" >/dev/null 2>&1 || [ $n -ge 180 ]; do sleep 1; n=$((n + 1)); done
         echo "service ready after $n s" >"$O/service.md"
         timeout 420 "$C/bin/pdserve" bench matrix --base-url http://127.0.0.1:18000 --model "$V2" --quiet \
             --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests 4,16 --rounds 1 \
