@@ -56,6 +56,44 @@ static bool is_hex(int c) {
     return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
+/* ---- bounded integers ------------------------------------------------ */
+
+static const int64_t POW10[PD_GRAMMAR_MAX_INT_DIGITS + 1] = {1LL,
+                                                             10LL,
+                                                             100LL,
+                                                             1000LL,
+                                                             10000LL,
+                                                             100000LL,
+                                                             1000000LL,
+                                                             10000000LL,
+                                                             100000000LL,
+                                                             1000000000LL,
+                                                             10000000000LL,
+                                                             100000000000LL,
+                                                             1000000000000LL,
+                                                             10000000000000LL,
+                                                             100000000000000LL,
+                                                             1000000000000000LL,
+                                                             10000000000000000LL,
+                                                             100000000000000000LL,
+                                                             1000000000000000000LL};
+
+/* The fewest digits k >= 0 that, appended to the magnitude m of `digits`
+ * digits (negative: neg), give a value in [n->lo, n->hi] within the digit
+ * limit; -1 if none. With k digits the magnitudes reachable are
+ * [m 10^k, m 10^k + 10^k - 1] (none past "0"). */
+static int int_reach(const gnode *n, bool neg, int64_t m, uint32_t digits) {
+    for (uint32_t k = 0; digits + k <= PD_GRAMMAR_MAX_INT_DIGITS; k++) {
+        if (k > 0 && m == 0)
+            break;
+        int64_t lo_m = m * POW10[k], hi_m = lo_m + POW10[k] - 1;
+        int64_t vlo = neg ? -hi_m : lo_m, vhi = neg ? -lo_m : hi_m;
+        if (vlo <= n->hi && vhi >= n->lo)
+            return (int)k;
+    }
+    return -1;
+}
+
 /* ---- literals -------------------------------------------------------- */
 
 /* Is there a literal with the first pos bytes of lit[j] and more? */
@@ -152,6 +190,14 @@ static const gframe *value_start(const pd_grammar *g, garena *ar, const gframe *
         f->st = c == '-' ? NS_MINUS : c == '0' ? NS_ZERO : NS_INT;
         f->a = 1;
         f->b = f->st == NS_INT;
+        f->v = f->st == NS_INT ? c - '0' : 0;
+        if (n->bounded) { /* a negative at all ("-0" is not made); 0 or d in reach */
+            if (f->st == NS_MINUS ? n->lo > -1 : int_reach(n, false, f->v, f->b) < 0) {
+                ar->n--;
+                return NULL;
+            }
+            f->c = f->st == NS_MINUS;
+        }
         return f;
     }
 }
@@ -386,14 +432,25 @@ static const gframe *num_step(const pd_grammar *g, garena *ar, const gframe *f, 
             (st == NS_INT && digits > PD_GRAMMAR_MAX_INT_DIGITS) ||
             (st == NS_EXP && digits > PD_GRAMMAR_MAX_EXP_DIGITS))
             return NULL;
+        int64_t v = f->v;
+        if (f->node->bounded) { /* the digit keeps a value in [lo, hi] within reach */
+            if (st == NS_ZERO || int_reach(f->node, f->c, v * 10 + (c - '0'), digits) < 0)
+                return NULL;
+            v = v * 10 + (c - '0');
+        }
         gframe *p = fr_copy(ar, f, (uint8_t)st);
         if (p) {
             p->a = f->a + 1;
             p->b = digits;
+            p->v = v;
         }
         return p;
     }
     bool complete = f->st == NS_ZERO || f->st == NS_INT || f->st == NS_FRAC || f->st == NS_EXP;
+    if (complete && f->node->bounded) {
+        int64_t val = f->c ? -f->v : f->v;
+        complete = val >= f->node->lo && val <= f->node->hi;
+    }
     return complete ? g_step(g, ar, f->parent, c) : NULL;
 }
 
@@ -519,6 +576,12 @@ static uint64_t frame_rest(const gframe *f) {
         return r;
     }
     case GF_NUM:
+        if (n->bounded) {          /* the digits to the nearest value in range */
+            if (f->st == NS_MINUS) /* the negative of least magnitude in range */
+                return (uint64_t)snprintf(NULL, 0, "%lld", (long long)(n->hi < -1 ? -n->hi : 1));
+            int k = int_reach(n, f->c, f->v, f->b);
+            return k < 0 ? G_INF : (uint64_t)k;
+        }
         return (f->st == NS_MINUS || f->st == NS_DOT || f->st == NS_E || f->st == NS_ESIGN) ? 1 : 0;
     default: { /* GF_LIT */
         uint64_t best = G_INF;

@@ -35,6 +35,9 @@ struct gnode {
     /* GN_ARRAY */
     const gnode *items;
     uint32_t min_items, max_items;
+    /* GN_INTEGER: minimum / maximum (exclusive ones made inclusive) */
+    bool bounded;
+    int64_t lo, hi;
     /* GN_STRING, in code points */
     uint32_t min_len, max_len;
     /* GN_LITERALS */
@@ -69,6 +72,7 @@ struct gframe {
     uint8_t kind, st;
     uint16_t depth; /* root 0 */
     uint32_t a, b, c;
+    int64_t v; /* bounded integers: the magnitude so far (c: negative) */
 };
 
 typedef struct {

@@ -31,7 +31,9 @@
  *   integer, boolean, null), properties, required, additionalProperties
  *   (false, true or a schema; only for objects without properties: with
  *   properties, only those are generated, which validates either way),
- *   items, minItems, maxItems, minLength, maxLength (in code points), enum,
+ *   items, minItems, maxItems, minLength, maxLength (in code points),
+ *   minimum, maximum, exclusiveMinimum, exclusiveMaximum (on integers:
+ *   each digit must keep a value in range within reach), enum,
  *   const, anyOf and oneOf (alternatives must start with different bytes,
  *   i.e. be of different JSON types, so that the automaton stays
  *   deterministic; then oneOf == anyOf), boolean schemas (true = any

@@ -8,6 +8,7 @@
  * them, values of other types are dropped (the instance must satisfy both).
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +35,24 @@ static const char *const ANNOTATIONS[] = {"title",    "description", "$schema", 
                                           "readOnly", "writeOnly",   "$defs",    "definitions",
                                           NULL}; /* $defs / definitions: only what $ref uses counts
                                                   */
-static const char *const KEYWORDS[] = {
-    "type",      "properties", "required", "additionalProperties",
-    "items",     "minItems",   "maxItems", "enum",
-    "const",     "anyOf",      "oneOf",    "minLength",
-    "maxLength", NULL};
+static const char *const KEYWORDS[] = {"type",
+                                       "properties",
+                                       "required",
+                                       "additionalProperties",
+                                       "items",
+                                       "minItems",
+                                       "maxItems",
+                                       "enum",
+                                       "const",
+                                       "anyOf",
+                                       "oneOf",
+                                       "minLength",
+                                       "minimum",
+                                       "maximum",
+                                       "exclusiveMinimum",
+                                       "exclusiveMaximum",
+                                       "maxLength",
+                                       NULL};
 
 static bool in_list(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -132,9 +146,14 @@ static void node_first(gnode *n) {
 static uint64_t node_min_bytes(gnode *n) {
     uint64_t m = G_INF;
     switch (n->kind) {
+    case GN_INTEGER:
+        if (n->bounded && n->lo > 0) /* the shortest integer in range: lo, or -hi */
+            return (uint64_t)snprintf(NULL, 0, "%lld", (long long)n->lo);
+        if (n->bounded && n->hi < 0)
+            return (uint64_t)snprintf(NULL, 0, "%lld", (long long)n->hi);
+        return 1;
     case GN_ANY:
     case GN_NUMBER:
-    case GN_INTEGER:
         return 1; /* 0 */
     case GN_STRING:
         return g_add(2, n->min_len);
@@ -391,9 +410,43 @@ static const gnode *compile_typed(cctx *c, const json_t *s, const char *type, in
         return n;
     }
     if (strcmp(type, "number") == 0 || strcmp(type, "integer") == 0) {
+        static const char *const bounds[] = {"minimum", "exclusiveMinimum", "maximum",
+                                             "exclusiveMaximum"};
+        bool any = false;
+        for (int i = 0; i < 4; i++)
+            any = any || json_object_get(s, bounds[i]);
+        if (any && type[0] == 'n')
+            return cfail(c, PD_ERR_UNSUPPORTED,
+                         "unsupported schema: minimum/maximum on 'number' (only on 'integer')"),
+                   NULL;
         gnode *n = node_make(c, type[0] == 'n' ? GN_NUMBER : GN_INTEGER);
-        if (n)
-            node_first(n);
+        if (!n)
+            return NULL;
+        /* integers of at most PD_GRAMMAR_MAX_INT_DIGITS digits within the bounds */
+        const double lim = 999999999999999999.0;
+        double lo = -lim, hi = lim;
+        for (int i = 0; i < 4; i++) {
+            json_t *b = json_object_get(s, bounds[i]);
+            if (!b)
+                continue;
+            if (!json_is_number(b))
+                return cfail(c, PD_ERR_INVALID, "'%s' must be a number", bounds[i]), NULL;
+            double x = json_number_value(b);
+            double v = i == 0 ? ceil(x) : i == 1 ? floor(x) + 1 : i == 2 ? floor(x) : ceil(x) - 1;
+            if (i < 2 && v > lo)
+                lo = v;
+            if (i >= 2 && v < hi)
+                hi = v;
+        }
+        if (lo > hi)
+            return cfail(c, PD_ERR_INVALID,
+                         "no integer of at most %d digits satisfies minimum/maximum",
+                         PD_GRAMMAR_MAX_INT_DIGITS),
+                   NULL;
+        n->bounded = any;
+        n->lo = (int64_t)lo;
+        n->hi = (int64_t)hi;
+        node_first(n);
         return n;
     }
     if (strcmp(type, "string") == 0) {
@@ -629,6 +682,9 @@ static const gnode *compile(cctx *c, const json_t *s, int depth) {
             implied = "array";
         else if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
             implied = "string";
+        else if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+                 json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
+            implied = "integer"; /* a subset of what the bounds allow: still valid */
         return implied ? compile_typed(c, s, implied, depth) : c->g->any;
     }
     if (json_is_string(type))

@@ -102,6 +102,17 @@ static inline bool gt_valid(const json_t *v, const json_t *s) {
         if ((k = json_object_get(s, "maxLength")) && n > (size_t)json_integer_value(k))
             return false;
     }
+    if (json_is_number(v)) {
+        double x = json_number_value(v);
+        if ((k = json_object_get(s, "minimum")) && x < json_number_value(k))
+            return false;
+        if ((k = json_object_get(s, "maximum")) && x > json_number_value(k))
+            return false;
+        if ((k = json_object_get(s, "exclusiveMinimum")) && x <= json_number_value(k))
+            return false;
+        if ((k = json_object_get(s, "exclusiveMaximum")) && x >= json_number_value(k))
+            return false;
+    }
     if (json_is_array(v)) {
         size_t n = json_array_size(v);
         if ((k = json_object_get(s, "minItems")) && n < (size_t)json_integer_value(k))

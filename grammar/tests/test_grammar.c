@@ -138,6 +138,46 @@ static void test_arrays_strings_enums(void **st) {
     pd_grammar_free(&g);
 }
 
+static void expect_error(const char *schema, pd_status want, const char *msg_part);
+
+/* minimum / maximum / exclusive* on integers: every digit keeps a value in
+ * range within reach. */
+static void test_integer_bounds(void **st) {
+    (void)st;
+    pd_grammar *g = gt_compile("{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}");
+    ACCEPT(g, "-5");
+    ACCEPT(g, "0");
+    ACCEPT(g, "120");
+    ACCEPT(g, "99");
+    PARTIAL(g, "-");
+    REFUSE(g, "-6");
+    REFUSE(g, "-0");
+    REFUSE(g, "121");
+    REFUSE(g, "1200");
+    REFUSE(g, "-10");
+    pd_grammar_free(&g);
+    g = gt_compile("{\"type\":\"integer\",\"exclusiveMinimum\":99.5,\"exclusiveMaximum\":1000}");
+    ACCEPT(g, "100");
+    ACCEPT(g, "999");
+    PARTIAL(g, "1");  /* 1 -> 100..199 */
+    PARTIAL(g, "10"); /* 10 -> 100..109 */
+    REFUSE(g, "1000");
+    REFUSE(g, "0");
+    REFUSE(g, "-1");
+    pd_grammar_free(&g);
+    g = gt_compile("{\"minimum\":-1000,\"maximum\":-990}"); /* implied integer */
+    ACCEPT(g, "-995");
+    PARTIAL(g, "-99");
+    REFUSE(g, "-98");
+    REFUSE(g, "5");
+    pd_grammar_free(&g);
+    expect_error("{\"type\":\"number\",\"minimum\":0}", PD_ERR_UNSUPPORTED, "only on 'integer'");
+    expect_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4.5}", PD_ERR_INVALID,
+                 "no integer of at most 18 digits");
+    expect_error("{\"type\":\"integer\",\"minimum\":\"5\"}", PD_ERR_INVALID,
+                 "'minimum' must be a number");
+}
+
 /* Output nesting is bounded, so "[[[[..." cannot run away. */
 static void test_depth_limit(void **st) {
     (void)st;
@@ -243,6 +283,10 @@ static const char *const SCHEMAS[] = {
     "\"required\":[\"k\"]}",
     "{\"type\":\"array\"}",
     "{\"type\":\"number\"}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-37,\"exclusiveMaximum\":1205}"
+    "}",
+    "{\"type\":[\"integer\",\"null\"],\"minimum\":1000000,\"maximum\":1000003}",
+    "{\"type\":\"integer\",\"maximum\":-12}",
     /* as pydantic writes a model with a nested model and an Optional field */
     "{\"$defs\":{\"Pet\":{\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"],\"title\":\"Kind\","
     "\"type\":\"string\"},\"age\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}],"
@@ -377,8 +421,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_object),           cmocka_unit_test(test_properties_in_order),
         cmocka_unit_test(test_arrays_strings_enums),  cmocka_unit_test(test_depth_limit),
-        cmocka_unit_test(test_schema_errors),         cmocka_unit_test(test_random_walks_validate),
-        cmocka_unit_test(test_random_bytes_validate), cmocka_unit_test(test_close_bytes_path),
+        cmocka_unit_test(test_integer_bounds),        cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_random_walks_validate), cmocka_unit_test(test_random_bytes_validate),
+        cmocka_unit_test(test_close_bytes_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -83,7 +83,8 @@ static void check_against_brute_force(const char *schema, const char *prefix) {
 
 static const char *const PERSON =
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
-    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"alpha\","
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\","
+    "\"items\":{\"enum\":[\"alpha\","
     "\"beta\"]}},"
     "\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"ok\"]}";
 
@@ -104,7 +105,7 @@ static void test_mask_equals_brute_force(void **st) {
         "{\"name\":\"a\\u0",
         "{\"name\":\"a\",",
         "{\"name\":\"a\",\"age\":1",
-        "{\"name\":\"a\",\"age\":-",
+        "{\"name\":\"a\",\"age\":15",
         "{\"name\":\"a\",\"tags\":[",
         "{\"name\":\"a\",\"tags\":[\"al",
         "{\"name\":\"a\",\"ok\":t",

@@ -29,7 +29,7 @@ MAX_TOKENS = 24
 SCHEMAS = {
     "person": {"type": "object",
                "properties": {"name": {"type": "string", "maxLength": 12},
-                              "age": {"type": "integer"},
+                              "age": {"type": "integer", "minimum": 0, "maximum": 150},
                               "role": {"enum": ["admin", "user", None]},
                               "ok": {"type": "boolean"}},
                "required": ["name", "ok"], "additionalProperties": False},
