@@ -3,7 +3,9 @@
  * where it listens and an example request, restarts nothing silently (a
  * child that exits is reported, and the stack keeps serving with what is
  * left), and stops every child on SIGINT/SIGTERM. Flags it does not know
- * are passed to the replicas (e.g. --max-num-seqs). */
+ * are passed to the replicas (e.g. --max-num-seqs). Every flag it routes (its
+ * own and the gateway's) is accepted as "--flag value" and as "--flag=value",
+ * as getopt_long accepts both in the services. */
 #include <errno.h>
 #include <stdbool.h>
 #include <signal.h>
@@ -61,7 +63,39 @@ static const char *self_exe(void) {
     return buf;
 }
 
-/* Flags that belong to the gateway alone (the rest go to the replicas). */
+/* Whether A is "--NAME" or "--NAME=..." for the flag NAME given with its dashes. */
+static bool flag_is(const char *a, const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(a, name, n) && (a[n] == 0 || a[n] == '=');
+}
+
+/* The value of flag NAME at argv[*i]: "--NAME value" (then *i moves to the
+ * value) or "--NAME=value"; NULL when argv[*i] is another flag or NAME lacks
+ * its value. Borrows from argv. */
+static const char *flag_value(int argc, char **argv, int *i, const char *name) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n)) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] == 0 && *i + 1 < argc) return argv[++*i];
+    return NULL;
+}
+
+/* *out = V as a whole decimal int; false (and a message naming FLAG) if V is not one. */
+static bool int_value(const char *flag, const char *v, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < -2147483647L || x > 2147483647L) {
+        fprintf(stderr, "pdserve up: %s needs an integer, got '%s'\n", flag, v);
+        return false;
+    }
+    *out = (int)x;
+    return true;
+}
+
+/* Flags that belong to the gateway alone (the rest go to the replicas);
+ * A in either form, "--flag" or "--flag=value". */
 static bool is_gateway_flag(const char *a) {
     static const char *names[] = {"--max-concurrent-requests-short", "--max-concurrent-requests-long",
                                   "--max-queued-requests-short", "--max-queued-requests-long", "--request-timeout",
@@ -72,7 +106,7 @@ static bool is_gateway_flag(const char *a) {
                                   "--timeout-request-body", "--timeout-write", "--reasoning-parser",
                                   "--tool-call-parser"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(a, names[i])) return true;
+        if (flag_is(a, names[i])) return true;
     return false;
 }
 
@@ -84,20 +118,23 @@ int pd_cmd_up(int argc, char **argv) {
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
     char *passthrough[128];
     int n_pass = 0;
+    bool bad = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE(flag) (!strcmp(a, flag) && v && (i++, 1))
+        const char *v;
+#define TAKE(flag) ((v = flag_value(argc, argv, &i, flag)) != NULL)
         if (TAKE("--model")) model = v;
         else if (TAKE("--host")) host = v;
-        else if (TAKE("--port")) port = atoi(v);
-        else if (TAKE("--prefill-replicas")) n_prefill = atoi(v);
-        else if (TAKE("--decode-replicas")) n_decode = atoi(v);
-        else if (TAKE("--long-prompt-threshold")) threshold = atoi(v);
+        else if (TAKE("--port")) bad |= !int_value("--port", v, &port);
+        else if (TAKE("--prefill-replicas")) bad |= !int_value("--prefill-replicas", v, &n_prefill);
+        else if (TAKE("--decode-replicas")) bad |= !int_value("--decode-replicas", v, &n_decode);
+        else if (TAKE("--long-prompt-threshold")) bad |= !int_value("--long-prompt-threshold", v, &threshold);
         else if (TAKE("--served-model-name")) name = v;
         else if (TAKE("--heartbeat-interval-ms")) hb = v;
-        else if (TAKE("--metrics-port")) metrics_port = atoi(v);
-        else if (is_gateway_flag(a) && v && n_gw_extra < 60) {
+        else if (TAKE("--metrics-port")) bad |= !int_value("--metrics-port", v, &metrics_port);
+        else if (is_gateway_flag(a) && strchr(a, '=') && n_gw_extra < 60) {
+            gw_extra[n_gw_extra++] = argv[i]; /* "--flag=value": getopt_long splits it */
+        } else if (is_gateway_flag(a) && i + 1 < argc && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i];
             gw_extra[n_gw_extra++] = argv[++i];
         }
@@ -114,6 +151,7 @@ int pd_cmd_up(int argc, char **argv) {
         }
 #undef TAKE
     }
+    if (bad) return 2;
     if (!model) {
         fprintf(stderr, "pdserve up: --model is required (try: make run)\n");
         return 2;
