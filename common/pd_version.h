@@ -52,9 +52,12 @@ typedef struct {
 #define PD_DEPS_MAX 16
 
 /** Fills deps (cap entries at most) with ZeroMQ, protobuf-c, nghttp2,
- * jansson, OpenSSL, UCX, libevent, PCRE2, OpenBLAS and libcurl and, in a CUDA
- * build, the CUDA runtime, driver and cuBLASLt — whose run-time calls are
- * made only when cudaGetDeviceCount finds a device. Versions are compared by
+ * jansson, OpenSSL, UCX, libevent, PCRE2, OpenBLAS and libcurl, then "UCX
+ * transports" (compiled "-"; loaded: the "tl/device" resources UCX finds on
+ * this host at run time, e.g. "self/memory0, tcp/eth0, posix/memory") and,
+ * in a CUDA build, the CUDA runtime, driver and cuBLASLt — whose run-time
+ * calls are made only when cudaGetDeviceCount finds a device — and NCCL
+ * (loaded at run time; its version or "not loaded: <why>"). Versions are compared by
  * their numeric components (as many as both sides have: UCX headers give
  * only major.minor). Returns the number filled. */
 int pd_version_deps(pd_dep_version *deps, int cap);

@@ -15,11 +15,13 @@
 #include <openssl/opensslv.h>
 #include <protobuf-c/protobuf-c.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 #include <zmq.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #ifdef PD_HAVE_CUDA
+#include "cuda/pd_cuda.h"
 #include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
@@ -164,8 +166,65 @@ static void deps_cuda(pd_dep_version *deps, int cap, int *n) {
         snprintf(loaded, sizeof loaded, "no device");
     }
     dep_add(deps, cap, n, "cuBLASLt", compiled, loaded);
+
+    /* NCCL is loaded at run time (kernels/cuda/comm.cu): no headers to compare with */
+    pd_cuda_nccl_version(loaded, sizeof loaded);
+    dep_add(deps, cap, n, "NCCL", "- (run time)", loaded);
 }
 #endif
+
+/* UCX's transports on this host, as UCX itself finds them at run time:
+ * every memory domain of every component, opened, and its transport
+ * resources listed as "tl/device" ("posix/memory, tcp/eth0, ..."), the
+ * resources UCP chooses among. Writes "none" when UCX finds none and the
+ * failing call when a query fails. */
+static void ucx_transports(char *out, size_t cap) {
+    size_t off = 0;
+    out[0] = '\0';
+    uct_component_h *comps = NULL;
+    unsigned n_comps = 0;
+    if (uct_query_components(&comps, &n_comps) != UCS_OK) {
+        snprintf(out, cap, "uct_query_components failed");
+        return;
+    }
+    for (unsigned c = 0; c < n_comps; c++) {
+        uct_component_attr_t ca = {.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME |
+                                                 UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT};
+        if (uct_component_query(comps[c], &ca) != UCS_OK || ca.md_resource_count == 0)
+            continue;
+        uct_md_resource_desc_t *mds = calloc(ca.md_resource_count, sizeof *mds);
+        if (!mds)
+            break;
+        ca.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+        ca.md_resources = mds;
+        if (uct_component_query(comps[c], &ca) == UCS_OK) {
+            for (unsigned m = 0; m < ca.md_resource_count; m++) {
+                uct_md_config_t *cfg = NULL;
+                uct_md_h md = NULL;
+                if (uct_md_config_read(comps[c], NULL, NULL, &cfg) != UCS_OK)
+                    continue;
+                if (uct_md_open(comps[c], mds[m].md_name, cfg, &md) == UCS_OK) {
+                    uct_tl_resource_desc_t *tls = NULL;
+                    unsigned n_tls = 0;
+                    if (uct_md_query_tl_resources(md, &tls, &n_tls) == UCS_OK) {
+                        for (unsigned t = 0; t < n_tls && off < cap; t++)
+                            off += (size_t)snprintf(out + off, cap - off, "%s%s/%s", off ? ", " : "",
+                                                    tls[t].tl_name, tls[t].dev_name);
+                        uct_release_tl_resource_list(tls);
+                    }
+                    uct_md_close(md);
+                }
+                uct_config_release(cfg);
+            }
+        }
+        free(mds);
+    }
+    uct_release_component_list(comps);
+    if (off >= cap && cap > 4)
+        memcpy(out + cap - 4, "...", 4);
+    if (!out[0])
+        snprintf(out, cap, "none");
+}
 
 int pd_version_deps(pd_dep_version *deps, int cap) {
     int n = 0;
@@ -194,6 +253,11 @@ int pd_version_deps(pd_dep_version *deps, int cap) {
 
     snprintf(compiled, sizeof compiled, "%d.%d", UCP_API_MAJOR, UCP_API_MINOR);
     dep_add(deps, cap, &n, "UCX", compiled, ucp_get_version_string());
+    {
+        char tl[sizeof deps[0].loaded];
+        ucx_transports(tl, sizeof tl);
+        dep_add(deps, cap, &n, "UCX transports", "-", tl);
+    }
 
     dep_add(deps, cap, &n, "libevent", LIBEVENT_VERSION, event_get_version());
 
@@ -230,7 +294,12 @@ void pd_version_log(const char *module) {
     int n = pd_version_deps(deps, PD_DEPS_MAX);
     char line[1024];
     size_t off = 0;
+    const char *tls = NULL;
     for (int i = 0; i < n && off < sizeof line; i++) {
+        if (!strcmp(deps[i].name, "UCX transports")) { /* a list, not a version: its own line */
+            tls = deps[i].loaded;
+            continue;
+        }
         /* the version number alone; the whole string when it has none */
         long v[4];
         int nv = ver_parse(deps[i].loaded, v);
@@ -243,6 +312,8 @@ void pd_version_log(const char *module) {
                                 deps[i].name, ver);
     }
     PD_LOGI(module, "libraries loaded: %s", line);
+    if (tls)
+        PD_LOGI(module, "UCX transports: %s", tls);
     for (int i = 0; i < n; i++)
         if (deps[i].mismatch)
             PD_LOGW(module, "%s: loaded %s, built against %s: %s", deps[i].name, deps[i].loaded,

@@ -31,7 +31,7 @@ static void test_every_library(void **state) {
     pd_dep_version d[PD_DEPS_MAX];
     int n = pd_version_deps(d, PD_DEPS_MAX);
     const char *names[] = {"ZeroMQ", "protobuf-c", "nghttp2", "jansson",  "OpenSSL",
-                           "UCX",    "libevent",   "PCRE2",   "OpenBLAS", "libcurl"};
+                           "UCX",    "libevent",   "PCRE2",   "OpenBLAS", "libcurl", "UCX transports"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         int found = -1;
         for (int i = 0; i < n; i++)
@@ -46,7 +46,12 @@ static void test_every_library(void **state) {
             fail_msg("%s: loaded %s, built against %s", names[k], d[found].loaded,
                      d[found].compiled);
     }
-    int want = (int)(sizeof names / sizeof names[0]) + (pd_version_has_cuda() ? 3 : 0);
+    /* UCX always has its loopback transport, "self" (UCX docs: UCX_TLS) */
+    for (int i = 0; i < n; i++)
+        if (!strcmp(d[i].name, "UCX transports") && !strstr(d[i].loaded, "self/"))
+            fail_msg("UCX transports '%s' lack self", d[i].loaded);
+    /* CUDA builds add the runtime, the driver, cuBLASLt and NCCL */
+    int want = (int)(sizeof names / sizeof names[0]) + (pd_version_has_cuda() ? 4 : 0);
     assert_int_equal(n, want);
     assert_int_equal(pd_version_deps_mismatches(d, n), 0);
     /* a full table is not overrun */

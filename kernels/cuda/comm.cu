@@ -61,6 +61,17 @@ static void nccl_load(void) {
     nccl.ok = true;
 }
 
+int pd_cuda_nccl_version(char *buf, size_t n) {
+    pthread_once(&nccl_once, nccl_load);
+    if (!nccl.ok) {
+        snprintf(buf, n, "not loaded: %s", nccl.why);
+        return 0;
+    }
+    /* NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9 */
+    snprintf(buf, n, "%d.%d.%d", nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100);
+    return nccl.version;
+}
+
 void cu_all_reduce_sum(pd_backend *be, float *x, size_t n) {
     cu_ctx *c = cu_of(be);
     if (be->n_ranks <= 1 || n == 0)

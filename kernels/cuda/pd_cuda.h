@@ -82,6 +82,12 @@ typedef struct {
 } pd_cuda_features;
 void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f);
 
+/** The NCCL this process loads (libnccl.so.2 or $PD_NCCL_LIB, dlopen'd
+ * once): writes "major.minor.patch" into buf (n bytes) and returns the
+ * version code (major*10000 + minor*100 + patch), or writes "not loaded:
+ * <why>" and returns 0. Thread-safe; loads NCCL on the first call. */
+int pd_cuda_nccl_version(char *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
