@@ -135,6 +135,47 @@ static gw_replica *pick(pd_router *r, int role) {
     return best;
 }
 
+/* The long route's dispatch rule (docs/architecture.md): a prefill replica
+ * holds at most cfg.max_prefill_jobs_per_replica jobs (reserving, queued or
+ * computing; n_assigned counts them until the KV is complete), so a job
+ * waits there behind at most that many less one, and the decode
+ * reservation's lease, which starts when the prefill replica receives the
+ * job, never runs out in its queue. Requests beyond that wait in the
+ * gateway's long queue, where only their own --request-timeout applies. */
+static gw_replica *pick_prefill_with_room(pd_router *r) {
+    gw_replica *best = NULL;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!x->alive || x->role != ROLE_PREFILL || x->n_assigned >= r->cfg.max_prefill_jobs_per_replica) continue;
+        if (!best || x->n_assigned < best->n_assigned ||
+            (x->n_assigned == best->n_assigned && x->assigned_tokens < best->assigned_tokens))
+            best = x;
+    }
+    return best;
+}
+
+/* Whether a long request of n choices may be dispatched now: free prefill
+ * job slots for all of them, or (n above the slots of every alive prefill
+ * replica together) every slot free. True when no prefill replica is alive
+ * at all, so that dispatch fails the request at once rather than leaving it
+ * queued. */
+static bool prefill_has_room(pd_router *r, int n) {
+    int room = 0, total = 0;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!x->alive || x->role != ROLE_PREFILL) continue;
+        total += r->cfg.max_prefill_jobs_per_replica;
+        if (x->n_assigned < r->cfg.max_prefill_jobs_per_replica)
+            room += r->cfg.max_prefill_jobs_per_replica - x->n_assigned;
+    }
+    if (total == 0) return true;
+    return room >= (n < total ? n : total);
+}
+
+/* Whether a request of class cls and n choices may leave the class queue now. */
+static bool class_has_room(pd_router *r, int cls, int n) {
+    const class_state *c = &r->cls[cls];
+    return c->running < c->max_running && (cls != CLASS_LONG || prefill_has_room(r, n));
+}
+
 static void count_alive(pd_router *r) {
     int d = 0, p = 0;
     for (gw_replica *x = r->replicas; x; x = x->next)
@@ -331,7 +372,8 @@ static bool dispatch(pd_router *r, gw_req *q) {
             r->stats.requests_short++;
         } else {
             s->state = SUB_RESERVING;
-            s->prefill = pick(r, ROLE_PREFILL);
+            s->prefill = pick_prefill_with_room(r);
+            if (!s->prefill) s->prefill = pick(r, ROLE_PREFILL); /* n above every slot: the rule admitted it alone */
             s->prefill->n_assigned++;
             s->prefill->assigned_tokens += s->tokens;
             send_generate(r, s, true);
@@ -355,7 +397,8 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
         pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
         return -1;
     }
-    if (c->running >= c->max_running && c->queued >= c->max_queued) {
+    bool room = class_has_room(r, cls, p->n);
+    if (!room && c->queued >= c->max_queued) {
         char msg[256];
         snprintf(msg, sizeof msg, "too many %s requests: %d running and %d queued (--max-queued-requests-%s %d)",
                  class_name[cls], c->running, c->queued, class_name[cls], c->max_queued);
@@ -379,7 +422,7 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
         s->tokens = (uint64_t)p->n_prompt + (uint64_t)p->max_tokens;
     }
     pd_gw_request_set_engine_data(gwr, q);
-    if (c->running < c->max_running && !c->qhead) {
+    if (room && !c->qhead) {
         c->running++;
         dispatch(r, q); /* replicas were checked above */
     } else {
@@ -416,7 +459,7 @@ static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
                 }
                 q = next;
             }
-        while (c->qhead && c->running < c->max_running) {
+        while (c->qhead && class_has_room(r, k, c->qhead->p->n)) {
             gw_req *q = c->qhead;
             class_unqueue(c, q);
             c->running++;
@@ -455,6 +498,7 @@ static void engine_abort_choice(void *engine, pd_gw_request *gwr, int choice) {
     sub_unlink(r, s);
     s->state = SUB_DONE;
     q->n_open--;
+    event_active(r->ev_dispatch, 0, 0); /* a prefill job slot may have freed */
 }
 
 static const pd_gw_engine_i router_engine = {engine_submit, engine_abort};
@@ -523,6 +567,7 @@ static void on_register(pd_router *r, pd_msg *m) {
     x->last_seen = pd_now_s();
     x->alive = true;
     rep.accepted = true;
+    event_active(r->ev_dispatch, 0, 0); /* new room for queued requests */
     pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
     PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens)", g->role, x->id, g->pid,
             x->num_blocks, x->block_size);
@@ -711,6 +756,7 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
         s->prefill->n_assigned--;
         s->prefill->assigned_tokens -= s->tokens;
         s->prefill = NULL;
+        event_active(r->ev_dispatch, 0, 0); /* its job slot is free: queued long requests may go */
     }
     s->state = SUB_DECODING;
     r->stats.kv_bytes_transferred += k->kv_bytes;
@@ -837,6 +883,7 @@ pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, p
     snprintf(r->endpoint, sizeof r->endpoint, "%s", cfg->control_endpoint);
     r->cfg.control_endpoint = r->endpoint;
     if (r->cfg.heartbeat_interval_ms <= 0) r->cfg.heartbeat_interval_ms = 500;
+    if (r->cfg.max_prefill_jobs_per_replica <= 0) r->cfg.max_prefill_jobs_per_replica = 2;
     r->zctx = zmq_ctx_new();
     r->sock = zmq_socket(r->zctx, ZMQ_ROUTER);
     int one = 1, zero = 0, hwm = 100000;

@@ -48,7 +48,7 @@ int pd_gateway_main(int argc, char **argv) {
     const char *reasoning_parser = "deepseek_v3", *tool_call_parser = "deepseek_v3";
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
-    int run_short = 256, run_long = 16, q_short = 1024, q_long = 256;
+    int run_short = 256, run_long = 16, q_short = 1024, q_long = 256, prefill_jobs = 2;
     double request_timeout = 0;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, tokenizer.json)"},
@@ -67,6 +67,8 @@ int pd_gateway_main(int argc, char **argv) {
         {"max-concurrent-requests-long", PD_FLAG_INT, &run_long, "long prompts dispatched at once (16)"},
         {"max-queued-requests-short", PD_FLAG_INT, &q_short, "short prompts waiting; more -> 429 (1024)"},
         {"max-queued-requests-long", PD_FLAG_INT, &q_long, "long prompts waiting; more -> 429 (256)"},
+        {"max-prefill-jobs-per-replica", PD_FLAG_INT, &prefill_jobs,
+         "long prompts one prefill replica holds at once (reserved, queued or computing); more wait at the gateway (2)"},
         {"request-timeout", PD_FLAG_FLOAT, &request_timeout, "seconds from arrival to the last token (0: none)"},
         {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
         {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
@@ -108,14 +110,16 @@ int pd_gateway_main(int argc, char **argv) {
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
     struct event_base *base = event_base_new();
-    if (run_short < 1 || run_long < 1 || q_short < 0 || q_long < 0 || request_timeout < 0) {
-        fprintf(stderr, "pdserve gateway: concurrency limits must be >= 1, queue sizes and --request-timeout >= 0\n");
+    if (run_short < 1 || run_long < 1 || prefill_jobs < 1 || q_short < 0 || q_long < 0 || request_timeout < 0) {
+        fprintf(stderr, "pdserve gateway: concurrency limits (and --max-prefill-jobs-per-replica) must be >= 1, "
+                        "queue sizes and --request-timeout >= 0\n");
         return 2;
     }
     pd_router_config rc_cfg = {.control_endpoint = control, .long_prompt_threshold = threshold,
                                .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc),
                                .model_name = served ? served : model, .max_running = {run_short, run_long},
-                               .max_queued = {q_short, q_long}, .request_timeout_s = request_timeout};
+                               .max_queued = {q_short, q_long}, .request_timeout_s = request_timeout,
+                               .max_prefill_jobs_per_replica = prefill_jobs};
     pd_router *router = NULL;
     if (pd_router_init(base, &rc_cfg, &router, &err) != PD_OK) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);
