@@ -457,6 +457,68 @@ static void test_tokens_top_logprobs(void **state) {
     }
 }
 
+/* Generate messages reaching the fake decode replica within ms (others
+ * dropped); their request ids go to rid. */
+static int collect_generates(fixture *f, int ms, char rid[][160], int max) {
+    int n = 0;
+    double t_end = now_s() + ms / 1000.0;
+    while (now_s() < t_end) {
+        pd_msg m;
+        pd_err err;
+        if (pd_msg_recv(f->decode, false, &m, &err) == PD_OK) {
+            if (m.type == PD_MSG_GENERATE && n < max)
+                snprintf(rid[n++], 160, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+            pd_msg_clear(&m);
+            continue;
+        }
+        pump(f, 1);
+    }
+    return n;
+}
+
+/* The long route's dispatch rule: a prefill replica holds at most
+ * max_prefill_jobs_per_replica jobs (default 2), counted from the Reserve
+ * until the KV is complete. A third long request waits in the gateway's
+ * queue with nothing reserved for it (else its lease would run while it
+ * waits in the prefill replica's queue) and is dispatched when the first
+ * job's KvComplete frees a slot. */
+static void test_long_waits_for_prefill_slot(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    int fd[3];
+    for (int i = 0; i < 3; i++)
+        fd[i] = post(f, "{\"prompt\":\"one two three four five six seven eight nine ten\","
+                        "\"max_tokens\":4}");
+    char rid[4][160];
+    assert_int_equal(collect_generates(f, 600, rid, 4), 2);
+    uint32_t blocks[2] = {1, 2};
+    Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+    rr.request_id = rid[0];
+    rr.ok = true;
+    rr.reservation_id = 11;
+    rr.block_ids = blocks;
+    rr.n_block_ids = 2;
+    pd_msg_send(f->decode, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
+    pd_msg m;
+    assert_true(wait_msg(f, f->prefill, PD_MSG_PREFILL, &m));
+    assert_string_equal(((Pdserve__Prefill *)m.msg)->request_id, rid[0]);
+    pd_msg_clear(&m);
+    assert_int_equal(collect_generates(f, 300, rid + 2, 2), 0); /* still full */
+    Pdserve__KvComplete k = PDSERVE__KV_COMPLETE__INIT;
+    k.request_id = rid[0];
+    k.reservation_id = 11;
+    k.first_token = 5;
+    k.decode_replica_id = "t-decode";
+    k.prefill_replica_id = "t-prefill";
+    pd_msg_send(f->prefill, NULL, 0, PD_MSG_KV_COMPLETE, &k.base);
+    assert_int_equal(collect_generates(f, 600, rid + 2, 2), 1);
+    assert_string_not_equal(rid[2], rid[0]);
+    assert_string_not_equal(rid[2], rid[1]);
+    for (int i = 0; i < 3; i++) /* the clients go: the gateway aborts all three */
+        close(fd[i]);
+    pump(f, 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_unknown_finish_reason),
@@ -464,6 +526,7 @@ int main(void) {
         cmocka_unit_test(test_reserve_reply_from_stalled_decode),
         cmocka_unit_test(test_unregistered_decode_hears_leftovers),
         cmocka_unit_test(test_tokens_top_logprobs),
+        cmocka_unit_test(test_long_waits_for_prefill_slot),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
