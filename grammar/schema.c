@@ -319,6 +319,7 @@ static const gnode *compile_object(cctx *c, const json_t *s, int depth) {
         return cfail(c, PD_ERR_LIMIT, "more than %d properties", PD_GRAMMAR_MAX_PROPERTIES), NULL;
 
     n->has_props = n_props + n_req > 0;
+    const gnode *addl_node = NULL; /* with properties: the additionalProperties schema */
     if (!n->has_props) {
         if (!addl || json_is_true(addl)) {
             n->additional = c->g->any;
@@ -334,6 +335,15 @@ static const gnode *compile_object(cctx *c, const json_t *s, int depth) {
     } else if (addl && !json_is_boolean(addl) && !json_is_object(addl)) {
         return cfail(c, PD_ERR_INVALID, "'additionalProperties' must be a boolean or a schema"),
                NULL;
+    } else if (json_is_object(addl)) {
+        /* only listed properties are generated, but a 'required' name that
+         * 'properties' does not describe takes this schema (and its keywords
+         * are checked like any other) */
+        size_t m = path_push(c, "additionalProperties");
+        addl_node = compile(c, addl, depth + 1);
+        path_pop(c, m);
+        if (!addl_node)
+            return NULL;
     }
 
     size_t cap = n_props + n_req;
@@ -368,11 +378,22 @@ static const gnode *compile_object(cctx *c, const json_t *s, int depth) {
         for (int j = 0; j < n->n_props; j++)
             if (strcmp(n->key[j], k) == 0)
                 at = j;
-        if (at < 0) { /* required but not described: any value, after the described ones */
+        if (at < 0) {
+            /* required but not described: after the described ones, a value
+             * of 'additionalProperties' (any value when absent or true) */
+            if (json_is_false(addl)) {
+                cfail(c, PD_ERR_INVALID,
+                      "required property %s is not in 'properties' and 'additionalProperties' "
+                      "is false: the schema cannot be satisfied",
+                      k);
+                free(k);
+                free(required);
+                return NULL;
+            }
             at = n->n_props++;
             n->key[at] = k;
             n->key_len[at] = (uint32_t)strlen(k);
-            n->prop[at] = c->g->any;
+            n->prop[at] = addl_node ? addl_node : c->g->any;
         } else {
             free(k);
         }

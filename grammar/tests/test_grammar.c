@@ -239,6 +239,23 @@ static void test_schema_errors(void **st) {
     expect_error("{\"enum\":[]}", PD_ERR_INVALID, "non-empty");
     expect_error("{\"type\":\"integer\",\"enum\":[\"a\"]}", PD_ERR_INVALID,
                  "no 'enum'/'const' value");
+    /* a required name that properties does not describe and additionalProperties forbids */
+    expect_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"],"
+                 "\"additionalProperties\":false}",
+                 PD_ERR_INVALID,
+                 "required property \"b\" is not in 'properties' and 'additionalProperties' is "
+                 "false");
+    /* additionalProperties beside properties is checked too, never ignored */
+    expect_error("{\"properties\":{\"a\":{}},\"additionalProperties\":{\"pattern\":\"x\"}}",
+                 PD_ERR_UNSUPPORTED, "unsupported schema keyword: pattern at additionalProperties");
+    /* ... and gives the value of such a required name */
+    pd_grammar *ga = gt_compile("{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":"
+                                "[\"b\"],\"additionalProperties\":{\"type\":\"boolean\"}}");
+    ACCEPT(ga, "{\"a\":1,\"b\":true}");
+    ACCEPT(ga, "{\"b\":false}");
+    REFUSE(ga, "{\"a\":1,\"b\":1}");
+    REFUSE(ga, "{\"a\":1}");
+    pd_grammar_free(&ga);
     /* too deep: 17 nested items */
     char deep[1024] = "";
     for (int i = 0; i <= PD_GRAMMAR_MAX_SCHEMA_DEPTH; i++)
@@ -287,6 +304,9 @@ static const char *const SCHEMAS[] = {
     "}",
     "{\"type\":[\"integer\",\"null\"],\"minimum\":1000000,\"maximum\":1000003}",
     "{\"type\":\"integer\",\"maximum\":-12}",
+    /* required names outside properties take additionalProperties' schema */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\","
+    "\"b\",\"c\"],\"additionalProperties\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}}}",
     /* as pydantic writes a model with a nested model and an Optional field */
     "{\"$defs\":{\"Pet\":{\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"],\"title\":\"Kind\","
     "\"type\":\"string\"},\"age\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}],"

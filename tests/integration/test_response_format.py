@@ -189,6 +189,11 @@ def main():
                   "response_format.json_schema.schema", "nested more than 16 deep")
         check_bad(port, {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "date"}}},
                   "response_format.json_schema.schema", "'type' must be one of")
+        # unsatisfiable: "b" is required, and additionalProperties forbids every undescribed name
+        check_bad(port, {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+            "additionalProperties": False}}},
+                  "response_format.json_schema.schema", "required property \"b\" is not in 'properties'")
         st, _, _ = request(port, "GET", "/health", timeout=10)
         check(st == 200, "the stack is healthy after bad requests")
     finally:
