@@ -134,10 +134,16 @@ typedef struct {
     /** moe_route with ids and weights [rows × top_k] in backend memory. */
     void (*moe_route_ids)(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
                           float *weights);
-    /** moe_experts with ids (each < n_experts) and weights in backend memory. */
+    /** moe_experts with ids and weights in backend memory. An id of -1 is
+     * a dropped pair (expert parallelism: another rank's expert, see
+     * moe_ids_local): it adds nothing to out; every other id is < n_experts. */
     void (*moe_experts_ids)(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                             const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
                             const pd_weight *down, float *out);
+    /** Expert parallelism: ids [n] (backend memory, in place) from global
+     * expert ids to this rank's: an id in [first, first + count) becomes
+     * id - first, any other -1 (dropped by moe_experts_ids). */
+    void (*moe_ids_local)(pd_backend *be, size_t n, int32_t *ids, int first, int count);
 
     /* ---- tensor parallelism (pd_backend_init_tp) ---- */
     /** x[0..n) = the sum over every rank of the group of that rank's x[0..n),

@@ -288,7 +288,8 @@ static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const p
 static void cpu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                             const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down,
                             float *out) {
-    /* Group tokens by expert, then two GEMMs per expert. */
+    /* Group tokens by expert, then two GEMMs per expert; a negative id (a
+     * dropped pair, expert parallelism) matches no expert. */
     int n = rows * top_k;
     int *order = malloc((size_t)n * sizeof(int));
     float *xin = malloc((size_t)rows * hidden * sizeof(float));
@@ -364,7 +365,13 @@ static void cpu_moe_route_ids(pd_backend *be, int rows, const float *logits, con
 static void cpu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                                 const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
                                 const pd_weight *down, float *out) {
-    cpu_moe_experts(be, rows, hidden, inter, x, ids, weights, top_k, gate_up, down, out);
+    cpu_moe_experts(be, rows, hidden, inter, x, ids, weights, top_k, gate_up, down, out); /* skips -1 */
+}
+
+static void cpu_moe_ids_local(pd_backend *be, size_t n, int32_t *ids, int first, int count) {
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        ids[i] = ids[i] >= first && ids[i] - first < count ? ids[i] - first : -1;
 }
 
 /* ---- tensor parallelism: the ranks of a group are threads of this
@@ -444,6 +451,7 @@ static const pd_backend_i cpu_ops = {
     .mla_decode = cpu_mla_decode,
     .moe_route_ids = cpu_moe_route_ids,
     .moe_experts_ids = cpu_moe_experts_ids,
+    .moe_ids_local = cpu_moe_ids_local,
     .all_reduce_sum = cpu_all_reduce_sum,
 };
 

@@ -302,6 +302,7 @@ static const pd_backend_i cu_ops = {
     .mla_decode = cu_mla_decode,
     .moe_route_ids = cu_moe_route_ids,
     .moe_experts_ids = cu_moe_experts_ids,
+    .moe_ids_local = cu_moe_ids_local,
     .all_reduce_sum = cu_all_reduce_sum,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,

@@ -224,6 +224,7 @@ void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_mo
 void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                         const float *weights, int top_k, int n_experts, const pd_weight *gate_up,
                         const pd_weight *down, float *out);
+void cu_moe_ids_local(pd_backend *be, size_t n, int32_t *ids, int first, int count);
 void *cu_host_alloc(pd_backend *be, size_t bytes);
 void cu_host_free(pd_backend *be, void *p);
 pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p);

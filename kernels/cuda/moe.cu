@@ -267,15 +267,18 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
         return;
     }
     const int n = rows * top_k;
-    int max_e = 0;
+    int max_e = 0, n_kept = 0;
     for (int k = 0; k < n; k++) {
-        if (ids[k] < 0 || ids[k] > MOE_MAX_EXPERT_ID) {
+        if (ids[k] < -1 || ids[k] > MOE_MAX_EXPERT_ID) {
             cu_fail(c, PD_ERR_INVALID, "moe_experts: expert id %d at %d", ids[k], k);
             return;
         }
         if (ids[k] > max_e)
             max_e = ids[k];
+        n_kept += ids[k] >= 0;
     }
+    if (n_kept == 0)
+        return; /* every pair dropped (expert parallelism: other ranks' experts) */
     /* one host block: src_row[n] | tok_pos[n] | tok_w[n] (uploaded together),
      * then off[max_e + 2] | next[max_e + 1] | pair[n] | cnt[rows] */
     size_t hb_bytes = (size_t)n * 12 + ((size_t)2 * max_e + 3 + n + rows) * sizeof(int);
@@ -289,24 +292,34 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     for (int e = 0; e <= max_e + 1; e++)
         pl.off[e] = 0;
     for (int k = 0; k < n; k++)
-        pl.off[ids[k] + 1]++;
+        if (ids[k] >= 0)
+            pl.off[ids[k] + 1]++;
     for (int e = 0; e <= max_e; e++) {
         pl.off[e + 1] += pl.off[e];
         next[e] = pl.off[e];
     }
     /* pairs in expert order, index order within an expert (the CPU's order) */
     for (int k = 0; k < n; k++) {
+        if (ids[k] < 0)
+            continue;
         int j = next[ids[k]]++;
         pl.src_row[j] = k / top_k;
         pair[j] = k;
     }
     for (int r = 0; r < rows; r++)
         cnt[r] = 0;
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < n_kept; j++) {
         int k = pair[j], r = k / top_k, slot = r * top_k + cnt[r]++;
         pl.tok_pos[slot] = j;
         pl.tok_w[slot] = weights[k];
     }
+    /* a token's slots past its kept pairs: weight 0 on kept pair 0 (finite),
+     * so the combine adds exactly 0 for a dropped pair */
+    for (int r = 0; r < rows; r++)
+        for (int j = cnt[r]; j < top_k; j++) {
+            pl.tok_pos[r * top_k + j] = 0;
+            pl.tok_w[r * top_k + j] = 0.0f;
+        }
     bool ok = true;
     for (int e = 0; e <= max_e && ok; e++)
         if (pl.off[e + 1] > pl.off[e] &&
@@ -324,13 +337,13 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     ok = didx && xin && gu && act && y;
     const int *d_src = didx, *d_pos = didx + n;
     const float *d_w = (const float *)(didx + 2 * n);
-    ok = ok && CU_LAUNCHED(c, gather_launch(n, hidden, d_src, x, xin, c->stream), "moe gather");
+    ok = ok && CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, xin, c->stream), "moe gather");
     for (int e = 0; e <= max_e && ok; e++) {
         int o = pl.off[e], m = pl.off[e + 1] - o;
         if (m)
             ok = cu_gemm_run(c, m, xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter, false);
     }
-    ok = ok && CU_LAUNCHED(c, cu_silu_mul_launch(n, inter, gu, act, c->stream), "moe silu_mul");
+    ok = ok && CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, act, c->stream), "moe silu_mul");
     for (int e = 0; e <= max_e && ok; e++) {
         int o = pl.off[e], m = pl.off[e + 1] - o;
         if (m)
@@ -417,24 +430,27 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
     }
 }
 
-/* out[r] += Σ_j w[r, j] · y[r*top_k + j] (pairs in token order). Block
+/* out[r] += Σ_j w[r, j] · y[r*top_k + j] over the pairs whose id is in
+ * [0, E) (pairs in token order; the plan dropped the others). Block
  * (row, 256 columns), one column a thread: the top_k loads of a column are
  * independent, so a row of 2048 takes 8 blocks instead of one block's
  * 8 × top_k dependent loads a thread. */
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
-    k_moe_combine_pairs(int hidden, int top_k, const float *__restrict__ w, const float *__restrict__ y,
-                        float *__restrict__ out) {
+    k_moe_combine_pairs(int hidden, int top_k, int E, const int32_t *__restrict__ ids, const float *__restrict__ w,
+                        const float *__restrict__ y, float *__restrict__ out) {
     cu_pdl_launch_dependents();
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     if (d >= hidden)
         return;
+    const int32_t *idr = ids + (size_t)r * top_k;
     const float *wr = w + (size_t)r * top_k;
     const float *yr = y + (size_t)r * top_k * hidden + d;
     float acc = 0.0f;
 #pragma unroll 8
     for (int j = 0; j < top_k; j++)
-        acc = fmaf(wr[j], yr[(size_t)j * hidden], acc);
+        if ((unsigned)idr[j] < (unsigned)E) /* a dropped pair's y was never written */
+            acc = fmaf(wr[j], yr[(size_t)j * hidden], acc);
     out[(size_t)r * hidden + d] += acc;
 }
 
@@ -482,7 +498,7 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
             CU_OK(c, cudaStreamSynchronize(c->stream))) {
             bool ok = true;
             for (long k = 0; k < n && ok; k++)
-                if (hids[k] < 0 || hids[k] >= n_experts) {
+                if (hids[k] < -1 || hids[k] >= n_experts) { /* -1: dropped (moe_ids_local) */
                     cu_fail(c, PD_ERR_INVALID, "moe_experts_ids: expert id %d at %ld", hids[k], k);
                     ok = false;
                 }
@@ -523,6 +539,28 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, weights, y, out);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, ids, weights, y, out);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
+}
+
+/* ids[i] in [first, first + count) → ids[i] - first, else -1. */
+static __global__ void k_moe_ids_local(size_t n, int32_t *__restrict__ ids, int first, int count) {
+    cu_pdl_launch_dependents();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const int32_t e = ids[i];
+        ids[i] = e >= first && e - first < count ? e - first : -1;
+    }
+}
+
+void cu_moe_ids_local(pd_backend *be, size_t n, int32_t *ids, int first, int count) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || n == 0)
+        return;
+    if (!ids || first < 0 || count <= 0) {
+        cu_fail(c, PD_ERR_INVALID, "moe_ids_local: first %d, count %d", first, count);
+        return;
+    }
+    k_moe_ids_local<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(n, ids, first, count);
+    CU_LAUNCHED(c, cudaGetLastError(), "moe_ids_local");
 }

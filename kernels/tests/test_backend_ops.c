@@ -1083,7 +1083,10 @@ static void test_moe_route_ids(void **state) {
 
 /* moe_experts_ids against moe_experts with the same ids (host) on the
  * reference backend: the decode path (few pairs, K % 8 == 0), and the
- * fallbacks (many pairs; odd sizes). */
+ * fallbacks (many pairs; odd sizes). Then expert parallelism: moe_ids_local
+ * against its definition, and moe_experts_ids over half the experts with
+ * the others' pairs dropped against the double formula with the dropped
+ * pairs' weights 0. */
 static void test_moe_experts_ids(void **state) {
     suite *s = *state;
     BEGIN(s);
@@ -1131,6 +1134,38 @@ static void test_moe_experts_ids(void **state) {
             float *dw = put(b, in.w, (size_t)in.rows * k * 4);
             b->ops->moe_experts_ids(b, in.rows, H, I, dx, dids, dw, k, E, gu, dn, dout);
             get(s, b, got, dout, nx);
+            /* expert parallelism: this "rank" owns experts [E/4, 3E/4);
+             * moe_ids_local maps the others to -1 and moe_experts_ids over
+             * the owned weights alone adds only the owned pairs */
+            int first = E / 4, count = E / 2, n = in.rows * k;
+            b->ops->moe_ids_local(b, (size_t)n, dids, first, count);
+            int32_t *lids = malloc((size_t)n * 4);
+            b->ops->download(b, lids, dids, (size_t)n * 4);
+            backend_ok(s, b);
+            float *wk = malloc((size_t)n * 4); /* the reference: dropped pairs weigh 0 */
+            for (int i = 0; i < n; i++) {
+                bool own = in.ids[i] >= first && in.ids[i] < first + count;
+                if (lids[i] != (own ? in.ids[i] - first : -1))
+                    fail_msg("moe_ids_local: pair %d: expert %d became %d (own [%d, %d))", i, in.ids[i], lids[i],
+                             first, first + count);
+                wk[i] = own ? in.w[i] : 0.0f;
+            }
+            b->ops->upload(b, dout, in.out0, nx * 4);
+            b->ops->moe_experts_ids(b, in.rows, H, I, dx, dids, dw, k, count, gu + first, dn + first, dout);
+            float *got_ep = malloc(nx * 4);
+            get(s, b, got_ep, dout, nx);
+            moe_in in_ep = in;
+            in_ep.w = wk;
+            double *rd_ep = malloc(nx * sizeof(double));
+            experts_ref(&in_ep, rd_ep);
+            char shape_ep[96];
+            snprintf(shape_ep, sizeof shape_ep, "rows %d top %d, experts [%d, %d) of %d", in.rows, k, first,
+                     first + count, E);
+            check(s, OP_EXPERTS_IDS, shape_ep, nerr_d(got_ep, rd_ep, nx), s->tol_w);
+            free(rd_ep);
+            free(got_ep);
+            free(wk);
+            free(lids);
             b->ops->free(b, dx);
             b->ops->free(b, dout);
             b->ops->free(b, dids);
