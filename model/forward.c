@@ -23,6 +23,15 @@
  * the MLP or MoE's down projections) give partial sums that all_reduce_sum
  * adds up before the residual add, so every rank carries the same x. Only
  * rank 0 computes the logits.
+ *
+ * Expert parallelism (--enable-expert-parallel) changes only the routed
+ * experts: every rank routes every token (the router is replicated and x is
+ * the same on every rank), keeps the (token, expert) pairs of the E / n
+ * experts it holds whole (moe_ids_local: the others become -1, dropped), and
+ * adds their weighted outputs to its partial sum; the all-reduce after the
+ * MoE block then adds the ranks' partial sums. The combine Σ_k w_k E_k(h) is
+ * a sum over pairs and the pairs are partitioned over the ranks, so the sum
+ * is the same up to the order of fp32 additions.
  */
 #include "model_impl.h"
 
@@ -247,8 +256,16 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             mlp_forward(be, &L->shared, T, h, w->gu, w->act, mo, false);
         else if (tp)
             be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
-        be->ops->moe_experts_ids(be, T, H, c->moe_intermediate_size / rk->n_ranks, h, w->eids, w->ew,
-                                 c->num_experts_per_tok, c->n_routed_experts, L->experts_gate_up, L->experts_down, mo);
+        int moe_inter = c->moe_intermediate_size / rk->n_ranks;
+        if (rk->expert_parallel) {
+            /* this rank's whole experts only: the other ranks' pairs drop
+             * (id -1) and their experts add their pairs to their own mo */
+            be->ops->moe_ids_local(be, (size_t)T * c->num_experts_per_tok, w->eids, rk->expert_first,
+                                   rk->n_experts);
+            moe_inter = c->moe_intermediate_size;
+        }
+        be->ops->moe_experts_ids(be, T, H, moe_inter, h, w->eids, w->ew, c->num_experts_per_tok, rk->n_experts,
+                                 L->experts_gate_up, L->experts_down, mo);
         if (tp)
             add_reduced(rk, T, H, x, mo);
         else if (c->n_shared_experts > 0)

@@ -201,15 +201,16 @@ static pd_status load_vec(loader *ld, const char *name, int64_t n, float **out) 
     return PD_OK;
 }
 
-/* gate_proj and up_proj, this rank's rows of each, stacked into one
- * [2I, H] weight; down_proj's matching columns. */
-static pd_status load_mlp(loader *ld, const char *prefix, int64_t h, int64_t inter, pd_mlp_weights *mw) {
+/* gate_proj and up_proj, this rank's rows of each (all of them when not
+ * split: an expert-parallel rank's own experts), stacked into one [2I, H]
+ * weight; down_proj's matching columns. */
+static pd_status load_mlp(loader *ld, const char *prefix, int64_t h, int64_t inter, bool split, pd_mlp_weights *mw) {
     char n1[192], n2[192], n3[192];
     snprintf(n1, sizeof n1, "%s.gate_proj.weight", prefix);
     snprintf(n2, sizeof n2, "%s.up_proj.weight", prefix);
     snprintf(n3, sizeof n3, "%s.down_proj.weight", prefix);
     pd_backend *be = ld->rk->be;
-    int64_t il = inter / ld->rk->n_ranks, r0 = il * ld->rk->rank;
+    int64_t il = split ? inter / ld->rk->n_ranks : inter, r0 = split ? il * ld->rk->rank : 0;
     pd_status st;
     if (bf16_direct(ld, n1, inter, h) && bf16_direct(ld, n2, inter, h)) {
         const uint16_t *g = pd_st_find(ld->st, n1)->data, *u = pd_st_find(ld->st, n2)->data;
@@ -242,7 +243,7 @@ static pd_status load_mlp(loader *ld, const char *prefix, int64_t h, int64_t int
     if (st != PD_OK)
         return pd_err_set(ld->err, st, "cannot place '%s' on the backend", n1);
     mw->inter = (int)il;
-    return load_weight(ld, n3, h, inter, PART_COLS, &mw->down);
+    return load_weight(ld, n3, h, inter, split ? PART_COLS : PART_ALL, &mw->down);
 }
 
 /* Loads rank ld->rk's shard: every tensor the config implies, in the
@@ -283,25 +284,27 @@ static pd_status load_rank(loader *ld) {
         L->is_moe = pd_config_layer_is_moe(c, i);
         if (!L->is_moe) {
             snprintf(n, sizeof n, "%s.mlp", p);
-            if (st == PD_OK) st = load_mlp(ld, n, h, c->intermediate_size, &L->mlp);
+            if (st == PD_OK) st = load_mlp(ld, n, h, c->intermediate_size, true, &L->mlp);
             continue;
         }
         if (st == PD_OK) st = load_weight(ld, NAME("mlp.gate.weight"), c->n_routed_experts, h, PART_ALL, &L->router);
         if (st == PD_OK && c->arch == PD_ARCH_DEEPSEEK_V3)
             st = load_vec(ld, NAME("mlp.gate.e_score_correction_bias"), c->n_routed_experts, &L->router_bias);
-        L->experts_gate_up = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
-        L->experts_down = pd_xcalloc((size_t)c->n_routed_experts, sizeof(pd_weight));
-        for (int e = 0; e < c->n_routed_experts && st == PD_OK; e++) {
+        /* this rank's experts only: all of them split (tensor parallel) or
+         * its own whole (expert parallel) */
+        L->experts_gate_up = pd_xcalloc((size_t)rk->n_experts, sizeof(pd_weight));
+        L->experts_down = pd_xcalloc((size_t)rk->n_experts, sizeof(pd_weight));
+        for (int e = 0; e < rk->n_experts && st == PD_OK; e++) {
             pd_mlp_weights mw;
             char ep[200];
-            snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, e);
-            st = load_mlp(ld, ep, h, c->moe_intermediate_size, &mw);
+            snprintf(ep, sizeof ep, "%s.mlp.experts.%d", p, rk->expert_first + e);
+            st = load_mlp(ld, ep, h, c->moe_intermediate_size, !rk->expert_parallel, &mw);
             L->experts_gate_up[e] = mw.gate_up;
             L->experts_down[e] = mw.down;
         }
         if (st == PD_OK && c->n_shared_experts > 0) {
             snprintf(n, sizeof n, "%s.mlp.shared_experts", p);
-            st = load_mlp(ld, n, h, (int64_t)c->moe_intermediate_size * c->n_shared_experts, &L->shared);
+            st = load_mlp(ld, n, h, (int64_t)c->moe_intermediate_size * c->n_shared_experts, true, &L->shared);
         }
 #undef NAME
     }
@@ -322,9 +325,11 @@ static pd_status load_rank(loader *ld) {
     return PD_OK;
 }
 
-/* Tensor parallelism divides heads and intermediate sizes evenly: a size
- * that does not divide them is refused here, before anything is loaded. */
-static pd_status tp_check(const pd_model_config *c, int n, const char *path, pd_err *err) {
+/* Tensor parallelism divides heads and intermediate sizes evenly, expert
+ * parallelism the routed experts (and the shared experts' intermediate
+ * size): a size that does not divide them is refused here, before anything
+ * is loaded. */
+static pd_status tp_check(const pd_model_config *c, int n, bool ep, const char *path, pd_err *err) {
     bool any_dense = false, any_moe = false;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (pd_config_layer_is_moe(c, l))
@@ -338,7 +343,14 @@ static pd_status tp_check(const pd_model_config *c, int n, const char *path, pd_
         what = "num_attention_heads", size = c->num_attention_heads;
     else if (any_dense && c->intermediate_size % n)
         what = "intermediate_size", size = c->intermediate_size;
-    else if (any_moe && c->moe_intermediate_size % n)
+    else if (any_moe && ep && c->n_routed_experts % n)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "%s: --enable-expert-parallel: tensor parallel size %d does not divide n_routed_experts (%d); "
+                          "use a size that divides the routed experts",
+                          path, n, c->n_routed_experts);
+    else if (any_moe && ep && c->n_shared_experts > 0 && (c->moe_intermediate_size * c->n_shared_experts) % n)
+        what = "the shared experts' intermediate size", size = c->moe_intermediate_size * c->n_shared_experts;
+    else if (any_moe && !ep && c->moe_intermediate_size % n)
         what = "moe_intermediate_size", size = c->moe_intermediate_size;
     if (what)
         return pd_err_set(err, PD_ERR_INVALID,
@@ -363,10 +375,36 @@ static void load_on_rank(void *arg, int rank) {
 }
 
 pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err *err) {
-    return pd_model_load_tp(dir, &be, 1, m_p, err);
+    return pd_model_load_parallel(dir, &be, 1, false, m_p, err);
 }
 
 pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks, pd_model **m_p, pd_err *err) {
+    return pd_model_load_parallel(dir, bes, n_ranks, false, m_p, err);
+}
+
+/* One line per rank at start-up: which experts it holds and their size. */
+static void log_experts(const pd_model *m) {
+    const pd_model_config *c = &m->cfg;
+    int n_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        n_moe += pd_config_layer_is_moe(c, l);
+    if (n_moe == 0 || c->n_routed_experts == 0)
+        return;
+    double per_expert = 3.0 * c->moe_intermediate_size * c->hidden_size * n_moe; /* gate, up, down */
+    double all = per_expert * c->n_routed_experts;
+    for (int r = 0; r < m->n_ranks; r++) {
+        const pd_model_rank *rk = &m->ranks[r];
+        PD_LOGI("model",
+                "expert parallel rank %d/%d: routed experts [%d, %d) of %d, whole: %.2f M parameters (%.2f MiB as "
+                "bf16), %.3g of the model's %.2f M; %d other experts' weights not loaded",
+                r, m->n_ranks, rk->expert_first, rk->expert_first + rk->n_experts, c->n_routed_experts,
+                per_expert * rk->n_experts / 1e6, per_expert * rk->n_experts * 2 / 1048576.0,
+                (double)rk->n_experts / c->n_routed_experts, all / 1e6, c->n_routed_experts - rk->n_experts);
+    }
+}
+
+pd_status pd_model_load_parallel(const char *dir, pd_backend *const *bes, int n_ranks, bool expert_parallel,
+                                 pd_model **m_p, pd_err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (n_ranks < 1 || n_ranks > PD_TP_MAX_RANKS)
@@ -388,14 +426,18 @@ pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks,
         free(m);
         return pd_err_set(err, PD_ERR_UNSUPPORTED, "%s: more than 1024 experts, 256 per token or 256 groups", path);
     }
-    if ((st = tp_check(c, n_ranks, path, err)) != PD_OK) {
+    if ((st = tp_check(c, n_ranks, expert_parallel, path, err)) != PD_OK) {
         free(m);
         return st;
     }
     m->n_ranks = n_ranks;
+    m->expert_parallel = expert_parallel;
     m->ranks = pd_xcalloc((size_t)n_ranks, sizeof *m->ranks);
+    int e_local = expert_parallel ? c->n_routed_experts / n_ranks : c->n_routed_experts;
     for (int r = 0; r < n_ranks; r++)
-        m->ranks[r] = (pd_model_rank){.be = bes[r], .rank = r, .n_ranks = n_ranks};
+        m->ranks[r] = (pd_model_rank){.be = bes[r], .rank = r, .n_ranks = n_ranks,
+                                      .expert_first = expert_parallel ? r * e_local : 0, .n_experts = e_local,
+                                      .expert_parallel = expert_parallel};
     rope_init(m);
     m->softmax_scale = pd_config_softmax_scale(c);
     if (n_ranks > 1 && (st = pd_tp_team_init(bes, n_ranks, &m->team, err)) != PD_OK) {
@@ -418,6 +460,8 @@ pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks,
         pd_model_free(&m);
         return st;
     }
+    if (expert_parallel)
+        log_experts(m);
     *m_p = m;
     return PD_OK;
 }
@@ -458,7 +502,7 @@ static void free_on_rank(void *arg, int rank) {
             wfree(be, &L->shared.gate_up);
             wfree(be, &L->shared.down);
             if (L->experts_gate_up)
-                for (int e = 0; e < m->cfg.n_routed_experts; e++) {
+                for (int e = 0; e < rk->n_experts; e++) {
                     wfree(be, &L->experts_gate_up[e]);
                     wfree(be, &L->experts_down[e]);
                 }
@@ -492,6 +536,16 @@ const pd_model_config *pd_model_config_of(const pd_model *m) {
 
 int pd_model_tp_size(const pd_model *m) {
     return m->n_ranks;
+}
+
+bool pd_model_expert_parallel(const pd_model *m) {
+    return m->expert_parallel;
+}
+
+void pd_model_rank_experts(const pd_model *m, int rank, int *first, int *count) {
+    PD_ASSERT(rank >= 0 && rank < m->n_ranks);
+    *first = m->ranks[rank].expert_first;
+    *count = m->ranks[rank].n_experts;
 }
 
 /* ---- paged latent KV cache ---- */

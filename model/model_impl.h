@@ -44,8 +44,8 @@ typedef struct {
     pd_mlp_weights mlp;    /* dense layers */
     pd_weight router;      /* [E, H] */
     float *router_bias;    /* [E] or NULL */
-    pd_weight *experts_gate_up; /* [E] */
-    pd_weight *experts_down;    /* [E] */
+    pd_weight *experts_gate_up; /* [E], or [E / n_ranks] with expert parallelism */
+    pd_weight *experts_down;    /* the same */
     pd_mlp_weights shared; /* shared experts (inter = moe_inter * n_shared / n_ranks) */
 } pd_layer_weights;
 
@@ -87,6 +87,13 @@ typedef struct {
     pd_backend *be;
     int rank, n_ranks;
     int n_heads; /* this rank's heads */
+    /* Routed experts held: [expert_first, expert_first + n_experts) of the
+     * model's E. Tensor parallelism: all E, each its intermediate share.
+     * Expert parallelism (--enable-expert-parallel): E / n_ranks whole
+     * experts, rank r's being [r·E/n, (r+1)·E/n); local index i is expert
+     * expert_first + i. */
+    int expert_first, n_experts;
+    bool expert_parallel;
     pd_weight embed, lm_head;
     float *final_norm;
     pd_layer_weights *layers;
@@ -111,6 +118,7 @@ struct pd_model {
     int n_ranks;
     pd_model_rank *ranks; /* [n_ranks] */
     pd_tp_team *team;     /* NULL with one rank */
+    bool expert_parallel; /* routed experts divided whole over the ranks */
     float *inv_freq;  /* [dr/2] host: YaRN-adjusted rope frequencies */
     float rope_mscale; /* YaRN attention factor applied to cos/sin */
     float softmax_scale;

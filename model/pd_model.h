@@ -206,10 +206,30 @@ pd_status pd_model_load(const char *dir, pd_backend *be, pd_model **m_p, pd_err 
  * n_ranks-1 of one group, or n_ranks does not divide num_attention_heads,
  * intermediate_size or moe_intermediate_size: err names which). */
 pd_status pd_model_load_tp(const char *dir, pd_backend *const *bes, int n_ranks, pd_model **m_p, pd_err *err);
+/** pd_model_load_tp, and with expert_parallel (vLLM's
+ * --enable-expert-parallel) the routed experts divided whole over the
+ * ranks instead of each split: rank r loads and holds only experts
+ * [r·E/n, (r+1)·E/n) (E = n_routed_experts), computes only the routed
+ * (token, expert) pairs of those experts, and the all-reduce after the MoE
+ * block adds the ranks' partial sums (forward.c says why that is the
+ * reference's sum). Attention, dense MLPs and shared experts stay tensor
+ * parallel. Logs each rank's experts and their size (INFO).
+ * Errors: those of pd_model_load_tp, where with expert_parallel the
+ * routed-expert check is PD_ERR_INVALID when n_ranks does not divide
+ * n_routed_experts (err names it) or the shared experts' intermediate size,
+ * and moe_intermediate_size need not be divisible. */
+pd_status pd_model_load_parallel(const char *dir, pd_backend *const *bes, int n_ranks, bool expert_parallel,
+                                 pd_model **m_p, pd_err *err);
 void pd_model_free(pd_model **m_p);
 const pd_model_config *pd_model_config_of(const pd_model *m);
 /** Number of tensor-parallel ranks (1 unless loaded with pd_model_load_tp). */
 int pd_model_tp_size(const pd_model *m);
+/** True when loaded with expert_parallel (pd_model_load_parallel). */
+bool pd_model_expert_parallel(const pd_model *m);
+/** The routed experts rank `rank` (0 .. tp size - 1) holds:
+ * [*first, *first + *count) of n_routed_experts — all of them (split)
+ * without expert parallelism, its own E / n whole with it. */
+void pd_model_rank_experts(const pd_model *m, int rank, int *first, int *count);
 
 /** Paged latent KV cache: num_blocks blocks of block_size tokens; each
  * token slot of each layer holds kv_lora_rank (normalised latent c_KV) +

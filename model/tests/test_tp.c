@@ -7,7 +7,11 @@
  * normalised error (max |tp - ref| / max |ref|) of TP = 1, every greedy id
  * the same. Also: a prefill at TP = 1 moved block by block into a TP = 2
  * cache (the decode replica's path, pd_kv_cache_upload_blocks) decodes as
- * TP = 1 does, and sizes that do not divide the heads are refused. The
+ * TP = 1 does, and sizes that do not divide the heads are refused.
+ * Expert parallelism (pd_model_load_parallel with expert_parallel): the
+ * same scenario at TP = 2 and 4 with the routed experts divided whole over
+ * the ranks, the same bounds; each rank holds exactly its experts, equal to
+ * the checkpoint's; a size that does not divide the experts is refused. The
  * models are made by pdserve mkmodel's code (pd_mkmodel_write, seed 1) in
  * $PD_BUILD_DIR/test-models, as test_model.c makes them. */
 #include <setjmp.h>
@@ -23,7 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "pd_model.h"
+#include "model_impl.h" /* the ranks' expert tables (test_ep_rank_experts) */
 
 #define N_PROMPTS    3
 #define DECODE_STEPS 6
@@ -55,14 +59,19 @@ typedef struct {
     pd_model *m;
 } tp_model;
 
-static void tp_load(const char *dir, int n, tp_model *t) {
+static void par_load(const char *dir, int n, bool ep, tp_model *t) {
     pd_err err = {{0}};
     t->n = n;
     if (pd_backend_cpu_init_tp(n, 1, t->bes, &err) != PD_OK)
         fail_msg("backends: %s", err.msg);
-    if (pd_model_load_tp(dir, t->bes, n, &t->m, &err) != PD_OK)
-        fail_msg("load at TP = %d: %s", n, err.msg);
+    if (pd_model_load_parallel(dir, t->bes, n, ep, &t->m, &err) != PD_OK)
+        fail_msg("load at TP = %d%s: %s", n, ep ? " EP" : "", err.msg);
     assert_int_equal(pd_model_tp_size(t->m), n);
+    assert_int_equal(pd_model_expert_parallel(t->m), ep);
+}
+
+static void tp_load(const char *dir, int n, tp_model *t) {
+    par_load(dir, n, false, t);
 }
 
 static void tp_free(tp_model *t) {
@@ -187,21 +196,24 @@ static void check_preset(const char *preset) {
     run_scenario(one.m, &ref);
     tp_free(&one);
     static const int sizes[] = {2, 4};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    for (size_t i = 0; i < 2 * sizeof sizes / sizeof sizes[0]; i++) {
+        int n = sizes[i % 2];
+        bool ep = i >= 2; /* then with --enable-expert-parallel */
+        const char *how = ep ? " EP" : "";
         tp_model t;
-        tp_load(dir, sizes[i], &t);
+        par_load(dir, n, ep, &t);
         trace got = {0};
         run_scenario(t.m, &got);
         double e = trace_cmp(&got, &ref, V);
-        print_message("[ %s ] TP = %d: %d logits rows, worst normalised error %.3g against TP = 1; "
+        print_message("[ %s ] TP = %d%s: %d logits rows, worst normalised error %.3g against TP = 1; "
                       "%d greedy ids\n",
-                      preset, sizes[i], got.n_rows, e, got.n_ids);
+                      preset, n, how, got.n_rows, e, got.n_ids);
         if (!(e <= 1e-5))
-            fail_msg("%s TP = %d: normalised error %.3g > 1e-5", preset, sizes[i], e);
+            fail_msg("%s TP = %d%s: normalised error %.3g > 1e-5", preset, n, how, e);
         assert_int_equal(got.n_ids, ref.n_ids);
         for (int k = 0; k < ref.n_ids; k++)
             if (got.ids[k] != ref.ids[k])
-                fail_msg("%s TP = %d: greedy id %d is %d, TP = 1 gave %d", preset, sizes[i], k,
+                fail_msg("%s TP = %d%s: greedy id %d is %d, TP = 1 gave %d", preset, n, how, k,
                          got.ids[k], ref.ids[k]);
         free(got.rows);
         tp_free(&t);
@@ -300,12 +312,120 @@ static void test_refusals(void **state) {
     assert_int_equal(pd_backend_init_tp("cpu", PD_TP_MAX_RANKS + 1, 1, bes, &err), PD_ERR_INVALID);
 }
 
+/* Expert parallelism: rank r of n holds exactly experts [r·E/n, (r+1)·E/n),
+ * each whole — its local expert i's gate_up / down are the checkpoint's
+ * expert r·E/n + i's gate_proj;up_proj / down_proj, bit for bit (fp32 on
+ * the CPU backend) — and only those (its tables have E/n entries). */
+static void check_rank_experts(const pd_model *m, int n, const pd_safetensors *st) {
+    const pd_model_config *c = pd_model_config_of(m);
+    int E = c->n_routed_experts, I = c->moe_intermediate_size, H = c->hidden_size;
+    float *g = malloc((size_t)I * H * 4), *u = malloc((size_t)I * H * 4), *d = malloc((size_t)H * I * 4);
+    for (int r = 0; r < n; r++) {
+        int first = -1, count = -1;
+        pd_model_rank_experts(m, r, &first, &count);
+        assert_int_equal(first, r * E / n);
+        assert_int_equal(count, E / n);
+        const pd_model_rank *rk = &m->ranks[r];
+        assert_int_equal(rk->n_experts, E / n);
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            const pd_layer_weights *L = &rk->layers[l];
+            if (!L->is_moe)
+                continue;
+            for (int i = 0; i < count; i++) {
+                char name[3][160];
+                static const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
+                float *dst[3] = {g, u, d};
+                for (int k = 0; k < 3; k++) {
+                    snprintf(name[k], sizeof name[k], "model.layers.%d.mlp.experts.%d.%s.weight", l, first + i,
+                             parts[k]);
+                    const pd_st_tensor *t = pd_st_find(st, name[k]);
+                    assert_non_null(t);
+                    pd_st_to_f32(t, dst[k]);
+                }
+                const pd_weight *gu = &L->experts_gate_up[i], *dn = &L->experts_down[i];
+                assert_int_equal(gu->rows, 2 * I);
+                assert_int_equal(gu->cols, H);
+                assert_int_equal(dn->rows, H);
+                assert_int_equal(dn->cols, I);
+                const float *gw = gu->data, *dw = dn->data;
+                if (memcmp(gw, g, (size_t)I * H * 4) || memcmp(gw + (size_t)I * H, u, (size_t)I * H * 4) ||
+                    memcmp(dw, d, (size_t)H * I * 4))
+                    fail_msg("rank %d/%d layer %d: local expert %d is not the checkpoint's expert %d", r, n, l, i,
+                             first + i);
+            }
+        }
+    }
+    free(g);
+    free(u);
+    free(d);
+}
+
+static void test_ep_rank_experts(void **state) {
+    char dir[4096];
+    model_dir("tiny", dir, sizeof dir);
+    pd_err err = {{0}};
+    pd_safetensors *st;
+    assert_int_equal(pd_st_open_dir(dir, &st, &err), PD_OK);
+    static const int sizes[] = {2, 4};
+    for (size_t i = 0; i < 2; i++) {
+        tp_model t;
+        par_load(dir, sizes[i], true, &t);
+        check_rank_experts(t.m, sizes[i], st);
+        tp_free(&t);
+    }
+    /* without expert parallelism every rank holds all E, split */
+    tp_model t;
+    tp_load(dir, 2, &t);
+    for (int r = 0; r < 2; r++) {
+        int first, count;
+        pd_model_rank_experts(t.m, r, &first, &count);
+        assert_int_equal(first, 0);
+        assert_int_equal(count, pd_model_config_of(t.m)->n_routed_experts);
+        assert_int_equal(t.m->ranks[r].layers[1].experts_gate_up[0].rows,
+                         2 * pd_model_config_of(t.m)->moe_intermediate_size / 2);
+    }
+    tp_free(&t);
+    pd_st_close(&st);
+}
+
+/* Expert parallelism with a size that does not divide n_routed_experts is
+ * refused at load, naming the field (tiny-v2 with 6 experts at size 4: the
+ * heads, intermediate sizes and groups all divide). */
+static void test_ep_refusal(void **state) {
+    char models[2048], dir[4096];
+    const char *bd = getenv("PD_BUILD_DIR");
+    snprintf(models, sizeof models, "%s/test-models", bd ? bd : ".");
+    mkdir(models, 0755);
+    snprintf(dir, sizeof dir, "%s/tiny-v2-e6", models);
+    pd_err err = {{0}};
+    pd_model_config cfg;
+    assert_int_equal(pd_preset_config("tiny-v2", &cfg, &err), PD_OK);
+    cfg.n_routed_experts = 6;
+    if (pd_mkmodel_write(&cfg, 1, dir, 0, NULL, &err) != PD_OK)
+        fail_msg("mkmodel: %s", err.msg);
+    pd_backend *bes[PD_TP_MAX_RANKS] = {0};
+    pd_model *m = NULL;
+    assert_int_equal(pd_backend_cpu_init_tp(4, 1, bes, &err), PD_OK);
+    assert_int_equal(pd_model_load_parallel(dir, bes, 4, true, &m, &err), PD_ERR_INVALID);
+    assert_null(m);
+    if (!strstr(err.msg, "tensor parallel size 4 does not divide n_routed_experts (6)"))
+        fail_msg("unexpected message: %s", err.msg);
+    /* the same size without expert parallelism loads (each expert split) */
+    if (pd_model_load_parallel(dir, bes, 4, false, &m, &err) != PD_OK)
+        fail_msg("TP 4 without EP: %s", err.msg);
+    pd_model_free(&m);
+    for (int r = 0; r < 4; r++)
+        pd_backend_free(&bes[r]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_tiny_v2),
         cmocka_unit_test(test_kv_blocks_to_tp),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ep_rank_experts),
+        cmocka_unit_test(test_ep_refusal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
