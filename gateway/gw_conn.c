@@ -22,6 +22,12 @@
  * listener pauses for GW_ACCEPT_RETRY_S instead of spinning on the pending
  * connection (libevent re-reports it at once).
  *
+ * Lingering close (gw_conn_close_linger): an error answered before the
+ * request was read whole (413, 431, ...) is followed by reading and
+ * discarding for at most GW_LINGER_S or GW_LINGER_MAX_BYTES, as nginx
+ * does, so that a client still uploading reads the answer instead of a
+ * reset.
+ *
  * Lifetime: a connection is freed only from one of its own event callbacks
  * (EOF, error, timeout, output drained after gw_conn_close, the deferred
  * event) or at server shutdown, so nothing up the stack still holds it.
@@ -46,8 +52,17 @@
 /* Pause of the listener after accept() ran out of descriptors, seconds. */
 #define GW_ACCEPT_RETRY_S 0.1
 
+/* Lingering close: the longest it reads and discards, seconds (nginx's
+ * lingering_timeout is 5 s between reads, lingering_time 30 s in all; an
+ * error answer needs only the upload in flight to drain), and the most
+ * bytes (twice the default --max-request-body-bytes). */
+#define GW_LINGER_S         2.0
+#define GW_LINGER_MAX_BYTES (64u << 20)
+
 static void conn_update_read(gw_conn *c) {
-    if (c->closing || c->bp_paused || c->read_paused)
+    if (c->lingering)
+        bufferevent_enable(c->bev, EV_READ);
+    else if (c->closing || c->bp_paused || c->read_paused)
         bufferevent_disable(c->bev, EV_READ);
     else
         bufferevent_enable(c->bev, EV_READ);
@@ -70,6 +85,38 @@ void gw_conn_pause_read(gw_conn *c, bool paused) {
     conn_update_read(c);
 }
 
+/* The output of a closing connection drained: free it, or, lingering, shut
+ * the write side (cleartext; under TLS the answer ends by its framing) and
+ * wait for the client's close, the byte budget or the timer. */
+static void conn_output_done(gw_conn *c) {
+    if (!c->lingering) {
+        gw_conn_free(c);
+        return;
+    }
+    if (!c->wr_shut && !c->tls)
+        shutdown(bufferevent_getfd(c->bev), SHUT_WR);
+    c->wr_shut = true;
+}
+
+/* Lingering: drops the input read so far. Returns false when the budget
+ * ran out: the connection then closes as soon as its output drained (c may
+ * have been freed through the deferred event, never here). */
+static bool conn_linger_discard(gw_conn *c) {
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t n = evbuffer_get_length(in);
+    evbuffer_drain(in, n);
+    if (!c->lingering)
+        return true;
+    c->linger_left = n < c->linger_left ? c->linger_left - n : 0;
+    if (c->linger_left > 0)
+        return true;
+    c->lingering = false;
+    conn_update_read(c);
+    if (c->wr_shut || evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        event_active(c->deferred, 0, 0);
+    return false;
+}
+
 void gw_conn_close(gw_conn *c) {
     if (c->closing)
         return;
@@ -80,6 +127,16 @@ void gw_conn_close(gw_conn *c) {
      * is, no write will happen, so go through the deferred event. */
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
         event_active(c->deferred, 0, 0);
+}
+
+void gw_conn_close_linger(gw_conn *c, uint64_t expect_bytes) {
+    if (c->closing)
+        return;
+    c->lingering = true;
+    c->linger_left = expect_bytes < GW_LINGER_MAX_BYTES ? expect_bytes : GW_LINGER_MAX_BYTES;
+    gw_conn_close(c);
+    gw_conn_set_timer(c, GW_LINGER_S); /* conn_timer_cb frees a closing connection */
+    conn_linger_discard(c);            /* what arrived with the refused request */
 }
 
 void gw_conn_set_timer(gw_conn *c, double seconds) {
@@ -157,7 +214,7 @@ static bool conn_tls_ready(gw_conn *c) {
 static void conn_read_cb(struct bufferevent *bev, void *arg) {
     gw_conn *c = arg;
     if (c->closing) {
-        evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+        conn_linger_discard(c);
         return;
     }
     if (c->tls && !c->tls_ready && !conn_tls_ready(c))
@@ -176,7 +233,7 @@ static void conn_write_cb(struct bufferevent *bev, void *arg) {
     size_t out = evbuffer_get_length(bufferevent_get_output(bev));
     if (c->closing) {
         if (out == 0)
-            gw_conn_free(c);
+            conn_output_done(c);
         return;
     }
     if (c->bp_paused && out <= c->srv->cfg.output_high_water_bytes / 2) {
@@ -210,6 +267,12 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
     else if (what & BEV_EVENT_ERROR)
         PD_LOGD(GW_MOD, "conn %llu (%s): %s", (unsigned long long)c->id, c->peer,
                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) && c->lingering &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        c->lingering = false; /* the client finished sending; let the answer drain, then free */
+        conn_update_read(c);
+        return;
+    }
     if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) && c->proto &&
         !c->closing) {
         c->proto->on_eof(c);
@@ -221,8 +284,13 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
 
 static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
     gw_conn *c = arg;
+    if (c->lingering && evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) {
+        c->lingering = false; /* linger over; the answer still drains (--timeout-write) */
+        conn_update_read(c);
+        return;
+    }
     if (c->closing || !c->proto) {
-        gw_conn_free(c); /* idle before the first request, or a close that never drained */
+        gw_conn_free(c); /* idle before the first request, a linger over, or a close that never drained */
         return;
     }
     c->proto->on_timeout(c);
@@ -232,7 +300,7 @@ static void conn_deferred_cb(evutil_socket_t fd, short what, void *arg) {
     gw_conn *c = arg;
     if (c->closing) {
         if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
-            gw_conn_free(c);
+            conn_output_done(c);
         return;
     }
     if (c->defer_proto && c->proto) {

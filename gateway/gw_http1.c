@@ -18,7 +18,8 @@
  * request's first byte (408), the body not whole cfg.timeout_request_body_s
  * after the headers (408): a client that trickles bytes (slowloris) holds a
  * connection for at most their sum. Error messages name the flag and the
- * limit.
+ * limit. An error answered before the request was read whole closes the
+ * connection in stages (gw_conn_close_linger; not after a 408).
  *
  * Responses: Content-Length, or chunked transfer encoding for streamed
  * bodies (an HTTP/1.0 client gets the body unframed and the connection
@@ -64,6 +65,7 @@ typedef struct {
     h1_buf url, hname, hval;
     bool in_value;
     bool in_body; /* cur's headers arrived: its timer is the body's */
+    bool headers_done; /* cur's headers were parsed whole (refused or not) */
     int err_status; /* set by a parser callback that refuses the request */
     const char *err_msg;
     char err_buf[160]; /* err_msg when it carries a number */
@@ -142,6 +144,7 @@ static int on_message_begin(http_parser *p) {
     h->url.len = h->hname.len = h->hval.len = 0;
     h->in_value = false;
     h->in_body = false;
+    h->headers_done = false;
     gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_headers_s);
     return 0;
 }
@@ -228,6 +231,7 @@ static int on_headers_complete(http_parser *p) {
     s->http_minor = p->http_minor;
     s->head = p->method == HTTP_HEAD;
     h->keep_alive = http_should_keep_alive(p);
+    h->headers_done = true;
     if (p->http_major != 1)
         return h1_refuse(h, 505, "only HTTP/1.0 and HTTP/1.1 are served here");
     if (p->method == HTTP_CONNECT)
@@ -400,7 +404,20 @@ static void h1_fail(h1_conn *h, int status, const char *msg) {
     h1_write_head(h, NULL, status, "application/json", NULL, 0, (long long)strlen(body));
     evbuffer_add(gw_conn_output(c), body, strlen(body));
     free(body);
-    gw_conn_close(c);
+    /* The client may still be sending (a body refused from its
+     * Content-Length, headers cut at the limit): read the rest away before
+     * closing. Not after a 408: that client is slow, not in mid-upload, and
+     * lingering would only lengthen a slowloris' hold (nginx closes at once
+     * too). http_parser counts content_length down as the body arrives,
+     * so after the headers it is what remains of a declared body. */
+    if (status == 408) {
+        gw_conn_close(c);
+        return;
+    }
+    uint64_t rest = UINT64_MAX;
+    if (h->headers_done && !(h->parser.flags & F_CHUNKED) && h->parser.content_length != ULLONG_MAX)
+        rest = h->parser.content_length;
+    gw_conn_close_linger(c, rest);
 }
 
 /* True when the comma-separated list holds token (case-insensitive). */

@@ -201,7 +201,10 @@ struct gw_conn {
     struct event *deferred; /* gw_conn_defer and deferred close */
     uint64_t id;
     char peer[64];
-    bool closing;     /* no more reading; freed once the output drained */
+    bool closing;     /* no more requests; freed once the output drained */
+    bool lingering;   /* closing, and reading to discard (gw_conn_close_linger) */
+    bool wr_shut;     /* lingering: the output drained and the write side was shut */
+    uint64_t linger_left; /* lingering: bytes still to discard before the close */
     bool bp_paused;   /* reading stopped by back-pressure */
     bool read_paused; /* reading stopped by the protocol (gw_conn_pause_read) */
     bool defer_proto; /* the deferred event should run proto->on_deferred */
@@ -225,6 +228,17 @@ void gw_conn_pause_read(gw_conn *c, bool paused);
 /** Closes c once its output has been sent (no further reading). The free
  * happens from the event loop, never inside the caller's stack. */
 void gw_conn_close(gw_conn *c);
+/** Lingering close (nginx's lingering_close): like gw_conn_close, but after
+ * an answer sent before the request was read whole (413 from
+ * Content-Length, 431, 400; not 408). Input is read and discarded while the
+ * output drains; then the write side is shut (cleartext: the client sees
+ * EOF after the answer) and reading goes on until the client closes,
+ * expect_bytes more have been discarded (the rest of a declared body;
+ * UINT64_MAX: unknown), GW_LINGER_MAX_BYTES were discarded or GW_LINGER_S
+ * passed, whichever comes first. Closing with unread input would make the
+ * kernel send a reset, and a reset destroys the answer still in the
+ * client's receive queue (RFC 9112 §9.6 asks servers to close in stages). */
+void gw_conn_close_linger(gw_conn *c, uint64_t expect_bytes);
 /** Frees c now (proto->on_close, streams' close callbacks). Only from an
  * event callback of c or server shutdown. */
 void gw_conn_free(gw_conn *c);

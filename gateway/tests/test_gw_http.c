@@ -1432,6 +1432,64 @@ static void test_limits_and_timeouts(void **state) {
     gwt_server_stop(&h);
 }
 
+/* A 413 decided from Content-Length while the client is still uploading:
+ * the gateway answers, then keeps reading and discarding (lingering close)
+ * so that its close is a FIN, not a reset that would destroy the answer in
+ * the client's receive queue. The client here does what most do: send the
+ * whole body, then read. */
+static void test_lingering_close(void **state) {
+    pd_gw_config cfg;
+    gwt_config(&cfg);
+    cfg.max_request_body_bytes = 1024;
+    gwt_server h;
+    assert_int_equal(gwt_server_start(&h, &cfg), 0);
+    size_t big_len = 8u << 20; /* far more than the socket buffers hold */
+    char *big = malloc(big_len);
+    assert_non_null(big);
+    memset(big, 'a', big_len);
+    for (int round = 0; round < 3; round++) {
+        gwt_conn *c = gwt_open(h.port);
+        gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                  big_len);
+        assert_int_equal(gwt_send(c, big, big_len), 0); /* a reset would fail it */
+        gwt_resp r;
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_int_equal(r.status, 413);
+        json_t *j = jparse(r.body);
+        const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        assert_non_null(msg);
+        assert_non_null(strstr(msg, "--max-request-body-bytes (1024 bytes)"));
+        json_decref(j);
+        gwt_resp_free(&r);
+        /* the declared body has arrived: the gateway closes without waiting out the linger */
+        double t0 = pd_now_s();
+        assert_true(gwt_wait_closed(c, 5));
+        assert_true(pd_now_s() - t0 < 1.0);
+        gwt_close(c);
+    }
+    /* the linger is bounded: a client that declares much and sends on slowly
+     * is closed about 2 s (GW_LINGER_S) after the answer */
+    gwt_conn *c = gwt_open(h.port);
+    gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 100000000\r\n\r\n");
+    gwt_resp r;
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 413);
+    gwt_resp_free(&r);
+    /* the write side is shut at once (EOF after the answer), the socket
+     * closed when the linger ends: then a send draws a reset */
+    assert_true(gwt_wait_closed(c, 1));
+    double t0 = pd_now_s();
+    while (pd_now_s() - t0 < 6 && gwt_send(c, big, 1000) == 0)
+        usleep(50000);
+    double waited = pd_now_s() - t0;
+    assert_true(waited > 1.5 && waited < 4.0);
+    gwt_close(c);
+    free(big);
+    gwt_server_stop(&h);
+}
+
 /* Slow clients, each limit on its own (the header and body deadlines differ,
  * so which one fired is visible in the time and the message). */
 static void test_read_timeouts(void **state) {
@@ -1708,6 +1766,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_limits_and_timeouts),
+        cmocka_unit_test(test_lingering_close),
         cmocka_unit_test(test_read_timeouts),
         cmocka_unit_test(test_max_connections),
         cmocka_unit_test(test_backpressure_pipelining),
