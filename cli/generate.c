@@ -16,12 +16,15 @@ static void gen_usage(FILE *f) {
             "                        [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]\n"
             "                        [--ids] [--ignore-eos] [--chunked-prefill-size N] [--block-size N]\n"
             "                        [--device cpu|cuda] [--threads N] [--tensor-parallel-size N]\n"
-            "                        [--dump-logits FILE]\n"
+            "                        [--enable-expert-parallel] [--dump-logits FILE]\n"
             "  --chat      render the prompt as one user turn of the DeepSeek-V3 chat encoding\n"
             "  --ids       print token ids (prompt then completion) instead of text\n"
             "  -n N        maximum new tokens (default 16)\n"
             "  --tensor-parallel-size N  shard the model over N ranks (CUDA: GPUs 0..N-1; CPU: N threads);\n"
-            "              N must divide the attention heads and intermediate sizes (default 1)\n");
+            "              N must divide the attention heads and intermediate sizes (default 1)\n"
+            "  --enable-expert-parallel  with --tensor-parallel-size N: the routed experts divided whole\n"
+            "              over the ranks (rank r holds experts [r*E/N, (r+1)*E/N); N must divide E)\n"
+            "              instead of each expert split; attention and shared experts stay tensor parallel\n");
 }
 
 static int parse_ids(const char *s, int32_t **ids_p, size_t *n_p) {
@@ -47,7 +50,7 @@ static int parse_ids(const char *s, int32_t **ids_p, size_t *n_p) {
 
 int pd_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = NULL, *prompt_ids = NULL, *device = "cpu", *dump = NULL;
-    bool chat = false, print_ids = false, ignore_eos = false;
+    bool chat = false, print_ids = false, ignore_eos = false, expert_parallel = false;
     int max_new = 16, chunk = 512, block_size = 64, threads = 0, tp = 1;
     pd_sampling_params sp = pd_sampling_defaults();
     sp.temperature = 0.0f;
@@ -61,7 +64,7 @@ int pd_cmd_generate(int argc, char **argv) {
         {"chunked-prefill-size", required_argument, 0, 'C'}, {"block-size", required_argument, 0, 'B'},
         {"device", required_argument, 0, 'd'}, {"threads", required_argument, 0, 't'},
         {"dump-logits", required_argument, 0, 'D'}, {"tensor-parallel-size", required_argument, 0, 'X'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"enable-expert-parallel", no_argument, 0, 'E'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
@@ -84,6 +87,7 @@ int pd_cmd_generate(int argc, char **argv) {
         case 't': threads = atoi(optarg); break;
         case 'D': dump = optarg; break;
         case 'X': tp = atoi(optarg); break;
+        case 'E': expert_parallel = true; break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
@@ -111,7 +115,7 @@ int pd_cmd_generate(int argc, char **argv) {
         return 1;
     }
     double t0 = pd_now_s();
-    if (pd_model_load_tp(model_dir, bes, tp, &m, &err) != PD_OK) {
+    if (pd_model_load_parallel(model_dir, bes, tp, expert_parallel, &m, &err) != PD_OK) {
         fprintf(stderr, "pdserve generate: %s\n", err.msg);
         goto out;
     }

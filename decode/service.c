@@ -502,6 +502,7 @@ int pd_decode_main(int argc, char **argv) {
     const char *ckpt_manifest = NULL, *replay_path = NULL;
     const char *numa = "auto";
     bool inject_selfcheck_failure = false;
+    bool expert_parallel = false;
     double reservation_ttl = 120.0;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, safetensors)"},
@@ -518,6 +519,10 @@ int pd_decode_main(int argc, char **argv) {
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &tp,
          "shard the model over GPUs 0..N-1 (CUDA_VISIBLE_DEVICES picks them) or N CPU threads (default 1)"},
+        {"enable-expert-parallel", PD_FLAG_BOOL, &expert_parallel,
+         "with --tensor-parallel-size N: routed experts divided whole over the N ranks (rank r: experts "
+         "[r*E/N, (r+1)*E/N); N must divide them) instead of each split; attention and shared experts stay "
+         "tensor parallel"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
@@ -579,7 +584,7 @@ int pd_decode_main(int argc, char **argv) {
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "init backend", t);
-    if (pd_model_load_tp(model, bes, tp, &d.m, &err) != PD_OK) {
+    if (pd_model_load_parallel(model, bes, tp, expert_parallel, &d.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);
         backends_free(bes);
         pd_replica_ops_free(&ops);

@@ -474,6 +474,7 @@ int pd_prefill_main(int argc, char **argv) {
     const char *ckpt_manifest = NULL, *replay_path = NULL;
     const char *numa = "auto";
     bool inject_selfcheck_failure = false;
+    bool expert_parallel = false;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory"},
         {"gateway", PD_FLAG_STR, &gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
@@ -487,6 +488,10 @@ int pd_prefill_main(int argc, char **argv) {
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &tp,
          "shard the model over GPUs 0..N-1 (CUDA_VISIBLE_DEVICES picks them) or N CPU threads (default 1)"},
+        {"enable-expert-parallel", PD_FLAG_BOOL, &expert_parallel,
+         "with --tensor-parallel-size N: routed experts divided whole over the N ranks (rank r: experts "
+         "[r*E/N, (r+1)*E/N); N must divide them) instead of each split; attention and shared experts stay "
+         "tensor parallel"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &metrics_host, "address of --metrics-port (default 127.0.0.1)"},
@@ -540,7 +545,7 @@ int pd_prefill_main(int argc, char **argv) {
     }
     rc = 1;
     if (pd_backend_init_tp(device, tp, threads, bes, &err) != PD_OK ||
-        pd_model_load_tp(model, bes, tp, &p.m, &err) != PD_OK) {
+        pd_model_load_parallel(model, bes, tp, expert_parallel, &p.m, &err) != PD_OK) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
         goto out;
     }

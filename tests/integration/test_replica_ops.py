@@ -10,6 +10,8 @@ all-reduce is the threads' barrier):
   capacity in tokens), with their NUMA placement: --numa 0 binds node 0
   (log line with its CPUs, pdserve:numa_node 0), auto on a CPU replica
   binds nothing (numa_node -1) and says why;
+- the healthy replicas run with --enable-expert-parallel (each rank logs
+  the routed experts it holds) and serve a request;
 - an invalid --numa value or a node this machine lacks: exit 2 and a message
   naming it, no crash.
 """
@@ -80,8 +82,8 @@ def main():
 
         # 2. healthy replicas: self-check ok, NUMA reported, registered
         mp = free_port_pair()
-        replica("decode", "decode-1", "--metrics-port", str(mp), "--numa", "0")
-        replica("prefill", "prefill-1", "--metrics-port", str(mp + 1))
+        replica("decode", "decode-1", "--metrics-port", str(mp), "--numa", "0", "--enable-expert-parallel")
+        replica("prefill", "prefill-1", "--metrics-port", str(mp + 1), "--enable-expert-parallel")
         check(wait_for(lambda: alive(port, "decode") == 1 and alive(port, "prefill") == 1, 60),
               "both replicas registered after their self-checks")
         d, p = log("decode-1"), log("prefill-1")
@@ -93,6 +95,8 @@ def main():
             check(text.find("self-check allreduce ok") < text.find("registered with the gateway"),
                   f"{name}: the check comes before registration")
             check("GPU telemetry off: CPU backend, no GPU" in text, f"{name}: telemetry absence explained")
+            check("expert parallel rank 1/2: routed experts [4, 8) of 8" in text,
+                  f"{name}: --enable-expert-parallel: rank 1 holds experts 4..7")
         node0 = open("/sys/devices/system/node/node0/cpulist").read().strip()
         m = re.search(r"decode-1: NUMA: bound to node 0, CPUs (\S+), memory preferred there \(--numa 0\)", d)
         check(m is not None, "decode --numa 0: bound to node 0, logged")
