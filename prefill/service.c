@@ -3,6 +3,7 @@
 #include "pd_prefill.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -82,6 +83,8 @@ static pd_status mask_first_token(prefill_svc *p, const Pdserve__Prefill *m, pd_
         pd_err lerr = {{0}};
         if (pd_grammar_vocab_load(p->tokenizer_path, c->vocab_size, c->eos_token_id, &p->vocab, &lerr) != PD_OK)
             PD_LOGE(LOGM, "%s: response_format is unavailable: %s", p->replica_id, lerr.msg);
+        else
+            malloc_trim(0); /* parsing tokenizer.json left ~30 MB free in the heap; ~3 ms, once */
     }
     if (!p->vocab)
         return pd_err_set(err, PD_ERR_INVALID, "response_format needs the tokenizer, which this replica could not load");
@@ -606,6 +609,9 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     pd_replica_ops_attach(ops, p.metrics);
+    /* Start-up (checkpoint JSON, verification, self-checks) leaves ~5 MB
+     * free inside the heap; hand it back so that RSS shows what serving uses */
+    malloc_trim(0);
     send_register(&p);
     send_heartbeat(&p);
     rc = 0;
