@@ -1,7 +1,8 @@
 """Shared helpers of the integration tests (real pdserve processes on
 127.0.0.1): checks that collect failures, free ports, HTTP calls, /metrics
-parsing, and a tiny model made once per test."""
-import http.client, json, os, socket, subprocess, sys, tempfile
+parsing, a tiny model made once per test, a `pdserve up` stack started,
+awaited and stopped, and streamed (SSE) responses read and checked."""
+import collections, http.client, json, os, selectors, signal, socket, subprocess, sys, tempfile, time
 
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 SRC = os.environ.get("PD_SOURCE_DIR", ".")
@@ -71,3 +72,136 @@ def tiny_model(preset="tiny"):
     model = os.path.join(tmp, preset)
     subprocess.run([BIN, "mkmodel", "--preset", preset, "--seed", "1", "--out", model], check=True, capture_output=True)
     return tmp, model
+
+
+def start_up(model, port, *flags, log_name="up.log"):
+    """`pdserve up --model MODEL --port PORT FLAGS...` in a session of its own
+    (stop_up ends the whole group), stdout and stderr in LOG_NAME beside the
+    model (tiny_model's temporary folder). Returns the Popen with .log (the
+    open file) and .log_path."""
+    log_path = os.path.join(os.path.dirname(model), log_name)
+    log = open(log_path, "w")
+    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), *map(str, flags)],
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up.log, up.log_path = log, log_path
+    return up
+
+
+def wait_ready(port, roles=("prefill",), timeout=60):
+    """True once /health answers 200 and /metrics counts a live replica of
+    each of ROLES (the gateway is healthy with a decode replica alone)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            st, _, _ = request(port, "GET", "/health", timeout=10)
+            m = metrics(port) if st == 200 else {}
+            if st == 200 and all(metric(m, "pdserve:replicas_alive", role=r) >= 1 for r in roles):
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def stop_up(up, sanitizer=False, tail=6000):
+    """Stops a start_up stack: SIGTERM to its process group, SIGKILL after
+    10 s. With SANITIZER, checks that its log holds no sanitizer report.
+    Prints the log's last TAIL characters when any check failed."""
+    os.killpg(up.pid, signal.SIGTERM)
+    try:
+        up.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+    up.log.close()
+    text = open(up.log_path, errors="replace").read()
+    if sanitizer:
+        check("Sanitizer" not in text and "runtime error" not in text, "no sanitizer report in the stack's log")
+    if failures:
+        print(text[-tail:])
+
+
+SSE = collections.namedtuple("SSE", "events text usage finish_reason done")
+
+
+def parse_sse(raw, what="stream"):
+    """A streamed completion's body (bytes) read as the OpenAI API sends it:
+    blocks of one `data: ` line (`:` comments skipped), each strict UTF-8
+    JSON, then `data: [DONE]` last. Checks that shape (quietly) and returns
+    SSE(events, text, usage, finish_reason, done): text concatenates choice
+    0's delta.content (chat) or text (completions); usage is the last one
+    sent; finish_reason the last one set."""
+    events, text, usage, fin, done = [], "", None, None, False
+    for block in raw.split(b"\n\n"):
+        block = block.strip()
+        if not block or block.startswith(b":"):
+            continue
+        if not check(block.startswith(b"data: ") and not done, f"{what}: SSE block {block[:60]!r}", True):
+            continue
+        payload = block[6:]
+        if payload == b"[DONE]":
+            done = True
+            continue
+        ev = json.loads(payload.decode("utf-8", errors="strict"))
+        events.append(ev)
+        if ev.get("usage"):
+            usage = ev["usage"]
+        for ch in ev.get("choices", []):
+            if ch.get("index", 0) == 0:
+                text += (ch.get("delta") or {}).get("content") or ch.get("text") or ""
+                fin = ch.get("finish_reason") or fin
+    check(done, f"{what}: stream ends with data: [DONE]", True)
+    return SSE(events, text, usage, fin, done)
+
+
+def stream(port, path, body, timeout=60):
+    """POSTs BODY with "stream": true to PATH; parse_sse of the answer (its
+    status checked to be 200)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, f"{path} stream: status {r.status}", quiet_ok=True)
+    raw = r.read()
+    c.close()
+    return parse_sse(raw, f"{path} stream")
+
+
+def rss_kib(pid):
+    """VmRSS of process PID, KiB (/proc/PID/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def open_idle(port, n, send_request, timeout=120):
+    """N non-blocking connections to PORT; with SEND_REQUEST each sends
+    GET /v1/models and reads (the start of) its answer, then all stay open.
+    Returns (sockets, how many did not connect or were not answered within
+    TIMEOUT seconds)."""
+    socks = []
+    for i in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        socks.append(s)
+        if i % 500 == 499:
+            time.sleep(0.05)  # let the gateway accept (listen backlog)
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_WRITE)
+    pending, deadline = set(socks), time.time() + timeout
+    while pending and time.time() < deadline:
+        for key, ev in sel.select(1):
+            s = key.fileobj
+            if ev & selectors.EVENT_WRITE and send_request:
+                s.send(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
+                sel.modify(s, selectors.EVENT_READ)
+            elif ev & selectors.EVENT_WRITE or s.recv(65536):
+                sel.unregister(s)
+                pending.discard(s)
+    sel.close()
+    return socks, len(pending)

@@ -5,30 +5,9 @@ package (chat and completions, streaming and not), over both routes (short
 prompts straight to decode, long ones through prefill + UCX). Every SSE
 event must be strict UTF-8 JSON, the concatenated stream must equal the
 non-streamed text, and usage must agree."""
-import http.client, json, os, shutil, signal, subprocess, sys, time
+import http.client, json, os, shutil, subprocess, sys
 
-from pdtest import BIN, SRC, check, failures, finish, free_port_pair, tiny_model
-
-
-def parse_sse(raw, kind):
-    text, usage, done = "", None, False
-    for block in raw.split(b"\n\n"):
-        block = block.strip()
-        if not block or block.startswith(b":"):
-            continue
-        if not check(block.startswith(b"data: "), f"SSE block {block[:60]!r}"):
-            continue
-        payload = block[6:]
-        if payload == b"[DONE]":
-            done = True
-            continue
-        ev = json.loads(payload.decode("utf-8", errors="strict"))  # strict UTF-8 JSON
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for ch in ev.get("choices", []):
-            text += (ch.get("delta", {}).get("content") or "") if kind == "chat" else (ch.get("text") or "")
-    check(done, "stream ends with data: [DONE]")
-    return text, usage
+from pdtest import SRC, check, finish, free_port_pair, parse_sse, start_up, stop_up, tiny_model, wait_ready
 
 
 def curl(port, kind, body, stream):
@@ -40,7 +19,8 @@ def curl(port, kind, body, stream):
                           "-H", "Content-Type: application/json", "-d", json.dumps(b)], capture_output=True, timeout=90)
     check(out.returncode == 0, f"curl exit {out.returncode}: {out.stderr!r}")
     if stream:
-        return parse_sse(out.stdout, kind)
+        r = parse_sse(out.stdout, f"curl {kind}")
+        return r.text, r.usage
     r = json.loads(out.stdout)
     ch = r["choices"][0]
     return (ch["message"]["content"] if kind == "chat" else ch["text"]), r["usage"]
@@ -56,24 +36,13 @@ def main():
                            capture_output=True, text=True, timeout=300)
         if not check(r.returncode == 0, f"npm install of the openai client: {r.stderr[-500:]}"):
             sys.exit(1)
-    tmp, model = tiny_model()
+    _, model = tiny_model()
     port = free_port_pair()
-    log = open(os.path.join(tmp, "up.log"), "w")
-    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--served-model-name", "tiny",
-                           "--long-prompt-threshold", "24", "--chunked-prefill-size", "16", "--threads", "1",
-                           "--heartbeat-interval-ms", "200"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up = start_up(model, port, "--served-model-name", "tiny", "--long-prompt-threshold", "24",
+                  "--chunked-prefill-size", "16", "--threads", "1", "--heartbeat-interval-ms", "200")
     try:
-        t0 = time.time()
-        while time.time() - t0 < 60:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/metrics")
-                m = c.getresponse().read().decode()
-                if 'pdserve:replicas_alive{role="prefill"} 1' in m and 'pdserve:replicas_alive{role="decode"} 1' in m:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
+        if not check(wait_ready(port, roles=("prefill", "decode")), "stack became ready"):
+            finish()  # stop_up runs on the way out
         long_text = "Tell me everything about 東京 and Zürich, émoji 🙂, numbers 1234567 " * 4
         cases = [
             {"kind": "completions", "body": {"model": "tiny", "prompt": "Hello, world", "max_tokens": 12, "temperature": 0}},
@@ -107,13 +76,7 @@ def main():
         m = c.getresponse().read().decode()
         check('pdserve:requests_routed_total{class="long"} 0' not in m, "some requests took the long route")
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-        if failures:
-            print(open(os.path.join(tmp, "up.log")).read()[-4000:])
+        stop_up(up, tail=4000)
     finish()
 
 

@@ -21,33 +21,11 @@ except ImportError:
     print("python3-httpx and python3-h2 are required (deploy/install-deps.sh installs them)")
     sys.exit(1)
 
-import json, shutil, signal, socket, subprocess, tempfile, time
+import json, shutil, signal, socket, subprocess, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pdtest import BIN, SRC, check, finish, free_port_pair, metrics, metric, request, tiny_model
-
-
-def parse_sse(raw, kind, what):
-    """(text, usage, finish_reason) of an SSE body, its shape checked."""
-    text, usage, fin, done = "", None, None, False
-    for block in raw.split(b"\n\n"):
-        block = block.strip()
-        if not block or block.startswith(b":"):
-            continue
-        if not check(block.startswith(b"data: ") and not done, f"{what}: SSE block {block[:60]!r}", True):
-            continue
-        payload = block[6:]
-        if payload == b"[DONE]":
-            done = True
-            continue
-        ev = json.loads(payload.decode("utf-8", errors="strict"))
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for ch in ev.get("choices", []):
-            text += (ch.get("delta", {}).get("content") or "") if kind == "chat" else (ch.get("text") or "")
-            fin = ch.get("finish_reason") or fin
-    check(done, f"{what}: stream ends with data: [DONE]", True)
-    return text, usage, fin
+from pdtest import (BIN, SRC, check, finish, free_port_pair, parse_sse, request, start_up, stop_up,
+                    tiny_model, wait_ready)
 
 
 def full(body, kind):
@@ -72,7 +50,10 @@ def curl(url, body, mode, extra=()):
 
 def one(client_name, fetch, kind, body, stream):
     data = fetch(dict(body, stream=True, stream_options={"include_usage": True}) if stream else dict(body, stream=False))
-    return parse_sse(data, kind, client_name) if stream else full(data, kind)
+    if stream:
+        r = parse_sse(data, client_name)
+        return r.text, r.usage, r.finish_reason
+    return full(data, kind)
 
 
 def rst_stream_test(port):
@@ -183,40 +164,22 @@ def main():
             finish()
     tmp, model = tiny_model()
     port = free_port_pair()
-    log = open(os.path.join(tmp, "up.log"), "w")
-    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--served-model-name", "tiny",
-                           "--long-prompt-threshold", "24", "--chunked-prefill-size", "16", "--threads", "1",
-                           "--heartbeat-interval-ms", "200"], stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True)
+    up = start_up(model, port, "--served-model-name", "tiny", "--long-prompt-threshold", "24",
+                  "--chunked-prefill-size", "16", "--threads", "1", "--heartbeat-interval-ms", "200")
     base = f"http://127.0.0.1:{port}"
     try:
-        run_all(tmp, model, port, base, clients, log)
+        run_all(tmp, model, port, base, clients, up.log)
     except Exception:
         import traceback
         check(False, "exception: " + traceback.format_exc()[-1500:])
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-        from pdtest import failures
-        if failures:
-            print(open(os.path.join(tmp, "up.log")).read()[-6000:])
+        stop_up(up, tail=6000)
     finish()
 
 
 def run_all(tmp, model, port, base, clients, log):
-    t0 = time.time()
-    while time.time() - t0 < 60:
-        try:
-            m = metrics(port)
-            if (metric(m, "pdserve:replicas_alive", role="prefill") >= 1
-                    and metric(m, "pdserve:replicas_alive", role="decode") >= 1):
-                break
-        except OSError:
-            pass
-        time.sleep(0.2)
+    if not check(wait_ready(port, roles=("prefill", "decode")), "stack became ready"):
+        return
     long_text = "Tell me everything about 東京 and Zürich, émoji 🙂, numbers 1234567 " * 4
     cases = [
         {"kind": "completions", "body": {"model": "tiny", "prompt": "Hello, world", "max_tokens": 12,

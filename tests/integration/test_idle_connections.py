@@ -8,49 +8,12 @@ allocated lazily and small, not a timing). Also: 1000 connections that
 never sent a byte are held too (the keep-alive timer is 600 s here), every
 held connection is still served afterwards (a sample), and the gateway
 exits 0 on SIGTERM with them open."""
-import os, resource, selectors, shutil, socket, subprocess, time
+import os, resource, shutil, subprocess, time
 
-from pdtest import BIN, check, finish, free_port_pair, request, tiny_model
+from pdtest import BIN, check, finish, free_port_pair, open_idle, request, rss_kib, tiny_model
 
 N = 1000
 LIMIT = 16 * 1024
-
-
-def rss_kib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def open_conns(port, n, send_request):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        socks.append(s)
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        sel.register(s, selectors.EVENT_WRITE)
-    pending, deadline = set(socks), time.time() + 30
-    while pending and time.time() < deadline:
-        for key, ev in sel.select(1):
-            s = key.fileobj
-            if ev & selectors.EVENT_WRITE and send_request:
-                s.send(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
-                sel.modify(s, selectors.EVENT_READ)
-            elif ev & selectors.EVENT_WRITE:
-                sel.unregister(s)
-                pending.discard(s)
-            elif s.recv(65536):
-                sel.unregister(s)
-                pending.discard(s)
-    sel.close()
-    return socks, len(pending)
 
 
 def fds(pid):
@@ -81,7 +44,7 @@ def main():
         time.sleep(0.5)
         fd0, rss0 = fds(g.pid), rss_kib(g.pid)
         t1 = time.time()
-        active, left = open_conns(port, N, send_request=True)
+        active, left = open_idle(port, N, send_request=True, timeout=30)
         time.sleep(0.5)
         fd1, rss1 = fds(g.pid), rss_kib(g.pid)
         per = (rss1 - rss0) * 1024 / N
@@ -89,7 +52,7 @@ def main():
                                             f"{time.time() - t1:.1f} s)")
         check(per <= LIMIT, f"memory per idle keep-alive connection: {per:.0f} bytes "
                             f"(RSS {rss0} -> {rss1} KiB) <= {LIMIT}")
-        silent, left = open_conns(port, N, send_request=False)
+        silent, left = open_idle(port, N, send_request=False, timeout=30)
         time.sleep(0.5)
         fd2, rss2 = fds(g.pid), rss_kib(g.pid)
         per2 = (rss2 - rss1) * 1024 / N

@@ -17,9 +17,10 @@ Checks, per route and endpoint:
   the prefill replica).
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import http.client, json, os, random, signal, subprocess, time
+import json, os, random, time
 
-from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, tiny_model
+from pdtest import (check, finish, free_port_pair, metric, metrics, request, start_up, stop_up, stream, tiny_model,
+                    wait_ready)
 
 CHUNK = 8
 THRESHOLD = 12
@@ -34,17 +35,9 @@ def post(port, path, body):
 
 def stream_logprobs(port, path, body):
     """The streamed response's choices[0].logprobs, concatenated over its chunks."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", path, json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    check(r.status == 200, f"{path} stream: status {r.status}", quiet_ok=True)
-    raw = r.read()
-    c.close()
     acc = None
-    for block in raw.split(b"\n\n"):
-        if not block.startswith(b"data: ") or block == b"data: [DONE]":
-            continue
-        for ch in json.loads(block[6:].decode("utf-8", errors="strict")).get("choices", []):
+    for ev in stream(port, path, body).events:
+        for ch in ev.get("choices", []):
             lp = ch.get("logprobs")
             if not lp:
                 continue
@@ -115,29 +108,14 @@ def byte_level_vocab(model):
 
 
 def main():
-    tmp, model = tiny_model()
+    _, model = tiny_model()
     port = free_port_pair()
-    log = open(os.path.join(tmp, "up.log"), "w")
-    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
-                           "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
-                           "--long-prompt-threshold", str(THRESHOLD), "--chunked-prefill-size", str(CHUNK),
-                           "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100",
-                           "--threads", "1"],
-                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up = start_up(model, port, "--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1",
+                  "--decode-replicas", "1", "--long-prompt-threshold", THRESHOLD, "--chunked-prefill-size", CHUNK,
+                  "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1")
     try:
-        deadline = time.time() + 60
-        ready = False
-        while time.time() < deadline:
-            try:
-                st, _, _ = request(port, "GET", "/health", timeout=10)
-                if st == 200 and metric(metrics(port), "pdserve:replicas_alive", role="prefill") >= 1:
-                    ready = True
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        if not check(ready, "stack became ready"):
-            return
+        if not check(wait_ready(port), "stack became ready"):
+            finish()  # stop_up runs on the way out
         rng = random.Random(11)
         routes = {"short": ([rng.randrange(3, 120000) for _ in range(5)], "Hi"),
                   "long": ([rng.randrange(3, 120000) for _ in range(THRESHOLD + 9)],
@@ -221,16 +199,7 @@ def main():
             break
         check(agreed, "replicas agree: a prompt whose 1st token maps back to its id")
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-        log.close()
-        text = open(os.path.join(tmp, "up.log")).read()
-        check("Sanitizer" not in text and "runtime error" not in text, "no sanitizer report in the stack's log")
-        if failures:
-            print(text[-6000:])
+        stop_up(up, sanitizer=True)
     finish()
 
 

@@ -16,11 +16,12 @@ Checks, per schema (json_object and four json_schema ones) and route:
 - bad response_format values are 400 with `param` naming the field.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import http.client, json, os, signal, subprocess, time
+import json, time
 
 import jsonschema
 
-from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, tiny_model
+from pdtest import (check, finish, free_port_pair, metric, metrics, request, start_up, stop_up, stream, tiny_model,
+                    wait_ready)
 
 CHUNK = 8
 THRESHOLD = 12
@@ -60,24 +61,6 @@ def post(port, path, body):
     return json.loads(data) if st == 200 else None
 
 
-def stream_text(port, path, body):
-    """The streamed text of choice 0 and its finish_reason."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("POST", path, json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    check(r.status == 200, f"{path} stream: status {r.status}", quiet_ok=True)
-    raw = r.read()
-    c.close()
-    text, fin = "", None
-    for block in raw.split(b"\n\n"):
-        if not block.startswith(b"data: ") or block == b"data: [DONE]":
-            continue
-        for ch in json.loads(block[6:].decode("utf-8")).get("choices", []):
-            text += (ch.get("delta") or {}).get("content") or ch.get("text") or ""
-            fin = ch.get("finish_reason") or fin
-    return text, fin
-
-
 def valid(text, schema, what):
     try:
         v = json.loads(text)
@@ -99,29 +82,14 @@ def check_bad(port, rf, param, words):
 
 
 def main():
-    tmp, model = tiny_model()
+    _, model = tiny_model()
     port = free_port_pair()
-    log = open(os.path.join(tmp, "up.log"), "w")
-    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
-                           "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
-                           "--long-prompt-threshold", str(THRESHOLD), "--chunked-prefill-size", str(CHUNK),
-                           "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100",
-                           "--threads", "1"],
-                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up = start_up(model, port, "--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1",
+                  "--decode-replicas", "1", "--long-prompt-threshold", THRESHOLD, "--chunked-prefill-size", CHUNK,
+                  "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1")
     try:
-        deadline = time.time() + 60
-        ready = False
-        while time.time() < deadline:
-            try:
-                st, _, _ = request(port, "GET", "/health", timeout=10)
-                if st == 200 and metric(metrics(port), "pdserve:replicas_alive", role="prefill") >= 1:
-                    ready = True
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        if not check(ready, "stack became ready"):
-            return
+        if not check(wait_ready(port), "stack became ready"):
+            finish()  # stop_up runs on the way out
         t0 = time.time()
         prompts = {"short": "Reply in JSON.", "long": "Reply in JSON about " + "many things " * 6}
         formats = {"json_object": ({"type": "json_object"}, {"type": "object"})}
@@ -152,7 +120,8 @@ def main():
                     ch = sampled["choices"][0]
                     if valid(ch["message"]["content"], schema, f"{what} sampled"):
                         check(ch["finish_reason"] == "stop", f"{what} sampled: finish_reason {ch['finish_reason']}")
-                    stext, sfin = stream_text(port, "/v1/chat/completions", sbody)
+                    ss = stream(port, "/v1/chat/completions", sbody)
+                    stext, sfin = ss.text, ss.finish_reason
                     check(stext == ch["message"]["content"] and sfin == ch["finish_reason"],
                           f"{what} sampled: streamed == non-streamed ({stext!r} vs {ch['message']['content']!r})")
             time.sleep(0.35)  # heartbeats carry the counters
@@ -197,16 +166,7 @@ def main():
         st, _, _ = request(port, "GET", "/health", timeout=10)
         check(st == 200, "the stack is healthy after bad requests")
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-        log.close()
-        text = open(os.path.join(tmp, "up.log")).read()
-        check("Sanitizer" not in text and "runtime error" not in text, "no sanitizer report in the stack's log")
-        if failures:
-            print(text[-6000:])
+        stop_up(up, sanitizer=True)
     finish()
 
 

@@ -15,9 +15,10 @@ Run by ctest (tests/integration/*.py) with PD_BIN set. PD_DEVICE=cuda runs
 `generate` and both replicas on the GPU (the KV moves through the replicas'
 page-locked host pools); tests/gpu/run.sh does that on a GPU host.
 """
-import http.client, json, os, random, signal, socket, subprocess, sys, time
+import json, os, random, socket, subprocess, time
 
-from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, tiny_model
+from pdtest import (BIN, check, finish, free_port_pair, metric, metrics, request, start_up, stop_up, stream, tiny_model,
+                    wait_ready)
 
 CHUNK = 8
 THRESHOLD = 12
@@ -29,37 +30,10 @@ def post(port, path, body, timeout=60):
     return st, data
 
 
-def get(port, path):
-    st, _, data = request(port, "GET", path, timeout=10)
-    return st, data
-
-
-def stream(port, body):
+def stream_completion(port, body):
     """Returns (text, events, usage) of a streamed completion."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = dict(body, stream=True, stream_options={"include_usage": True})
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    check(r.status == 200, f"stream status {r.status}")
-    raw = r.read()
-    c.close()
-    text, usage, events, done = "", None, 0, False
-    for block in raw.split(b"\n\n"):
-        if not block.strip() or block.startswith(b":"):
-            continue
-        check(block.startswith(b"data: "), f"SSE line {block[:40]!r}")
-        payload = block[6:]
-        if payload == b"[DONE]":
-            done = True
-            continue
-        ev = json.loads(payload.decode("utf-8", errors="strict"))
-        events += 1
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for ch in ev.get("choices", []):
-            text += ch.get("text") or ""
-    check(done, "stream ended with [DONE]")
-    return text, events, usage
+    r = stream(port, "/v1/completions", dict(body, stream_options={"include_usage": True}))
+    return r.text, len(r.events), r.usage
 
 
 def generate_text(model, ids, n):
@@ -70,30 +44,15 @@ def generate_text(model, ids, n):
 
 
 def main():
-    tmp, model = tiny_model()
+    _, model = tiny_model()
     port = free_port_pair()
-    log = open(os.path.join(tmp, "up.log"), "w")
-    up = subprocess.Popen([BIN, "up", "--model", model, "--port", str(port), "--host", "127.0.0.1",
-                           "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
-                           "--long-prompt-threshold", str(THRESHOLD), "--chunked-prefill-size", str(CHUNK),
-                           "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100",
-                           "--threads", "1", "--device", DEVICE],
-                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up = start_up(model, port, "--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1",
+                  "--decode-replicas", "1", "--long-prompt-threshold", THRESHOLD, "--chunked-prefill-size", CHUNK,
+                  "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1",
+                  "--device", DEVICE)
     try:
-        deadline = time.time() + 60
-        ready = False
-        while time.time() < deadline:
-            try:
-                st, _ = get(port, "/health")
-                m = metrics(port)
-                if st == 200 and metric(m, "pdserve:replicas_alive", role="prefill") >= 1:
-                    ready = True
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        if not check(ready, "stack became ready"):
-            return
+        if not check(wait_ready(port), "stack became ready"):
+            finish()  # stop_up runs on the way out
         rng = random.Random(5)
         # ---- greedy equality over both routes and chunk boundaries ----
         for n in (3, CHUNK - 1, THRESHOLD, CHUNK * 2 - 1, CHUNK * 2, CHUNK * 2 + 1, CHUNK * 5 + 3):
@@ -121,7 +80,7 @@ def main():
                 check(moved == 0, f"len {n}: short route moved KV ({moved} bytes)")
                 check(dec_prefill == n, f"len {n}: decode prefilled {dec_prefill} tokens, expected {n}")
             # streamed == non-streamed, usage equal
-            stext, events, usage = stream(port, {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0,
+            stext, events, usage = stream_completion(port, {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0,
                                                  "ignore_eos": True})
             check(stext == text, f"len {n}: streamed {stext!r} != {text!r}")
             check(usage == resp["usage"], f"len {n}: stream usage {usage} != {resp['usage']}")
@@ -159,14 +118,7 @@ def main():
                 time.sleep(0.05)
             check(back, f"len {n}: every replica's blocks back to baseline within 1 s after the client left")
     finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-        log.close()
-        if failures:
-            print(open(os.path.join(tmp, "up.log")).read()[-6000:])
+        stop_up(up)
     finish()
 
 

@@ -29,32 +29,19 @@ Phases, each against real processes on 127.0.0.1 with the tiny model
    client's end-to-end time minus dispatch->last: p50 / p99.
 Needs `wrk` and `h2load` (Debian packages wrk and nghttp2-client).
 """
-import argparse, http.client, json, os, re, resource, selectors, shutil, socket, statistics, subprocess
+import argparse, http.client, json, os, re, resource, subprocess
 import sys, tempfile, threading, time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import pdtest  # noqa: E402
+from pdtest import free_port_pair, rss_kib  # noqa: E402
+
 HZ = os.sysconf("SC_CLK_TCK")
-
-
-def free_port_pair():
-    while True:
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-        try:
-            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
-            return p
-        except OSError:
-            pass
 
 
 def cpu_s(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / HZ  # utime, stime (fields 14, 15)
-
-
-def rss_kib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def gateway_pid(up_pid):
@@ -155,41 +142,10 @@ def run_tool(cmd, pid, tokens_per_req=0):
 
 
 def open_idle(port, n, send_request):
-    """n connections to port; with send_request each sends GET /v1/models
-    and reads its answer, then stays open. Returns the sockets."""
-    socks = []
-    for i in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        socks.append(s)
-        if i % 500 == 499:
-            time.sleep(0.05)  # let the gateway accept (backlog 1024)
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        sel.register(s, selectors.EVENT_WRITE)
-    pending = set(socks)
-    deadline = time.time() + 120
-    while pending and time.time() < deadline:
-        for key, ev in sel.select(1):
-            s = key.fileobj
-            if ev & selectors.EVENT_WRITE:
-                if send_request:
-                    s.send(b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
-                    sel.modify(s, selectors.EVENT_READ)
-                else:
-                    sel.unregister(s)
-                    pending.discard(s)
-            else:
-                if s.recv(65536):
-                    sel.unregister(s)
-                    pending.discard(s)
-    sel.close()
+    """pdtest.open_idle, raising when a connection did not complete."""
+    socks, pending = pdtest.open_idle(port, n, send_request)
     if pending:
-        raise RuntimeError(f"{len(pending)} of {n} connections did not complete")
+        raise RuntimeError(f"{pending} of {n} connections did not complete")
     return socks
 
 
