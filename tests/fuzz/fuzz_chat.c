@@ -23,21 +23,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 typedef struct {
-    char *p;
-    size_t len, cap;
-} fz_buf;
-
-static void buf_add(fz_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-typedef struct {
     fz_buf content, reasoning, calls; /* calls: name \0 args \0 … */
     int n_calls;
 } fz_out;
@@ -46,18 +31,18 @@ static void on_event(void *ud, const pd_chat_event *ev) {
     fz_out *o = ud;
     if (ev->kind == PD_CHAT_EV_CONTENT) {
         FZ_CHECK(ev->len > 0, "empty content event");
-        buf_add(&o->content, ev->text, ev->len);
+        fz_buf_add(&o->content, ev->text, ev->len);
     } else if (ev->kind == PD_CHAT_EV_REASONING) {
         FZ_CHECK(ev->len > 0, "empty reasoning event");
-        buf_add(&o->reasoning, ev->text, ev->len);
+        fz_buf_add(&o->reasoning, ev->text, ev->len);
     } else {
         FZ_CHECK(ev->name && ev->name[0], "tool call without a name");
         json_t *j = json_loads(ev->arguments, JSON_ALLOW_NUL, NULL);
         FZ_CHECK(json_is_object(j), "arguments not a JSON object: %s", ev->arguments);
         json_decref(j);
         FZ_CHECK(ev->tool_index == o->n_calls, "tool_index %d", ev->tool_index);
-        buf_add(&o->calls, ev->name, strlen(ev->name) + 1);
-        buf_add(&o->calls, ev->arguments, strlen(ev->arguments) + 1);
+        fz_buf_add(&o->calls, ev->name, strlen(ev->name) + 1);
+        fz_buf_add(&o->calls, ev->arguments, strlen(ev->arguments) + 1);
         o->n_calls++;
     }
 }

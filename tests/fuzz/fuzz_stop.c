@@ -23,21 +23,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} fz_buf;
-
-static void buf_add(fz_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
 static bool contains_stop(const char *s, size_t n, char **stops, int n_stops) {
     for (int i = 0; i < n_stops; i++)
         if (memmem(s, n, stops[i], strlen(stops[i])))
@@ -89,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             final = true; /* the flush of the detokenizer: an empty final piece */
         }
-        buf_add(&fed, piece ? piece : "", plen);
+        fz_buf_add(&fed, piece ? piece : "", plen);
         size_t emit = 0;
         size_t held_before = sb.len;
         int m = gw_stop_feed(&sb, piece, plen, stops, n_stops, include, final, &emit);
@@ -103,15 +88,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FZ_CHECK(!include || emit >= sl, "include_stop: emit %zu < %zu", emit, sl);
             FZ_CHECK(pos + sl <= sb.len && memcmp(sb.buf + pos, stops[m], sl) == 0,
                      "stop %d is not at %zu", m, pos);
-            buf_add(&out, sb.buf, pos);
+            fz_buf_add(&out, sb.buf, pos);
             FZ_CHECK(!contains_stop(out.p, out.len, stops, n_stops),
                      "a stop string was emitted before the match");
-            buf_add(&out, stops[m], sl);
+            fz_buf_add(&out, stops[m], sl);
             FZ_CHECK(memcmp(out.p, fed.p, out.len) == 0, "emitted text differs from the input");
             match = m;
             break;
         }
-        buf_add(&out, sb.buf, emit);
+        fz_buf_add(&out, sb.buf, emit);
         gw_stopbuf_consume(&sb, emit);
         FZ_CHECK(out.len + sb.len == fed.len && memcmp(out.p, fed.p, out.len) == 0 &&
                      (sb.len == 0 || memcmp(sb.buf, fed.p + out.len, sb.len) == 0),

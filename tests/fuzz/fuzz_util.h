@@ -40,6 +40,25 @@ static inline const pd_tokenizer *fz_tokenizer(void) {
     return tok;
 }
 
+/* A growing byte string, NUL-terminated after len; zero-initialise, free(p).
+ * Out of memory aborts (libFuzzer reports the input). */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} fz_buf;
+
+/* Appends n bytes of s to b. */
+static inline void fz_buf_add(fz_buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        FZ_CHECK(b->p, "out of memory");
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
 /* Harnesses run quietly unless PDSERVE_LOG_LEVEL asks otherwise. */
 static inline void fz_quiet_logs(void) {
     if (!getenv("PDSERVE_LOG_LEVEL"))
