@@ -318,19 +318,13 @@ static const pd_backend_i cu_ops = {
 extern "C" {
 
 pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backend **be_p, pd_err *err) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cu_err_set(err, PD_ERR_UNSUPPORTED, "no CUDA device: %s", cudaGetErrorString(e));
-    }
-    if (device < 0 || device >= n)
-        return cu_err_set(err, PD_ERR_UNSUPPORTED, "no CUDA device %d (%d present)", device, n);
+    cudaDeviceProp prop;
+    pd_status pst = cu_device_props(device, &prop, err);
+    if (pst != PD_OK)
+        return pst;
     if (weights != PD_CUDA_WEIGHTS_BF16 && weights != PD_CUDA_WEIGHTS_F32)
         return cu_err_set(err, PD_ERR_INVALID, "unknown CUDA weight format %d", (int)weights);
-    cudaDeviceProp prop;
-    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
-        return cu_err_set(err, PD_ERR_IO, "cudaGetDeviceProperties(%d): %s", device, cudaGetErrorString(e));
+    cudaError_t e;
     if (prop.major != 9 || prop.minor != 0)
         return cu_err_set(err, PD_ERR_UNSUPPORTED, "CUDA device %d (%s) is sm_%d%d; this build holds sm_90a code only",
                           device, prop.name, prop.major, prop.minor);

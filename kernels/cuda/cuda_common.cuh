@@ -86,6 +86,10 @@ static inline cu_ctx *cu_of(pd_backend *be) {
  * pd_err_set and pd_log: same behaviour, same line format, same
  * PDSERVE_LOG_LEVEL. */
 pd_status cu_err_set(pd_err *err, pd_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The properties of CUDA device `device` (device_info.cu), after checking
+ * that it exists. Errors: PD_ERR_UNSUPPORTED (no CUDA device or driver, or
+ * no device of that index), PD_ERR_IO (cudaGetDeviceProperties failed). */
+pd_status cu_device_props(int device, cudaDeviceProp *prop_p, pd_err *err);
 void cu_log(pd_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define CU_LOGD(...) cu_log(PD_LOG_DEBUG, __VA_ARGS__)
 #define CU_LOGI(...) cu_log(PD_LOG_INFO, __VA_ARGS__)
