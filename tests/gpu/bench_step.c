@@ -2,7 +2,7 @@
  * ceiling measured in the same run.
  *
  *   bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 10] [--variants
- * all|fast] [--tp N]
+ * all|fast] [--tp N [--ep]]
  *
  * For every context L and batch B: B sequences whose first L tokens are in
  * the KV cache (random latents written straight into the cache: a decode
@@ -28,7 +28,9 @@
  * --tp N: the model sharded over GPUs 0..N-1 (pd_model_load_tp); bytes
  * and the ceiling stay one GPU's, so the ratio says how far N GPUs get
  * past one GPU's copy ceiling. Only rank 0's cache holds the random
- * latents (the others' hold zeros: the same work).
+ * latents (the others' hold zeros: the same work). --ep: with expert
+ * parallelism (pd_model_load_parallel; each GPU holds E/N whole routed
+ * experts instead of 1/N of each).
  *
  * Built by tests/gpu/build.sh, run by tests/gpu/run.sh on a GPU host. */
 #include <cuda_runtime.h>
@@ -116,7 +118,7 @@ typedef struct {
 int main(int argc, char **argv) {
     const char *dir = NULL;
     int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10, tp = 1;
-    bool all_variants = true;
+    bool all_variants = true, ep = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc)
             n_b = parse_list(argv[++i], batches, 16);
@@ -128,13 +130,15 @@ int main(int argc, char **argv) {
             all_variants = strcmp(argv[++i], "fast") != 0;
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc)
             tp = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ep"))
+            ep = true;
         else
             dir = argv[i];
     }
     if (!dir || steps < 1 || steps > 200 || tp < 1 || tp > PD_TP_MAX_RANKS) {
         fprintf(stderr,
                 "usage: bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps N] "
-                "[--variants all|fast] [--tp N]\n");
+                "[--variants all|fast] [--tp N [--ep]]\n");
         return 2;
     }
     pd_err err = {{0}};
@@ -150,8 +154,8 @@ int main(int argc, char **argv) {
     time_t tnow = time(NULL);
     char date[32];
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tnow));
-    printf("# bench_step %s: %s, %d SMs; model %s; tensor parallel size %d\n\n", date, prop.name,
-           prop.multiProcessorCount, dir, tp);
+    printf("# bench_step %s: %s, %d SMs; model %s; tensor parallel size %d%s\n\n", date, prop.name,
+           prop.multiProcessorCount, dir, tp, ep ? ", expert parallel" : "");
 
     /* ceiling: a 1 GiB device-to-device copy, bytes read + written */
     size_t cb = (size_t)1 << 30;
@@ -181,7 +185,7 @@ int main(int argc, char **argv) {
 
     double t0 = now_s();
     pd_model *m = NULL;
-    if (pd_model_load_tp(dir, bes, tp, &m, &err) != PD_OK) {
+    if (pd_model_load_parallel(dir, bes, tp, ep, &m, &err) != PD_OK) {
         fprintf(stderr, "bench_step: %s\n", err.msg);
         return 1;
     }

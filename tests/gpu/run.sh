@@ -20,6 +20,10 @@
 #   tp        tensor parallelism over 2 GPUs: test_all_reduce; generate on tiny at TP 1 and 2 (greedy
 #             ids must match, bf16 and fp32); then (mkmodel v2-lite started first, in the background)
 #             logits of generate at TP 2 against TP 1 (cmp_logits.py) and bench_step --tp 1, 2 -> tp.log, tp-step.md
+#   ep        expert parallelism over 2 GPUs (after tp's v2-lite): generate on tiny and tiny-v2 at TP 2
+#             --enable-expert-parallel against TP 1 (greedy ids must match, bf16 and fp32); v2-lite
+#             logits at TP 2 EP against TP 1 (cmp_logits.py); bench_step --tp 2 --ep (run ops too:
+#             test_backend_ops checks moe_ids_local and dropped pairs on CUDA) -> ep.log, ep-step.md
 #   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
 #             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
 # Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
@@ -50,7 +54,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
-case " $* " in *" v2lite "* | *" tp "* | *" service "*)
+case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -160,6 +164,44 @@ for what in "$@"; do
             cat "$O/tp-step.md"
         fi
         cat "$L"; f=tp.log ;;
+    ep)
+        L=$O/ep.log
+        : >"$L"
+        for preset in tiny tiny-v2; do
+            "$C/bin/pdserve" mkmodel --preset $preset --seed 1 --out "$PD_BUILD_DIR/ep-$preset" >/dev/null 2>&1
+            for w in bf16 f32; do
+                for how in "1" "2 --enable-expert-parallel"; do
+                    # shellcheck disable=SC2086
+                    PD_CUDA_WEIGHTS=$w timeout 60 "$C/bin/pdserve" generate --model "$PD_BUILD_DIR/ep-$preset" --ids \
+                        --prompt "The capital of France is" -n 24 --ignore-eos --device cuda --tensor-parallel-size $how \
+                        >"$PD_BUILD_DIR/ep-$preset-$w-${how%% *}.ids" 2>>"$L" || rc=1
+                done
+                if cmp -s "$PD_BUILD_DIR/ep-$preset-$w-1.ids" "$PD_BUILD_DIR/ep-$preset-$w-2.ids"; then
+                    echo "$preset $w: greedy ids at TP 2 EP identical to TP 1: $(tail -1 "$PD_BUILD_DIR/ep-$preset-$w-2.ids")" >>"$L"
+                else
+                    echo "$preset $w: greedy ids DIFFER (FAIL)" >>"$L"; cat "$PD_BUILD_DIR"/ep-$preset-$w-*.ids >>"$L"; rc=1
+                fi
+            done
+        done
+        wait "$MKPID" 2>/dev/null
+        if [ -e "$V2/config.json" ]; then
+            for how in "1" "2 --enable-expert-parallel"; do
+                # shellcheck disable=SC2086
+                timeout 90 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 16 \
+                    --ignore-eos --ids --device cuda --tensor-parallel-size $how \
+                    --dump-logits "$PD_BUILD_DIR/v2ep-${how%% *}.bin" >>"$L" 2>&1 || rc=1
+            done
+            echo "v2-lite logits, TP 2 EP against TP 1:" >>"$L"
+            python3 tests/gpu/cmp_logits.py "$PD_BUILD_DIR/v2ep-2.bin" "$PD_BUILD_DIR/v2ep-1.bin" "$V2" >>"$L" 2>&1 || rc=1
+            : >"$O/ep-step.md"
+            for how in "--tp 2" "--tp 2 --ep"; do
+                # shellcheck disable=SC2086
+                timeout 150 "$C/bin/bench_step" "$V2" $how --variants fast ${TP_STEP_ARGS:---contexts 1024} \
+                    >>"$O/ep-step.md" 2>>"$L" || rc=1
+            done
+            cat "$O/ep-step.md"
+        fi
+        cat "$L"; f=ep.log ;;
     selfcheck)
         timeout 400 python3 tests/gpu/selfcheck.py >"$O/selfcheck.log" 2>&1 || rc=1
         cat "$O/selfcheck.log"; f=selfcheck.log ;;
