@@ -2,17 +2,22 @@
  * prefill and D decode replicas as child processes of this one. It prints
  * where it listens and an example request, restarts nothing silently (a
  * child that exits is reported, and the stack keeps serving with what is
- * left), and stops every child on SIGINT/SIGTERM. Flags it does not know
+ * left), and stops every child on SIGINT/SIGTERM. Exit status: 0 after
+ * SIGINT/SIGTERM, 1 when the gateway exited by itself (the rest is then
+ * stopped), 2 for bad flags or an HTTP or control port already in use
+ * (checked before any child starts). Flags it does not know
  * are passed to the replicas (e.g. --max-num-seqs). Every flag it routes (its
  * own and the gateway's) is accepted as "--flag value" and as "--flag=value",
  * as getopt_long accepts both in the services. */
 #include <errno.h>
+#include <netdb.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +99,31 @@ static bool int_value(const char *flag, const char *v, int *out) {
     return true;
 }
 
+/* Whether something already listens on HOST:PORT: a trial bind (with
+ * SO_REUSEADDR, as the gateway's listeners have it, so connections in
+ * TIME_WAIT do not count) fails with EADDRINUSE on any of HOST's addresses.
+ * False when HOST does not resolve (the gateway then says why). */
+static bool port_in_use(const char *host, int port) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, ps, &hints, &res) != 0) return false;
+    bool used = false;
+    for (struct addrinfo *a = res; a && !used; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) used = true;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return used;
+}
+
 /* Flags that belong to the gateway alone (the rest go to the replicas);
  * A in either form, "--flag" or "--flag=value". */
 static bool is_gateway_flag(const char *a) {
@@ -162,6 +192,18 @@ int pd_cmd_up(int argc, char **argv) {
                 MAX_CHILDREN - 1);
         return 2;
     }
+    /* Checked before any child starts: replicas connect to the control port
+     * whoever holds it, so a second stack on a busy port would register its
+     * replicas, under the same ids, with the first stack's gateway (taking
+     * them over) and then die with its gateway, leaving the first stack
+     * without replicas. */
+    if (port_in_use(host, port) || port_in_use("127.0.0.1", port + 1)) {
+        fprintf(stderr,
+                "pdserve up: port %d (HTTP on %s) or %d (control on 127.0.0.1) is in use, by another "
+                "pdserve up or another program; pick another --port\n",
+                port, host, port + 1);
+        return 2;
+    }
     const char *self = self_exe();
     char portbuf[16], ctrl[64], thr[16];
     snprintf(portbuf, sizeof portbuf, "%d", port);
@@ -220,7 +262,7 @@ int pd_cmd_up(int argc, char **argv) {
            "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'\n",
            host, port, name ? name : model);
     fflush(stdout);
-    int alive = g_n_children;
+    int alive = g_n_children, rc = 0;
     while (!g_stop && alive > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, 0);
@@ -238,7 +280,10 @@ int pd_cmd_up(int argc, char **argv) {
                             g_children[i].name, (int)pid, WEXITSTATUS(status));
                 g_children[i].pid = 0;
                 alive--;
-                if (!strcmp(g_children[i].name, "gateway")) g_stop = SIGTERM; /* nothing to serve without it */
+                if (!strcmp(g_children[i].name, "gateway")) {
+                    g_stop = SIGTERM; /* nothing to serve without it */
+                    rc = 1;           /* and it was not asked to stop */
+                }
             }
     }
     /* stop replicas first, then the gateway; SIGKILL what lingers after 5 s */
@@ -264,5 +309,5 @@ int pd_cmd_up(int argc, char **argv) {
             waitpid(g_children[i].pid, NULL, 0);
         }
     fprintf(stderr, "pdserve up: stopped\n");
-    return 0;
+    return rc;
 }
