@@ -10,6 +10,15 @@ BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail=0
+# a free port P with P + 1 free too (up refuses a busy HTTP or control port)
+port=$(python3 -c '
+import socket
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    try:
+        t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
+    except OSError:
+        pass')
 # the gateway's flags, from its own --help; --control is up's to set (PORT + 1)
 flags=$("$BIN" gateway --help | awk '$1 ~ /^--/ && $1 != "--control" { print substr($1, 3) }')
 [ -n "$flags" ] || { echo "FAIL: no flags in 'pdserve gateway --help'"; exit 1; }
@@ -21,7 +30,7 @@ for f in $flags; do
         [ "$f" = model ] && model=""
         if [ $form = space ]; then set -- --$f abc; else set -- --$f=abc; fi
         # shellcheck disable=SC2086
-        timeout 30 "$BIN" up $model --port 18990 "$@" >"$T/out" 2>&1
+        timeout 30 "$BIN" up $model --port "$port" "$@" >"$T/out" 2>&1
         rc=$?
         [ $rc -lt 124 ] || { echo "FAIL --$f ($form): exit $rc"; fail=1; continue; }
         if grep -q "unknown or incomplete flag '--$f" "$T/out"; then
