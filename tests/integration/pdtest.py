@@ -87,6 +87,16 @@ def start_up(model, port, *flags, log_name="up.log"):
     return up
 
 
+def pd_stack_flags(threshold, chunk):
+    """`pdserve up` flags of the tests that compare both routes: the model
+    served as "tiny", one prefill and one decode replica, prompts longer than
+    THRESHOLD tokens through the prefill replica in chunks of CHUNK, small KV
+    blocks, fast heartbeats (the counters), one thread each."""
+    return ["--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1", "--decode-replicas", "1",
+            "--long-prompt-threshold", str(threshold), "--chunked-prefill-size", str(chunk), "--block-size", "4",
+            "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1"]
+
+
 def wait_ready(port, roles=("prefill",), timeout=60):
     """True once /health answers 200 and /metrics counts a live replica of
     each of ROLES (the gateway is healthy with a decode replica alone)."""

@@ -19,8 +19,8 @@ Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import json, os, random, time
 
-from pdtest import (check, finish, free_port_pair, metric, metrics, request, start_up, stop_up, stream, tiny_model,
-                    wait_ready)
+from pdtest import (check, finish, free_port_pair, metric, metrics, pd_stack_flags, request, start_up, stop_up,
+                    stream, tiny_model, wait_ready)
 
 CHUNK = 8
 THRESHOLD = 12
@@ -110,9 +110,7 @@ def byte_level_vocab(model):
 def main():
     _, model = tiny_model()
     port = free_port_pair()
-    up = start_up(model, port, "--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1",
-                  "--decode-replicas", "1", "--long-prompt-threshold", THRESHOLD, "--chunked-prefill-size", CHUNK,
-                  "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1")
+    up = start_up(model, port, *pd_stack_flags(THRESHOLD, CHUNK))
     try:
         if not check(wait_ready(port), "stack became ready"):
             finish()  # stop_up runs on the way out

@@ -17,8 +17,8 @@ page-locked host pools); tests/gpu/run.sh does that on a GPU host.
 """
 import json, os, random, socket, subprocess, time
 
-from pdtest import (BIN, check, finish, free_port_pair, metric, metrics, request, start_up, stop_up, stream, tiny_model,
-                    wait_ready)
+from pdtest import (BIN, check, finish, free_port_pair, metric, metrics, pd_stack_flags, request, start_up, stop_up,
+                    stream, tiny_model, wait_ready)
 
 CHUNK = 8
 THRESHOLD = 12
@@ -46,10 +46,7 @@ def generate_text(model, ids, n):
 def main():
     _, model = tiny_model()
     port = free_port_pair()
-    up = start_up(model, port, "--host", "127.0.0.1", "--served-model-name", "tiny", "--prefill-replicas", "1",
-                  "--decode-replicas", "1", "--long-prompt-threshold", THRESHOLD, "--chunked-prefill-size", CHUNK,
-                  "--block-size", "4", "--num-kv-blocks", "512", "--heartbeat-interval-ms", "100", "--threads", "1",
-                  "--device", DEVICE)
+    up = start_up(model, port, *pd_stack_flags(THRESHOLD, CHUNK), "--device", DEVICE)
     try:
         if not check(wait_ready(port), "stack became ready"):
             finish()  # stop_up runs on the way out
