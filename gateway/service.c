@@ -109,12 +109,16 @@ int pd_gateway_main(int argc, char **argv) {
     char tokpath[4096];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
-    struct event_base *base = event_base_new();
     if (run_short < 1 || run_long < 1 || prefill_jobs < 1 || q_short < 0 || q_long < 0 || request_timeout < 0) {
         fprintf(stderr, "pdserve gateway: concurrency limits (and --max-prefill-jobs-per-replica) must be >= 1, "
                         "queue sizes and --request-timeout >= 0\n");
         return 2;
     }
+    if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
+        fprintf(stderr, "pdserve gateway: --max-request-body-bytes must be >= 1, --max-header-bytes >= 0\n");
+        return 2;
+    }
+    struct event_base *base = event_base_new(); /* after the checks: an early exit leaks nothing */
     pd_router_config rc_cfg = {.control_endpoint = control, .long_prompt_threshold = threshold,
                                .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc),
                                .model_name = served ? served : model, .max_running = {run_short, run_long},
@@ -125,10 +129,6 @@ int pd_gateway_main(int argc, char **argv) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);
         event_base_free(base);
         return 1;
-    }
-    if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
-        fprintf(stderr, "pdserve gateway: --max-request-body-bytes must be >= 1, --max-header-bytes >= 0\n");
-        return 2;
     }
     raise_fd_limit(max_conns);
     gc.host = host;
