@@ -252,3 +252,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    if failures:  # main returned early (the stack never became ready): that is a failure too
+        print(f"{len(failures)} failure(s)")
+        sys.exit(1)

@@ -205,3 +205,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    finish()  # reached only when main returned early (replicas never registered): counts as a failure
