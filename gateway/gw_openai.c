@@ -906,9 +906,14 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return fail(e, 400, max_key, "'%s' must be at least 1, got %lld", max_key,
                     (long long)max_tokens);
     if (kind == GW_KIND_CHAT && strcmp(max_key, "max_tokens") != 0) {
+        /* max_completion_tokens wins; max_tokens is still checked in full,
+         * so a request with an invalid value is refused whichever is used */
         int64_t ignored;
-        if (get_int(root, "max_tokens", &ignored, NULL, e))
+        bool ignored_given = false;
+        if (get_int(root, "max_tokens", &ignored, &ignored_given, e))
             return -1;
+        if (ignored_given && ignored < 1)
+            return fail(e, 400, "max_tokens", "'max_tokens' must be at least 1, got %lld", (long long)ignored);
     }
 
     int64_t min_tokens = 0;

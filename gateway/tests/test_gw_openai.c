@@ -87,6 +87,9 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5.0}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":null}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
+    /* both given: max_completion_tokens is used, max_tokens still validated */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":8,\"max_tokens\":-1}", 400, "max_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":8,\"max_tokens\":16}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5000}", 400, "max_tokens"},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens"},
     /* sampling */
