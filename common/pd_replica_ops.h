@@ -17,6 +17,7 @@
 #include "pd_common.h"
 #include "pd_kernels.h"
 #include "pd_metrics_server.h"
+#include "pd_model.h"
 
 typedef struct pd_replica_ops pd_replica_ops;
 
@@ -38,6 +39,45 @@ typedef struct {
  * does not parse, or a node this machine does not have: a usage error),
  * PD_ERR_UNSUPPORTED, PD_ERR_IO (from pd_numa_place). */
 pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops **o_p, pd_err *err);
+
+/** Bytes kept out of the KV cache for the decode/prefill step's workspace
+ * (scratch buffers, CUDA graphs, cuBLAS) when --gpu-memory-utilization
+ * sizes the cache. */
+#define PD_KV_PLAN_RESERVE_BYTES ((size_t)2 << 30)
+
+/** --gpu-memory-utilization: sizes the KV cache of a CUDA replica after its
+ * weights are loaded. On every GPU of the replica (0 .. tp-1) it reads the
+ * free memory (cudaMemGetInfo) and plans with pd_kv_plan_blocks (reserve
+ * PD_KV_PLAN_RESERVE_BYTES, block_bytes a block, at most max_blocks); every
+ * rank holds the whole latent cache, so the smallest plan wins. Logs the
+ * plan: device memory, in use before the cache, the budget, the workspace
+ * reserve, the cache in bytes, blocks and tokens (× block_size). Writes
+ * *num_blocks. Errors: PD_ERR_UNSUPPORTED (not a CUDA replica: the flag
+ * sizes device memory only — a usage error), PD_ERR_NOMEM (no room for one
+ * block on some GPU; err says how the memory is taken), PD_ERR_INVALID,
+ * PD_ERR_IO (a CUDA query failed). */
+pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t block_bytes, int block_size,
+                                 int max_blocks, int *num_blocks, pd_err *err);
+
+/** KV blocks used when neither --num-kv-blocks nor --gpu-memory-utilization is given. */
+#define PD_KV_BLOCKS_DEFAULT 4096
+
+/** Checks --gpu-memory-utilization (0: not given) and --num-kv-blocks
+ * (0: not given) as soon as the flags are parsed, before any weight is
+ * read: utilization in (0, 1], a count >= 0, and utilization only with
+ * device "cuda". Errors: PD_ERR_INVALID, PD_ERR_UNSUPPORTED (utilization on
+ * a CPU replica); both usage errors (exit 2). */
+pd_status pd_replica_kv_flags_check(const char *device, double utilization, int num_blocks, pd_err *err);
+
+/** A replica's KV cache size from its flags, after the weights are loaded:
+ * *num_blocks in: --num-kv-blocks (0: not given); out: the blocks to
+ * allocate. utilization 0 (--gpu-memory-utilization not given): the given
+ * count, else PD_KV_BLOCKS_DEFAULT. Otherwise pd_replica_ops_plan_kv sizes
+ * it, and a --num-kv-blocks given too overrides the plan (as vLLM's
+ * --num-gpu-blocks-override; logged). Errors: PD_ERR_INVALID (utilization
+ * outside (0, 1], a negative count), those of pd_replica_ops_plan_kv. */
+pd_status pd_replica_kv_blocks(pd_replica_ops *o, const pd_model_config *cfg, double utilization, int block_size,
+                               int *num_blocks, pd_err *err);
 
 /** Start-up self-checks, after the weights and the KV cache are in place
  * and before the replica registers: the all-reduce check on every rank of

@@ -1,9 +1,11 @@
 /* A replica's operations around its start (pd_replica_ops.h). */
 #include "pd_replica_ops.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "pd_kernels.h"
+#include "pd_model.h"
 #include "pd_numa.h"
 #include "pd_nvml.h"
 
@@ -97,6 +99,86 @@ void pd_replica_ops_render(pd_replica_ops *o, pd_strbuf *b) {
                          o->labels, o->all_reduce_ok ? 1 : 0, o->labels, o->all_reduce_seconds, o->labels,
                          o->kv_capacity_tokens);
     pd_nvml_render(o->nvml, o->labels, b);
+}
+
+pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t block_bytes, int block_size,
+                                 int max_blocks, int *num_blocks, pd_err *err) {
+    if (o->n_gpus == 0)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "--gpu-memory-utilization sizes the KV cache in GPU memory: this replica has no GPU "
+                          "(--device cpu); size its cache with --num-kv-blocks");
+    pd_kv_plan best = {0};
+    int best_gpu = -1;
+    for (int g = 0; g < o->n_gpus; g++) {
+        pd_cuda_device_info info;
+        pd_status st = pd_backend_cuda_device_info(g, true, &info, err);
+        if (st != PD_OK)
+            return st;
+        pd_kv_plan p;
+        if ((st = pd_kv_plan_blocks(info.mem_total, info.mem_free, utilization, PD_KV_PLAN_RESERVE_BYTES, block_bytes,
+                                    max_blocks, &p, err)) != PD_OK) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return pd_err_set(err, st, "GPU %d: %s", g, why);
+        }
+        if (best_gpu < 0 || p.num_blocks < best.num_blocks) {
+            best = p;
+            best_gpu = g;
+        }
+    }
+    const double gib = 1073741824.0;
+    PD_LOGI(o->module,
+            "%s: memory plan (--gpu-memory-utilization %.2f, GPU %d of %d the tightest): %.2f GiB device, %.2f GiB in use "
+            "before the KV cache (weights, contexts, other processes), budget %.2f GiB, workspace reserve %.2f GiB, "
+            "KV cache %.2f GiB = %d blocks × %d tokens = %lld tokens",
+            o->replica_id, utilization, best_gpu, o->n_gpus, best.mem_total / gib, best.mem_in_use / gib,
+            best.budget / gib, best.reserve / gib, best.kv_bytes / gib, best.num_blocks, block_size,
+            (long long)best.num_blocks * block_size);
+    *num_blocks = best.num_blocks;
+    return PD_OK;
+}
+
+pd_status pd_replica_kv_flags_check(const char *device, double utilization, int num_blocks, pd_err *err) {
+    if (num_blocks < 0)
+        return pd_err_set(err, PD_ERR_INVALID, "--num-kv-blocks %d must be positive", num_blocks);
+    if (utilization == 0.0)
+        return PD_OK;
+    if (!(utilization > 0.0 && utilization <= 1.0))
+        return pd_err_set(err, PD_ERR_INVALID, "--gpu-memory-utilization %g must be in (0, 1]", utilization);
+    if (!device || strcmp(device, "cuda") != 0)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED,
+                          "--gpu-memory-utilization sizes the KV cache in GPU memory: this replica runs on the CPU "
+                          "(--device %s); size its cache with --num-kv-blocks",
+                          device ? device : "cpu");
+    return PD_OK;
+}
+
+pd_status pd_replica_kv_blocks(pd_replica_ops *o, const pd_model_config *cfg, double utilization, int block_size,
+                               int *num_blocks, pd_err *err) {
+    if (*num_blocks < 0)
+        return pd_err_set(err, PD_ERR_INVALID, "--num-kv-blocks %d must be positive", *num_blocks);
+    if (utilization == 0.0) {
+        if (*num_blocks == 0)
+            *num_blocks = PD_KV_BLOCKS_DEFAULT;
+        return PD_OK;
+    }
+    if (!(utilization > 0.0 && utilization <= 1.0))
+        return pd_err_set(err, PD_ERR_INVALID, "--gpu-memory-utilization %g must be in (0, 1]", utilization);
+    if (block_size <= 0 || cfg->num_hidden_layers <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "KV plan: block size %d, %d layers", block_size, cfg->num_hidden_layers);
+    /* the cache's own limit: token rows are int32 (pd_kv_cache_init) */
+    const long long max_blocks = INT32_MAX / ((long long)cfg->num_hidden_layers * block_size);
+    int planned = 0;
+    pd_status st = pd_replica_ops_plan_kv(o, utilization, pd_kv_cache_bytes_per_block(cfg, block_size), block_size,
+                                          (int)(max_blocks > INT32_MAX ? INT32_MAX : max_blocks), &planned, err);
+    if (st != PD_OK)
+        return st;
+    if (*num_blocks > 0) {
+        PD_LOGI(o->module, "%s: --num-kv-blocks %d overrides the plan's %d blocks", o->replica_id, *num_blocks, planned);
+        return PD_OK;
+    }
+    *num_blocks = planned;
+    return PD_OK;
 }
 
 pd_status pd_replica_ops_self_check(pd_replica_ops *o, pd_backend *const *bes, int n_ranks, int kv_blocks,

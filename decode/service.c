@@ -497,7 +497,8 @@ static void backends_free(pd_backend **bes) {
 int pd_decode_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     const char *tokenizer = NULL;
-    int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 4096, threads = 0;
+    int max_num_seqs = 64, max_batched = 2048, chunk = 512, block_size = 16, num_blocks = 0, threads = 0;
+    double gpu_mem_util = 0.0; /* 0: not given */
     int heartbeat_ms = 500, metrics_port = 0, tp = 1;
     const char *metrics_host = "127.0.0.1";
     bool verify_ckpt = false;
@@ -516,7 +517,11 @@ int pd_decode_main(int argc, char **argv) {
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "tokens per step (default 2048)"},
         {"chunked-prefill-size", PD_FLAG_INT, &chunk, "prefill chunk per sequence (default 512)"},
         {"block-size", PD_FLAG_INT, &block_size, "KV cache block, tokens (default 16)"},
-        {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "KV cache blocks (default 4096)"},
+        {"num-kv-blocks", PD_FLAG_INT, &num_blocks,
+         "KV cache blocks (default 4096; with --gpu-memory-utilization: overrides its plan)"},
+        {"gpu-memory-utilization", PD_FLAG_FLOAT, &gpu_mem_util,
+         "CUDA: size the KV cache so this replica takes this fraction (0, 1] of each GPU's memory in all (vLLM's "
+         "meaning; replicas sharing a GPU each take their own fraction)"},
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &tp,
@@ -546,6 +551,13 @@ int pd_decode_main(int argc, char **argv) {
     if (!model) {
         fprintf(stderr, "pdserve decode: --model is required\n");
         return 2;
+    }
+    {
+        pd_err ferr = {{0}};
+        if (pd_replica_kv_flags_check(device, gpu_mem_util, num_blocks, &ferr) != PD_OK) {
+            fprintf(stderr, "pdserve decode: %s\n", ferr.msg);
+            return 2;
+        }
     }
     if (!(reservation_ttl >= 1.0 && reservation_ttl <= 86400.0)) {
         fprintf(stderr, "pdserve decode: --kv-reservation-ttl must be 1..86400 s\n");
@@ -593,6 +605,14 @@ int pd_decode_main(int argc, char **argv) {
         return 1;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "load weights", t);
+    pd_status kst = pd_replica_kv_blocks(ops, pd_model_config_of(d.m), gpu_mem_util, block_size, &num_blocks, &err);
+    if (kst != PD_OK) {
+        fprintf(stderr, "pdserve decode: %s\n", err.msg);
+        pd_model_free(&d.m);
+        backends_free(bes);
+        pd_replica_ops_free(&ops);
+        return kst == PD_ERR_UNSUPPORTED || kst == PD_ERR_INVALID ? 2 : 1;
+    }
     pd_sched_config sc = {max_num_seqs, max_batched, chunk, block_size, num_blocks, NULL};
     pd_replay *replay = NULL;
     if (replay_path) {

@@ -630,6 +630,39 @@ void pd_kv_cache_release(pd_kv_cache *kv, int block) {
     kv->free_list[kv->n_free++] = block;
 }
 
+size_t pd_kv_cache_bytes_per_block(const pd_model_config *cfg, int block_size) {
+    return (size_t)cfg->num_hidden_layers * (size_t)block_size * (size_t)(cfg->kv_lora_rank + cfg->qk_rope_head_dim) *
+           sizeof(float);
+}
+
+pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, double utilization, size_t reserve, size_t block_bytes,
+                            int max_blocks, pd_kv_plan *plan, pd_err *err) {
+    if (!(utilization > 0.0 && utilization <= 1.0) || mem_free > mem_total || block_bytes == 0 || max_blocks <= 0)
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "KV plan: utilization %g must be in (0, 1], free %zu <= total %zu bytes, block bytes %zu > 0",
+                          utilization, mem_free, mem_total, block_bytes);
+    memset(plan, 0, sizeof *plan);
+    plan->mem_total = mem_total;
+    plan->mem_in_use = mem_total - mem_free;
+    plan->budget = (size_t)(utilization * (double)mem_total);
+    plan->reserve = reserve;
+    const size_t taken = plan->mem_in_use + reserve;
+    const size_t room = plan->budget > taken ? plan->budget - taken : 0;
+    size_t blocks = room / block_bytes;
+    if (blocks > (size_t)max_blocks)
+        blocks = (size_t)max_blocks;
+    if (blocks == 0)
+        return pd_err_set(err, PD_ERR_NOMEM,
+                          "--gpu-memory-utilization %.2f leaves no room for a KV block (%zu bytes): %.2f GiB allowed, "
+                          "%.2f GiB already in use (weights, CUDA contexts, other processes), %.2f GiB kept for the "
+                          "workspace",
+                          utilization, block_bytes, plan->budget / 1073741824.0, plan->mem_in_use / 1073741824.0,
+                          reserve / 1073741824.0);
+    plan->num_blocks = (int)blocks;
+    plan->kv_bytes = blocks * block_bytes;
+    return PD_OK;
+}
+
 size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv) {
     return (size_t)kv->n_layers * kv->block_size * kv->dim * sizeof(float);
 }

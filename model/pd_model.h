@@ -252,6 +252,37 @@ void pd_kv_cache_release(pd_kv_cache *kv, int block);
 size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv);
 void *pd_kv_cache_block_ptr(pd_kv_cache *kv, int block);
 
+/** Bytes of one KV block (block_size tokens, every layer, kv_lora_rank +
+ * qk_rope_head_dim fp32 values a token and layer) of a cache of this
+ * model: what pd_kv_cache_block_bytes will return, known before the cache
+ * exists (for planning its size). */
+size_t pd_kv_cache_bytes_per_block(const pd_model_config *cfg, int block_size);
+
+/** How a device's memory is split when the KV cache is sized from a
+ * fraction of it (vLLM's --gpu-memory-utilization): bytes. */
+typedef struct {
+    size_t mem_total;  /* the device's memory */
+    size_t mem_in_use; /* in use when planning (total - free): the weights, CUDA contexts, other processes */
+    size_t budget;     /* utilization × mem_total: what this replica may occupy in all */
+    size_t reserve;    /* kept out of the KV cache for the step workspace (scratch, graphs) */
+    size_t kv_bytes;   /* num_blocks × block bytes */
+    int num_blocks;
+} pd_kv_plan;
+
+/** Plans the KV cache from a fraction of a device's memory, after the
+ * weights are loaded (so they count in mem_total - mem_free):
+ *   num_blocks = floor((utilization × mem_total − (mem_total − mem_free) − reserve) / block_bytes),
+ * at most max_blocks (the cache's own limit). As vLLM's
+ * --gpu-memory-utilization, the fraction is of the whole device and covers
+ * everything this replica holds — and, since it is measured as memory in
+ * use, whatever other processes hold too (two replicas sharing a GPU each
+ * take their own fraction: e.g. 0.45 and 0.45). Fills *plan. Errors:
+ * PD_ERR_INVALID (utilization outside (0, 1], mem_free > mem_total,
+ * block_bytes 0), PD_ERR_NOMEM (no room for one block: err names the
+ * budget, what is in use and the reserve). */
+pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, double utilization, size_t reserve, size_t block_bytes,
+                            int max_blocks, pd_kv_plan *plan, pd_err *err);
+
 /** Host memory laid out as the cache ([num_blocks][block bytes]), for
  * moving blocks between replicas (register it with the KV transfer): the
  * cache itself when the backend's memory is host memory (CPU), else a

@@ -470,7 +470,8 @@ static void handle(prefill_svc *p, pd_msg *msg) {
 int pd_prefill_main(int argc, char **argv) {
     const char *model = NULL, *gateway = "tcp://127.0.0.1:8001", *replica_id = NULL, *device = "cpu";
     const char *tokenizer = NULL;
-    int chunk = 512, block_size = 16, num_blocks = 4096, threads = 0, heartbeat_ms = 500, metrics_port = 0, tp = 1;
+    int chunk = 512, block_size = 16, num_blocks = 0, threads = 0, heartbeat_ms = 500, metrics_port = 0, tp = 1;
+    double gpu_mem_util = 0.0; /* 0: not given */
     const char *metrics_host = "127.0.0.1";
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool verify_ckpt = false;
@@ -486,7 +487,11 @@ int pd_prefill_main(int argc, char **argv) {
          "tokenizer.json for response_format's token mask (default <model>/tokenizer.json; read at the first such request)"},
         {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512)"},
         {"block-size", PD_FLAG_INT, &block_size, "KV cache block, tokens (default 16; must match decode)"},
-        {"num-kv-blocks", PD_FLAG_INT, &num_blocks, "local KV cache blocks (default 4096)"},
+        {"num-kv-blocks", PD_FLAG_INT, &num_blocks,
+         "local KV cache blocks (default 4096; with --gpu-memory-utilization: overrides its plan)"},
+        {"gpu-memory-utilization", PD_FLAG_FLOAT, &gpu_mem_util,
+         "CUDA: size the KV cache so this replica takes this fraction (0, 1] of each GPU's memory in all (vLLM's "
+         "meaning; replicas sharing a GPU each take their own fraction)"},
         {"device", PD_FLAG_STR, &device, "cpu or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &tp,
@@ -516,6 +521,13 @@ int pd_prefill_main(int argc, char **argv) {
     if (!model || chunk <= 0) {
         fprintf(stderr, "pdserve prefill: --model is required and --chunked-prefill-size must be positive\n");
         return 2;
+    }
+    {
+        pd_err ferr = {{0}};
+        if (pd_replica_kv_flags_check(device, gpu_mem_util, num_blocks, &ferr) != PD_OK) {
+            fprintf(stderr, "pdserve prefill: %s\n", ferr.msg);
+            return 2;
+        }
     }
     char rid[64];
     if (!replica_id) {
@@ -553,6 +565,12 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     t = pd_startup_phase_log(LOGM, replica_id, "init backend + load weights", t);
+    pd_status kst = pd_replica_kv_blocks(ops, pd_model_config_of(p.m), gpu_mem_util, block_size, &num_blocks, &err);
+    if (kst != PD_OK) {
+        fprintf(stderr, "pdserve prefill: %s\n", err.msg);
+        rc = kst == PD_ERR_UNSUPPORTED || kst == PD_ERR_INVALID ? 2 : 1;
+        goto out;
+    }
     if (pd_kv_cache_init(p.m, block_size, num_blocks, &p.kv, &err) != PD_OK) {
         fprintf(stderr, "pdserve prefill: %s\n", err.msg);
         goto out;
