@@ -24,6 +24,8 @@
 
 #include "pd_cli.h"
 #include "pd_common.h"
+#include "pd_kernels.h"
+#include "pd_replica_ops.h"
 
 #define MAX_CHILDREN 64
 
@@ -38,7 +40,7 @@ static volatile sig_atomic_t g_stop;
 
 static void on_signal(int sig) { g_stop = sig; }
 
-static pid_t spawn(const char *self, char **args, const char *name) {
+static pid_t spawn(const char *self, char **args, const char *name, const char *env) {
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "pdserve up: fork: %s\n", strerror(errno));
@@ -48,6 +50,8 @@ static pid_t spawn(const char *self, char **args, const char *name) {
         setpgid(0, 0); /* our own group: Ctrl-C reaches only the parent, which stops us in order */
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* and if the parent dies (even SIGKILL), we stop too */
         if (getppid() == 1) _exit(1);    /* the parent died before prctl */
+        if (env && *env)
+            putenv((char *)env); /* "CUDA_VISIBLE_DEVICES=...": this replica's GPUs */
         execv(self, args);
         fprintf(stderr, "pdserve up: exec %s: %s\n", self, strerror(errno));
         _exit(127);
@@ -141,12 +145,40 @@ static bool is_gateway_flag(const char *a) {
     return false;
 }
 
+/* The GPUs the replicas may use, as names CUDA_VISIBLE_DEVICES takes: the
+ * entries of up's own CUDA_VISIBLE_DEVICES when it is set, else the
+ * device ordinals CUDA finds (no CUDA context is made). PD_UP_FAKE_GPUS=N
+ * (testing, on machines without GPUs) pretends N ordinals. Returns how many. */
+static int visible_gpus(char (*vis)[64], int cap) {
+    int n = 0;
+    const char *fake = getenv("PD_UP_FAKE_GPUS");
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (fake && *fake) {
+        for (int i = 0; i < atoi(fake) && n < cap; i++)
+            snprintf(vis[n++], 64, "%d", i);
+    } else if (cvd && *cvd) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", cvd);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < cap; t = strtok_r(NULL, ",", &save))
+            snprintf(vis[n++], 64, "%.63s", t);
+    } else {
+        pd_cuda_device_info info;
+        pd_err err = {{0}};
+        while (n < cap && pd_backend_cuda_device_info(n, false, &info, &err) == PD_OK) {
+            snprintf(vis[n], 64, "%d", n);
+            n++;
+        }
+    }
+    return n;
+}
+
 int pd_cmd_up(int argc, char **argv) {
     char *gw_extra[64];
     int n_gw_extra = 0;
     const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL;
     int metrics_port = 0; /* replica r serves its /metrics on metrics_port + r */
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
+    const char *placement = "auto"; /* --gpu-placement auto|shared */
     char *passthrough[128];
     int n_pass = 0;
     bool bad = false;
@@ -163,6 +195,7 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--served-model-name")) name = v;
         else if (TAKE("--heartbeat-interval-ms")) hb = v;
         else if (TAKE("--metrics-port")) bad |= !int_value("--metrics-port", v, &metrics_port);
+        else if (TAKE("--gpu-placement")) placement = v;
         else if (is_gateway_flag(a) && strchr(a, '=') && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i]; /* "--flag=value": getopt_long splits it */
         } else if (is_gateway_flag(a) && i + 1 < argc && n_gw_extra < 60) {
@@ -173,6 +206,8 @@ int pd_cmd_up(int argc, char **argv) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"
                    "                  [--decode-replicas M] [--long-prompt-threshold T] [--served-model-name NAME]\n"
                    "                  [--metrics-port P (replica r serves /metrics on P + r)]\n"
+                   "                  [--gpu-placement auto|shared (--device cuda: auto gives each replica its own\n"
+                   "                   --tensor-parallel-size GPUs when there are enough, else they share)]\n"
                    "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512 --numa auto]\n"
                    "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes;\n"
                    "Ctrl-C stops everything.\n");
@@ -204,6 +239,42 @@ int pd_cmd_up(int argc, char **argv) {
                 port, host, port + 1);
         return 2;
     }
+    if (strcmp(placement, "auto") != 0 && strcmp(placement, "shared") != 0) {
+        fprintf(stderr, "pdserve up: --gpu-placement must be auto or shared, got '%s'\n", placement);
+        return 2;
+    }
+    /* GPU placement: the replicas' --device and --tensor-parallel-size (they pass through) */
+    const char *device = "cpu";
+    int tp = 1;
+    for (int i = 0; i < n_pass; i++) {
+        const char *a = passthrough[i], *nx = i + 1 < n_pass ? passthrough[i + 1] : NULL;
+        if (!strcmp(a, "--device") && nx) device = nx;
+        else if (!strncmp(a, "--device=", 9)) device = a + 9;
+        else if (!strcmp(a, "--tensor-parallel-size") && nx) tp = atoi(nx);
+        else if (!strncmp(a, "--tensor-parallel-size=", 23)) tp = atoi(a + 23);
+    }
+    char gpu_env[MAX_CHILDREN][640];
+    memset(gpu_env, 0, sizeof gpu_env);
+    if (!strcmp(device, "cuda") && !strcmp(placement, "auto") && tp >= 1) {
+        char vis[64][64];
+        int n_vis = visible_gpus(vis, 64);
+        int first[MAX_CHILDREN];
+        const int n_rep = n_prefill + n_decode;
+        if (pd_gpu_placement_plan(n_vis, n_rep, tp, first)) {
+            for (int r = 0; r < n_rep; r++) {
+                char *e = gpu_env[r];
+                size_t off = (size_t)snprintf(e, sizeof gpu_env[0], "CUDA_VISIBLE_DEVICES=");
+                for (int g = 0; g < tp; g++)
+                    off += (size_t)snprintf(e + off, sizeof gpu_env[0] - off, "%s%s", g ? "," : "", vis[first[r] + g]);
+                printf("pdserve up: %s-%d on GPU%s %s\n", r < n_prefill ? "prefill" : "decode",
+                       r < n_prefill ? r : r - n_prefill, tp > 1 ? "s" : "", e + strlen("CUDA_VISIBLE_DEVICES="));
+            }
+        } else if (n_vis > 0) {
+            printf("pdserve up: %d GPU%s for %d replicas of %d: the replicas share GPU%s 0..%d (give each its share "
+                   "with --gpu-memory-utilization)\n",
+                   n_vis, n_vis > 1 ? "s" : "", n_rep, tp, tp > 1 ? "s" : "", tp - 1);
+        }
+    }
     const char *self = self_exe();
     char portbuf[16], ctrl[64], thr[16];
     snprintf(portbuf, sizeof portbuf, "%d", port);
@@ -230,7 +301,7 @@ int pd_cmd_up(int argc, char **argv) {
     }
     for (int i = 0; i < n_gw_extra; i++) gw[k++] = gw_extra[i];
     gw[k] = NULL;
-    if (spawn(self, gw, "gateway") < 0) return 1;
+    if (spawn(self, gw, "gateway", NULL) < 0) return 1;
     for (int r = 0; r < n_prefill + n_decode; r++) {
         bool is_prefill = r < n_prefill;
         char rid[64];
@@ -250,7 +321,7 @@ int pd_cmd_up(int argc, char **argv) {
         }
         for (int i = 0; i < n_pass; i++) args[n++] = passthrough[i];
         args[n] = NULL;
-        if (spawn(self, args, rid) < 0) {
+        if (spawn(self, args, rid, gpu_env[r]) < 0) {
             g_stop = SIGTERM;
             break;
         }

@@ -40,6 +40,18 @@ typedef struct {
  * PD_ERR_UNSUPPORTED, PD_ERR_IO (from pd_numa_place). */
 pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops **o_p, pd_err *err);
 
+/** Where `pdserve up` runs its replicas on a GPU host. Given the GPUs it
+ * may use (visible: CUDA device ordinals, or the entries of
+ * CUDA_VISIBLE_DEVICES, n_visible of them) and n_replicas replicas of tp
+ * GPUs each (prefill replicas first, then decode, as up starts them):
+ * when n_visible >= n_replicas × tp, replica r gets its own GPUs
+ * visible[r·tp .. r·tp + tp − 1] (returns true; first[r] = r·tp); else
+ * every replica shares visible[0 .. tp − 1] (returns false; first[r] = 0)
+ * and each must then be given its share of memory
+ * (--gpu-memory-utilization). tp > n_visible: false as well (the replicas'
+ * own start says there are too few GPUs). first has n_replicas entries. */
+bool pd_gpu_placement_plan(int n_visible, int n_replicas, int tp, int *first);
+
 /** Bytes kept out of the KV cache for the decode/prefill step's workspace
  * (scratch buffers, CUDA graphs, cuBLAS) when --gpu-memory-utilization
  * sizes the cache. */

@@ -2,6 +2,7 @@
 #include "pd_replica_ops.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pd_kernels.h"
@@ -36,6 +37,10 @@ pd_status pd_replica_ops_init(const pd_replica_ops_config *cfg, pd_replica_ops *
     const char *id = cfg->replica_id;
     pd_err e = {{0}};
     /* a tp outside 1 .. PD_TP_MAX_RANKS: the backend's start refuses it */
+    if (cfg->device && !strcmp(cfg->device, "cuda")) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        PD_LOGI(o->module, "%s: CUDA_VISIBLE_DEVICES=%s", id, cvd ? cvd : "(unset: every GPU)");
+    }
     if (cfg->device && !strcmp(cfg->device, "cuda") && cfg->tp >= 1 && cfg->tp <= PD_TP_MAX_RANKS) {
         for (int r = 0; r < cfg->tp; r++) {
             if (pd_backend_cuda_device_info(r, false, &o->gpu[r], &e) != PD_OK) {
@@ -136,6 +141,13 @@ pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t b
             (long long)best.num_blocks * block_size);
     *num_blocks = best.num_blocks;
     return PD_OK;
+}
+
+bool pd_gpu_placement_plan(int n_visible, int n_replicas, int tp, int *first) {
+    const bool own = tp >= 1 && n_replicas >= 1 && (long long)n_replicas * tp <= n_visible;
+    for (int r = 0; r < n_replicas; r++)
+        first[r] = own ? r * tp : 0;
+    return own;
 }
 
 pd_status pd_replica_kv_flags_check(const char *device, double utilization, int num_blocks, pd_err *err) {
