@@ -8,7 +8,8 @@ and by `pdserve up` (which must pass the flags on to its gateway):
 gateway A (`pdserve gateway`, no replica needed for these answers):
   --max-header-bytes 1024 -> 431; --max-header-count 10 -> 431;
   --max-request-body-bytes 1000 -> 413 (Content-Length 1001; 1000 is read);
-  --timeout-request-headers 0.5 -> 408 for a slowloris, at ~0.5 s;
+  --timeout-request-headers 0.5 -> 408 for a slowloris, at ~0.5 s (HTTP/1.1, and HTTP/2
+    HEADERS whose CONTINUATION never comes);
   --timeout-request-body 1 -> 408 for a body trickled a byte per 0.1 s, at ~1 s;
   --timeout-keep-alive 0.4 -> an idle connection closed at ~0.4 s;
   --max-model-len 32 -> a longer prompt is 400 naming the maximum context length.
@@ -135,6 +136,19 @@ def gateway_a(tmp, model):
         dt = time.time() - t0
         check(st == 408 and "--timeout-request-headers (0.5 s)" in body and 0.45 <= dt < 2.0,
               f"slowloris: 408 after {dt:.2f} s (--timeout-request-headers 0.5)")
+        # the same over HTTP/2: HEADERS without END_HEADERS, the CONTINUATION never sent
+        s2 = raw(port)
+        block = bytes([0x82, 0x86]) + bytes([0x04, 10]) + b"/v1/models"
+        t0 = time.time()
+        s2.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 0x1, 1, block))
+        frames = h2_read_frames(s2, lambda fr: any(f[0] in (0, 3) and f[2] == 1 for f in fr), timeout=5)
+        dt = time.time() - t0
+        hdr = [f for f in frames if f[0] == 1 and f[2] == 1]
+        data = b"".join(f[3] for f in frames if f[0] == 0 and f[2] == 1)
+        # :status 408 as HPACK literal with the indexed name :status (0x48 = 0x40 | 8)
+        check(hdr and b"\x48\x03408" in hdr[0][3] and b"--timeout-request-headers (0.5 s)" in data and 0.45 <= dt < 2.0,
+              f"HTTP/2 headers that never end: 408 on the stream after {dt:.2f} s ({data[:80]!r})")
+        s2.close()
         check(closed_within(s, 2) is not None, "... and the connection is closed")
         s.close()
         # a body trickled a byte per 0.1 s
