@@ -522,7 +522,7 @@ int pd_decode_main(int argc, char **argv) {
         {"gpu-memory-utilization", PD_FLAG_FLOAT, &gpu_mem_util,
          "CUDA: size the KV cache so this replica takes this fraction (0, 1] of each GPU's memory in all (vLLM's "
          "meaning; replicas sharing a GPU each take their own fraction)"},
-        {"device", PD_FLAG_STR, &device, "cpu or cuda"},
+        {"device", PD_FLAG_STR, &device, "cpu (default) or cuda"},
         {"threads", PD_FLAG_INT, &threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &tp,
          "shard the model over GPUs 0..N-1 (CUDA_VISIBLE_DEVICES picks them) or N CPU threads (default 1)"},
