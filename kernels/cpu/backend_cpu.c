@@ -291,14 +291,22 @@ static void cpu_moe_experts(pd_backend *be, int rows, int hidden, int inter, con
     /* Group tokens by expert, then two GEMMs per expert; a negative id (a
      * dropped pair, expert parallelism) matches no expert. */
     int n = rows * top_k;
-    int *order = malloc((size_t)n * sizeof(int));
-    float *xin = malloc((size_t)rows * hidden * sizeof(float));
-    float *gu = malloc((size_t)rows * 2 * inter * sizeof(float));
-    float *act = malloc((size_t)rows * inter * sizeof(float));
-    float *y = malloc((size_t)rows * hidden * sizeof(float));
     int max_e = 0;
     for (int i = 0; i < n; i++)
         if (ids[i] > max_e) max_e = ids[i];
+    /* the buffers hold one expert's pairs: as many as the busiest expert has
+     * (routing picks distinct experts per token, so at most rows, but a
+     * caller's ids are not trusted to) */
+    int *cnt = pd_xcalloc((size_t)max_e + 1, sizeof(int));
+    int m_max = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ++cnt[ids[i]] > m_max) m_max = cnt[ids[i]];
+    free(cnt);
+    int *order = pd_xmalloc((size_t)n * sizeof(int));
+    float *xin = pd_xmalloc((size_t)m_max * hidden * sizeof(float) + 1);
+    float *gu = pd_xmalloc((size_t)m_max * 2 * inter * sizeof(float) + 1);
+    float *act = pd_xmalloc((size_t)m_max * inter * sizeof(float) + 1);
+    float *y = pd_xmalloc((size_t)m_max * hidden * sizeof(float) + 1);
     for (int e = 0; e <= max_e; e++) {
         int m = 0;
         for (int i = 0; i < n; i++)
