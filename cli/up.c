@@ -198,9 +198,16 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--gpu-placement")) placement = v;
         else if (is_gateway_flag(a) && strchr(a, '=') && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i]; /* "--flag=value": getopt_long splits it */
+            if (flag_is(a, "--tokenizer") && n_pass < 120)
+                passthrough[n_pass++] = argv[i]; /* the replicas read it too (constrained decoding) */
         } else if (is_gateway_flag(a) && i + 1 < argc && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i];
-            gw_extra[n_gw_extra++] = argv[++i];
+            gw_extra[n_gw_extra++] = argv[i + 1];
+            if (flag_is(a, "--tokenizer") && n_pass < 119) {
+                passthrough[n_pass++] = argv[i];
+                passthrough[n_pass++] = argv[i + 1];
+            }
+            i++;
         }
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pdserve up --model DIR [--host H] [--port 8000] [--prefill-replicas N]\n"

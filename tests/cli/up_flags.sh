@@ -49,5 +49,23 @@ for f in $flags; do
     done
 done
 [ "$n" -ge 50 ] || { echo "FAIL: only $n flag checks passed (expected every gateway flag in 2 forms)"; fail=1; }
+# --tokenizer is the gateway's and the replicas' too (constrained decoding reads it there): both forms
+"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
+cp "$T/m/tokenizer.json" "$T/tok.json"
+for form in space equals; do
+    if [ $form = space ]; then set -- --tokenizer "$T/tok.json"; else set -- "--tokenizer=$T/tok.json"; fi
+    "$BIN" up --model "$T/m" --port "$port" "$@" >"$T/up.log" 2>&1 &
+    up=$!
+    got=0 k=0
+    while [ $k -lt 100 ] && [ $got -lt 3 ]; do
+        got=0
+        for c in $(pgrep -P $up); do
+            tr '\0' ' ' <"/proc/$c/cmdline" 2>/dev/null | grep -q -- "--tokenizer[= ]$T/tok.json" && got=$((got + 1))
+        done
+        sleep 0.1; k=$((k + 1))
+    done
+    kill -INT $up; wait $up 2>/dev/null
+    [ $got -eq 3 ] || { echo "FAIL: --tokenizer ($form) reached $got of gateway, prefill, decode"; fail=1; }
+done
 [ $fail -eq 0 ] && echo "ok   $n gateway flag forms reach the gateway"
 exit $fail
