@@ -191,9 +191,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #endif
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     FZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    FZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
+    FZ_CHECK(fz_connect_loopback(fd, g_port) == 0, "connect: %s", strerror(errno));
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct linger lg = {1, 0}; /* close() resets: no TIME_WAIT pile-up */

@@ -251,9 +251,7 @@ static pd_status frames_recv(uint8_t flags, uint8_t type, const uint8_t *payload
 
 static int http_open(bool is_long, bool stream, int n) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    FZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect");
+    FZ_CHECK(fz_connect_loopback(fd, g_port) == 0, "connect: %s", strerror(errno));
     struct linger lg = {1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     char body[512], req[1024];

@@ -3,9 +3,14 @@
 #ifndef PD_FUZZ_UTIL_H
 #define PD_FUZZ_UTIL_H
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "pd_common.h"
 #include "pd_tokenizer.h"
@@ -63,6 +68,34 @@ static inline void fz_buf_add(fz_buf *b, const char *s, size_t n) {
 static inline void fz_quiet_logs(void) {
     if (!getenv("PDSERVE_LOG_LEVEL"))
         pd_log_set_level((pd_log_level)(PD_LOG_ERROR + 1));
+}
+
+
+/* A blocking TCP connect to 127.0.0.1:port that survives a signal:
+ * libFuzzer's timers (SIGALRM) can interrupt connect(), which then
+ * completes in the background (EINTR): wait until the socket is writable
+ * and read its result. Returns 0, or -1 with errno set. */
+static inline int fz_connect_loopback(int fd, int port) {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
+        return 0;
+    if (errno != EINTR && errno != EINPROGRESS)
+        return -1;
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int r;
+    while ((r = poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+    }
+    if (r <= 0) {
+        errno = r == 0 ? ETIMEDOUT : errno;
+        return -1;
+    }
+    int e = 0;
+    socklen_t len = sizeof e;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+        return -1;
+    errno = e;
+    return e ? -1 : 0;
 }
 
 #endif
