@@ -355,6 +355,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_first_kernels = !fk ? 0 : !strcmp(fk, "1") ? 3 : !strcmp(fk, "qlat") ? 1 : !strcmp(fk, "merge") ? 2 : 0;
         const char *pl = getenv("PD_CUDA_PDL");
         c->pdl = !(pl && !strcmp(pl, "0"));
+        const char *mp = getenv("PD_MLA_PREFILL");
+        c->mla_prefill_gemm = mp && !strcmp(mp, "gemm");
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));
@@ -446,6 +448,8 @@ void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f) {
     c->graphs_off = !f->graphs;
     c->no_gemv = !f->gemv;
     c->no_moe_device = !f->moe_device;
+    c->mla_prefill_gemm = f->mla_prefill_gemm;
+    c->mla_prefill_chunk = f->mla_prefill_chunk > 0 ? f->mla_prefill_chunk : 0;
 }
 
 } /* extern "C" */

@@ -25,6 +25,9 @@ enum {
     CU_SCR_MLA_LAT,   /* expanded: gathered latents [L, kvr] */
     CU_SCR_MLA_KPE,   /* expanded: gathered k_pe [L, dr] */
     CU_SCR_MLA_KV,    /* expanded: k_nope | v [L, nh, dn + dv] */
+    CU_SCR_MLA_QKV16, /* expanded on tensor cores: bf16 q [n_q, nh, qd], k [L, nh, qd], v [L, nh, dv] */
+    CU_SCR_MLA_S,     /* expanded on tensor cores: scores of one query chunk, fp32 [nh, qc, ld] */
+    CU_SCR_MLA_P,     /* expanded on tensor cores: probabilities of one query chunk, bf16 [nh, qc, ld] */
     CU_SCR_MLA_QL,    /* absorbed: [n_q, nh, kvr + dr] query in latent space */
     CU_SCR_MLA_PART,  /* absorbed: split partials (m, l, o_lat) */
     CU_SCR_MOE_IDX,   /* expert permutation tables */
@@ -70,6 +73,8 @@ typedef struct {
     int mla_min_chunk;           /* batched decode attention: least tokens a split (PD_MLA_MIN_CHUNK) */
     int mla_first_kernels;       /* PD_MLA_FIRST_KERNELS=qlat|merge|1 (both): the first q_lat / merge kernels */
     bool pdl;                    /* skinny GEMMs by programmatic dependent launch (PD_CUDA_PDL=0: off) */
+    bool mla_prefill_gemm;       /* expanded MLA through cuBLAS batched GEMMs (PD_MLA_PREFILL=gemm) */
+    int mla_prefill_chunk;       /* its queries per chunk; 0: sized by CU_MLA_PREFILL_SCRATCH */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
@@ -180,6 +185,9 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
 
 /* Batched decode attention: a split takes at least this many tokens (mla.cu). */
 #define CU_MLA_MIN_CHUNK 32
+/* Expanded MLA on tensor cores: bytes of scores + probabilities one query
+ * chunk may take (mla.cu); the chunk's query count follows from it. */
+#define CU_MLA_PREFILL_SCRATCH ((size_t)1 << 30)
 
 /* ---- shared launchers and internal entry points ---- */
 /* Grouped skinny GEMM (gemm.cu; see there); weights of the backend's format.

@@ -5,7 +5,9 @@
  *
  * Expanded form (prefill): gather c_KV and k_pe of tokens 0..L-1, one GEMM
  * [k_nope | v] = c_KV · W_kv_bᵀ  ([L, nh, dn + dv]), then k_mla_prefill:
- * one block per (query, head), keys in tiles of 128 with an online softmax.
+ * one block per (query, head), keys in tiles of 128 with an online softmax;
+ * or, for bf16 weights with mla_prefill_gemm, bf16 tensor-core GEMMs
+ * through cuBLAS around an fp32 softmax (expanded_gemm_run).
  *
  * Absorbed form (decode): q_lat = W_UKᵀ q_nope per head (k_mla_qlat), then
  * k_mla_decode reads the paged cache directly: a block takes 16 heads of one
@@ -107,6 +109,85 @@ static __global__ void __launch_bounds__(PF_THREADS)
         if (d < dv)
             o[d] = acc[j] * inv;
     }
+}
+
+/* ---- expanded form on tensor cores ------------------------------------ *
+ * For bf16 weights (mla_prefill_gemm): q, k = [k_nope | k_pe] and v rounded
+ * to bf16 (k_mla_pack), then per chunk of qc queries and per head (cuBLAS
+ * strided-batched GEMMs, fp32 accumulation):
+ *   S = scale · Q Kᵀ  fp32 [qc, Lc], Lc = tokens the chunk's last query sees;
+ *   P = softmax(S) by row over the causal prefix, bf16, zero past it
+ *       (k_mla_softmax, fp32 arithmetic);
+ *   O = P V           fp32 straight into out [n_q, nh, dv].
+ * The same arithmetic as the kernel above in a different order and with
+ * bf16 operands, as transformers runs DeepseekV3Attention in bf16 (eager
+ * attention: matmul, softmax in fp32, matmul). */
+
+/* q [n_q, nh, qd] fp32 → qb bf16, same layout. */
+static __global__ void k_mla_pack_q(size_t n, const float *__restrict__ q, __nv_bfloat16 *__restrict__ qb) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        qb[i] = __float2bfloat16_rn(q[i]);
+}
+
+/* Block t: kb[t, h] = [kv[t, h, 0:dn] | kpe[t]] and vb[t, h] = kv[t, h, dn:dn+dv], bf16. */
+static __global__ void k_mla_pack_kv(int nh, int dn, int dr, int dv, const float *__restrict__ kv,
+                                     const float *__restrict__ kpe, __nv_bfloat16 *__restrict__ kb,
+                                     __nv_bfloat16 *__restrict__ vb) {
+    const int t = blockIdx.x, qd = dn + dr, kvd = dn + dv;
+    const float *src = kv + (size_t)t * nh * kvd;
+    __nv_bfloat16 *k = kb + (size_t)t * nh * qd, *v = vb + (size_t)t * nh * dv;
+    for (int j = threadIdx.x; j < nh * qd; j += blockDim.x) {
+        const int h = j / qd, d = j % qd;
+        k[j] = __float2bfloat16_rn(d < dn ? src[(size_t)h * kvd + d] : kpe[(size_t)t * dr + d - dn]);
+    }
+    for (int j = threadIdx.x; j < nh * dv; j += blockDim.x) {
+        const int h = j / dv, d = j % dv;
+        v[j] = __float2bfloat16_rn(src[(size_t)h * kvd + dn + d]);
+    }
+}
+
+#define SMX_THREADS 256
+
+/* Block (query i of the chunk, head h): row s = S[h, i, 0:ld] (already
+ * scaled); query i sees n_vis = vis0 + i + 1 tokens. p[h, i, t] =
+ * exp(s_t - max) / Σ for t < n_vis, 0 for n_vis <= t < Lc. */
+static __global__ void __launch_bounds__(SMX_THREADS)
+    k_mla_softmax(int vis0, int Lc, size_t ld, size_t h_stride, const float *__restrict__ S,
+                  __nv_bfloat16 *__restrict__ P) {
+    __shared__ float red[2 * SMX_THREADS / 32];
+    const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const float *s = S + h * h_stride + i * ld;
+    __nv_bfloat16 *p = P + h * h_stride + i * ld;
+    const int n_vis = min(vis0 + i + 1, Lc);
+    /* one pass: running max and the sum rescaled to it, per thread */
+    float m = -INFINITY, l = 0.0f;
+    for (int t = tid; t < n_vis; t += SMX_THREADS) {
+        const float x = s[t];
+        if (x > m) {
+            l = l * expf(m - x) + 1.0f;
+            m = x;
+        } else {
+            l += expf(x - m);
+        }
+    }
+    float mw = cu_warp_max(m);
+    if (lane == 0)
+        red[wid] = mw;
+    __syncthreads();
+    float mx = red[0];
+    for (int w = 1; w < SMX_THREADS / 32; w++)
+        mx = fmaxf(mx, red[w]);
+    /* n_vis >= 1, so mx is finite */
+    float lw = cu_warp_sum(m == -INFINITY ? 0.0f : l * expf(m - mx));
+    if (lane == 0)
+        red[SMX_THREADS / 32 + wid] = lw;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int w = 0; w < SMX_THREADS / 32; w++)
+        sum += red[SMX_THREADS / 32 + w];
+    const float inv = 1.0f / sum;
+    for (int t = tid; t < Lc; t += SMX_THREADS)
+        p[t] = __float2bfloat16_rn(t < n_vis ? expf(s[t] - mx) * inv : 0.0f);
 }
 
 /* ---- absorbed form ---------------------------------------------------- */
@@ -688,6 +769,61 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     CU_LAUNCHED(c, e, "mla absorbed");
 }
 
+/* The expanded form on tensor cores (see above) once kv [L, nh, dn + dv]
+ * and kpe [L, dr] are on the device; false (error recorded) on failure. */
+static bool expanded_gemm_run(cu_ctx *c, const pd_mla_args *a, const float *kv, const float *kpe) {
+    const int nh = a->n_heads, dn = a->qk_nope_dim, dr = a->qk_rope_dim, dv = a->v_dim, qd = dn + dr;
+    const int n_q = a->n_q, L = a->start_pos + n_q;
+    const size_t ld = ((size_t)L + 31) & ~(size_t)31; /* score row stride, elements */
+    /* queries per chunk: scores (4 bytes) and probabilities (2) of every head within the budget */
+    long qc = c->mla_prefill_chunk > 0 ? c->mla_prefill_chunk
+                                      : (long)(CU_MLA_PREFILL_SCRATCH / ((size_t)nh * ld * 6));
+    if (qc > 16)
+        qc &= ~15L;
+    if (qc < 1)
+        qc = 1;
+    if (qc > n_q)
+        qc = n_q;
+    const size_t nqb = (size_t)n_q * nh * qd, nkb = (size_t)L * nh * qd, nvb = (size_t)L * nh * dv;
+    const size_t off_k = (nqb + 127) & ~(size_t)127, off_v = off_k + ((nkb + 127) & ~(size_t)127);
+    __nv_bfloat16 *qkv = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_MLA_QKV16, (off_v + nvb) * sizeof(__nv_bfloat16));
+    const size_t h_stride = (size_t)qc * ld;
+    float *S = (float *)cu_scratch(c, CU_SCR_MLA_S, (size_t)nh * h_stride * sizeof(float));
+    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_MLA_P, (size_t)nh * h_stride * sizeof(__nv_bfloat16));
+    if (!qkv || !S || !P)
+        return false;
+    __nv_bfloat16 *qb = qkv, *kb = qkv + off_k, *vb = qkv + off_v;
+    k_mla_pack_q<<<cu_blocks(nqb, 256, 8192), 256, 0, c->stream>>>(nqb, a->q, qb);
+    if (!CU_LAUNCHED(c, cudaGetLastError(), "mla prefill: pack q"))
+        return false;
+    k_mla_pack_kv<<<L, 256, 0, c->stream>>>(nh, dn, dr, dv, kv, kpe, kb, vb);
+    if (!CU_LAUNCHED(c, cudaGetLastError(), "mla prefill: pack k, v"))
+        return false;
+    const float one = 1.0f, zero = 0.0f;
+    for (int i0 = 0; i0 < n_q; i0 += (int)qc) {
+        const int nq = (int)(n_q - i0 < qc ? n_q - i0 : qc);
+        const int Lc = a->start_pos + i0 + nq; /* the chunk's last query sees tokens 0 .. Lc-1 */
+        /* column-major: Sᵀ[Lc × nq] = (K_h, qd × Lc)ᵀ · Q_h (qd × nq), per head */
+        if (!CU_BLAS_OK(c, cublasGemmStridedBatchedEx(
+                               c->blas, CUBLAS_OP_T, CUBLAS_OP_N, Lc, nq, qd, &a->softmax_scale, kb, CUDA_R_16BF,
+                               nh * qd, (long long)qd, qb + (size_t)i0 * nh * qd, CUDA_R_16BF, nh * qd, (long long)qd,
+                               &zero, S, CUDA_R_32F, (int)ld, (long long)h_stride, nh, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT)))
+            return false;
+        k_mla_softmax<<<dim3(nq, nh), SMX_THREADS, 0, c->stream>>>(a->start_pos + i0, Lc, ld, h_stride, S, P);
+        if (!CU_LAUNCHED(c, cudaGetLastError(), "mla prefill: softmax"))
+            return false;
+        /* column-major: Oᵀ[dv × nq] = V_h (dv × Lc) · Pᵀ (Lc × nq), per head */
+        if (!CU_BLAS_OK(c, cublasGemmStridedBatchedEx(
+                               c->blas, CUBLAS_OP_N, CUBLAS_OP_N, dv, nq, Lc, &one, vb, CUDA_R_16BF, nh * dv,
+                               (long long)dv, P, CUDA_R_16BF, (int)ld, (long long)h_stride, &zero,
+                               a->out + (size_t)i0 * nh * dv, CUDA_R_32F, nh * dv, (long long)dv, nh,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)))
+            return false;
+    }
+    return true;
+}
+
 /* ---- table entry ------------------------------------------------------ */
 
 void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
@@ -730,6 +866,10 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
             return;
         if (!cu_gemm_run(c, L, lat, a->kv_b, kv, false))
             return;
+        if (c->mla_prefill_gemm && c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+            expanded_gemm_run(c, a, kv, kpe);
+            return;
+        }
         CU_LAUNCHED(c, expanded_launch(a, btab, lat, kpe, kv, 1, c->stream), "mla prefill");
         return;
     }

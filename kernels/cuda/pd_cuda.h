@@ -72,13 +72,20 @@ pd_status pd_backend_cuda_status(pd_backend *be, pd_err *err);
 void *pd_backend_cuda_stream(pd_backend *be);
 
 /** The backend's optional fast paths, each switchable so that its effect
- * can be measured (all on by default; PD_CUDA_GRAPHS=0 starts with graphs
- * off): graphs (graph_begin refuses, recorded graphs are not replayed),
- * gemv (the skinny-GEMM kernel for M <= 4; else cuBLASLt / cublasSgemm),
- * moe_device (moe_experts_ids on the GPU; else ids back to the host and
- * moe_experts). */
+ * can be measured (PD_CUDA_GRAPHS=0 starts with graphs off): graphs
+ * (graph_begin refuses, recorded graphs are not replayed), gemv (the
+ * skinny-GEMM kernel for M <= 4; else cuBLASLt / cublasSgemm), moe_device
+ * (moe_experts_ids on the GPU; else ids back to the host and moe_experts)
+ * are on by default. mla_prefill_gemm (the expanded MLA attention of
+ * prefill as bf16 tensor-core GEMMs through cuBLAS, scores and softmax in
+ * fp32, for bf16 weights; else the fp32 one-block-per-query kernel) is off
+ * by default until it has been checked on a GPU; PD_MLA_PREFILL=gemm
+ * starts with it on. mla_prefill_chunk: its queries per chunk (0: as many
+ * as CU_MLA_PREFILL_SCRATCH bytes of scores allow; tests set it small to
+ * cover the chunk loop). */
 typedef struct {
-    bool graphs, gemv, moe_device;
+    bool graphs, gemv, moe_device, mla_prefill_gemm;
+    int mla_prefill_chunk;
 } pd_cuda_features;
 void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f);
 

@@ -25,11 +25,12 @@
 
 enum {
     OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
-    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_N
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_N
 };
 static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
                                      "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
-                                     "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids"};
+                                     "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids",
+                                     "mla expanded (tensor-core GEMMs)"};
 
 typedef struct {
     const char *name;
@@ -590,6 +591,23 @@ static void test_mla(void **state) {
                 } else {
                     check(s, op, shape, nerr_d(got, rd, no), s->tol_w);
                 }
+#ifdef PD_HAVE_CUDA
+                /* bf16 weights: the expanded form as cuBLAS GEMMs too, in one
+                 * chunk and in chunks of 16 queries, against the same CPU output */
+                if (!absorbed && s->cuda && s->fmt == PD_CUDA_WEIGHTS_BF16)
+                    for (int chunk = 0; chunk <= 16; chunk += 16) {
+                        pd_cuda_features f = {.graphs = true, .gemv = true, .moe_device = true,
+                                              .mla_prefill_gemm = true, .mla_prefill_chunk = chunk};
+                        pd_backend_cuda_set_features(s->be, &f);
+                        run_mla(s, s->be, &in, false, got);
+                        f.mla_prefill_gemm = false;
+                        f.mla_prefill_chunk = 0;
+                        pd_backend_cuda_set_features(s->be, &f);
+                        char sh2[160];
+                        snprintf(sh2, sizeof sh2, "%s, chunk %d", shape, chunk);
+                        check(s, OP_MLA_EXP_GEMM, sh2, nerr(got, want, no), s->tol_w);
+                    }
+#endif
             }
             free(rd);
             free(got);

@@ -24,6 +24,10 @@
 #             --enable-expert-parallel against TP 1 (greedy ids must match, bf16 and fp32); v2-lite
 #             logits at TP 2 EP against TP 1 (cmp_logits.py); bench_step --tp 2 --ep (run ops too:
 #             test_backend_ops checks moe_ids_local and dropped pairs on CUDA) -> ep.log, ep-step.md
+#   prefill   (needs v2-lite: mkmodel starts first) bench_prefill on v2-lite: prompts of PREFILL_PROMPTS
+#             (default 1024,8192,32768,131072) in chunks of PREFILL_CHUNK (8192), tensor-core GEMM
+#             attention and (to 8K) the fp32 kernel, against the bf16 GEMM ceiling; then the
+#             transformers peer (peer_hf.py --prompts)                          -> prefill.md, prefill-peer.md
 #   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
 #             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
 # Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
@@ -54,7 +58,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
-case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "*)
+case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "* | *" prefill "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -90,6 +94,15 @@ for what in "$@"; do
         timeout 150 "$C/bin/pdserve" generate --model "$V2" --prompt "The capital of France is" -n 32 --ignore-eos \
             --device cuda >"$O/v2lite.log" 2>&1 || rc=1
         cat "$O/step.md" "$O/peer.md"; tail -4 "$O/v2lite.log"; f=v2lite.log ;;
+    prefill)
+        wait "$MKPID"
+        cat "$O/mkmodel.log"
+        timeout 500 "$C/bin/bench_prefill" "$V2" --prompts "${PREFILL_PROMPTS:-1024,8192,32768,131072}" \
+            --chunk "${PREFILL_CHUNK:-8192}" >"$O/prefill.md" 2>"$O/prefill.err" || { rc=1; tail -5 "$O/prefill.err"; }
+        timeout 300 python3 tests/gpu/peer_hf.py "$V2" --prompts "${PREFILL_PEER_PROMPTS:-1024,8192,32768}" \
+            --chunk "${PREFILL_CHUNK:-8192}" >"$O/prefill-peer.md" 2>"$O/prefill-peer.err" ||
+            { rc=1; tail -5 "$O/prefill-peer.err"; }
+        cat "$O/prefill.md" "$O/prefill-peer.md"; f=prefill.md ;;
     prof)
         P=$O/prof.md
         : >"$P"
