@@ -28,6 +28,8 @@
 #             (default 1024,8192,32768,131072) in chunks of PREFILL_CHUNK (8192), tensor-core GEMM
 #             attention and (to 8K) the fp32 kernel, against the bf16 GEMM ceiling; then the
 #             transformers peer (peer_hf.py --prompts)                          -> prefill.md, prefill-peer.md
+#   startup   (needs v2-lite) the disk's O_DIRECT read bandwidth, then a decode replica's start-up
+#             phases from a cold page cache (posix_fadvise DONTNEED) and warm (startup.py) -> startup.log
 #   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
 #             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
 # Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
@@ -58,7 +60,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
-case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "* | *" prefill "*)
+case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "* | *" prefill "* | *" startup "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -95,7 +97,7 @@ for what in "$@"; do
             --device cuda >"$O/v2lite.log" 2>&1 || rc=1
         cat "$O/step.md" "$O/peer.md"; tail -4 "$O/v2lite.log"; f=v2lite.log ;;
     prefill)
-        wait "$MKPID"
+        wait "$MKPID" 2>/dev/null
         cat "$O/mkmodel.log"
         timeout 500 "$C/bin/bench_prefill" "$V2" --prompts "${PREFILL_PROMPTS:-1024,8192,32768,131072}" \
             --chunk "${PREFILL_CHUNK:-8192}" >"$O/prefill.md" 2>"$O/prefill.err" || { rc=1; tail -5 "$O/prefill.err"; }
@@ -215,6 +217,10 @@ for what in "$@"; do
             cat "$O/ep-step.md"
         fi
         cat "$L"; f=ep.log ;;
+    startup)
+        wait "$MKPID" 2>/dev/null
+        timeout 900 python3 tests/gpu/startup.py "$V2" >"$O/startup.log" 2>&1 || rc=1
+        cat "$O/startup.log"; f=startup.log ;;
     selfcheck)
         timeout 400 python3 tests/gpu/selfcheck.py >"$O/selfcheck.log" 2>&1 || rc=1
         cat "$O/selfcheck.log"; f=selfcheck.log ;;
