@@ -234,6 +234,10 @@ int pd_cmd_up(int argc, char **argv) {
                 MAX_CHILDREN - 1);
         return 2;
     }
+    if (strcmp(placement, "auto") != 0 && strcmp(placement, "shared") != 0) {
+        fprintf(stderr, "pdserve up: --gpu-placement must be auto or shared, got '%s'\n", placement);
+        return 2;
+    }
     /* Checked before any child starts: replicas connect to the control port
      * whoever holds it, so a second stack on a busy port would register its
      * replicas, under the same ids, with the first stack's gateway (taking
@@ -244,10 +248,6 @@ int pd_cmd_up(int argc, char **argv) {
                 "pdserve up: port %d (HTTP on %s) or %d (control on 127.0.0.1) is in use, by another "
                 "pdserve up or another program; pick another --port\n",
                 port, host, port + 1);
-        return 2;
-    }
-    if (strcmp(placement, "auto") != 0 && strcmp(placement, "shared") != 0) {
-        fprintf(stderr, "pdserve up: --gpu-placement must be auto or shared, got '%s'\n", placement);
         return 2;
     }
     /* GPU placement: the replicas' --device and --tensor-parallel-size (they pass through) */
