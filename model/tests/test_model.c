@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "pd_model.h"
+#include "model_test_util.h"
 
 typedef struct {
     const char *preset;
@@ -47,33 +48,13 @@ static void sha256_file(const char *path, char hex[65]) {
 static int setup(void **state, const char *preset) {
     tctx *t = calloc(1, sizeof *t);
     t->preset = preset;
-    const char *bd = getenv("PD_BUILD_DIR"), *sd = getenv("PD_SOURCE_DIR");
-    if (!bd) bd = ".";
-    if (!sd) sd = PD_SOURCE_DIR;
-    char models[2048];
-    snprintf(models, sizeof models, "%s/test-models", bd);
-    mkdir(models, 0755);
-    snprintf(t->dir, sizeof t->dir, "%s/%s", models, preset);
-    char cfgp[4200];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", t->dir);
+    *state = t;
+    if (mt_fixture_prepare(preset, t->dir, sizeof t->dir, &t->fx) != 0)
+        return -1;
     pd_err err = {{0}};
-    struct stat sb;
-    if (stat(cfgp, &sb) != 0) {
-        pd_model_config cfg;
-        assert_int_equal(pd_preset_config(preset, &cfg, &err), PD_OK);
-        if (pd_mkmodel_write(&cfg, 1, t->dir, 0, NULL, &err) != PD_OK)
-            fail_msg("mkmodel: %s", err.msg);
-    }
-    char fxp[4200];
-    snprintf(fxp, sizeof fxp, "%s/tests/reference/fixtures/model_%s.json", sd, preset);
-    json_error_t je;
-    t->fx = json_load_file(fxp, 0, &je);
-    if (!t->fx)
-        fail_msg("cannot read fixture %s: %s", fxp, je.text);
     assert_int_equal(pd_backend_cpu_init(0, &t->be), PD_OK);
     if (pd_model_load(t->dir, t->be, &t->m, &err) != PD_OK)
         fail_msg("load: %s", err.msg);
-    *state = t;
     return 0;
 }
 
@@ -84,7 +65,8 @@ static int teardown(void **state) {
     tctx *t = *state;
     pd_model_free(&t->m);
     pd_backend_free(&t->be);
-    json_decref(t->fx);
+    if (t->fx)
+        json_decref(t->fx);
     free(t);
     return 0;
 }
@@ -121,47 +103,14 @@ typedef struct {
     double max_rel;
 } cmp_stats;
 
-/* Compares our logits row against a fixture row summary; the error is
- * normalised by the row's largest magnitude (max |ours - ref| / max |ref|). */
+/* Compares our logits row against a fixture row summary (mt_row_error):
+ * at most 1e-4 of the row's largest magnitude. */
 static void cmp_row(const float *lg, int V, json_t *row, json_t *probes, cmp_stats *s, const char *what) {
-    json_t *ti = json_object_get(row, "top_ids"), *tv = json_object_get(row, "top_vals");
-    json_t *pv = json_object_get(row, "probe_vals");
-    double scale = fabs(json_number_value(json_array_get(tv, 0)));
-    for (size_t i = 0; i < json_array_size(tv); i++)
-        scale = fmax(scale, fabs(json_number_value(json_array_get(tv, i))));
-    for (size_t i = 0; i < json_array_size(pv); i++)
-        scale = fmax(scale, fabs(json_number_value(json_array_get(pv, i))));
-    double worst = 0;
-    for (size_t i = 0; i < json_array_size(ti); i++) {
-        int id = (int)json_integer_value(json_array_get(ti, i));
-        assert_true(id >= 0 && id < V);
-        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(tv, i))) / scale);
-    }
-    for (size_t i = 0; i < json_array_size(pv); i++) {
-        int id = (int)json_integer_value(json_array_get(probes, i));
-        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(pv, i))) / scale);
-    }
-    double mean = 0, l2 = 0;
-    for (int i = 0; i < V; i++) {
-        mean += lg[i];
-        l2 += (double)lg[i] * lg[i];
-    }
-    mean /= V;
-    l2 = sqrt(l2);
-    double ref_l2 = json_number_value(json_object_get(row, "l2"));
-    worst = fmax(worst, fabs(l2 - ref_l2) / ref_l2);
-    worst = fmax(worst, fabs(mean - json_number_value(json_object_get(row, "mean"))) / scale);
+    double worst = mt_row_error(lg, V, row, probes);
     if (worst > s->max_rel)
         s->max_rel = worst;
-    if (worst > 1e-4)
+    if (!(worst <= 1e-4))
         fail_msg("%s: relative error %.3g > 1e-4", what, worst);
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
 }
 
 /* Prefill each fixture prompt, then decode greedily: logits rows and ids
@@ -203,7 +152,7 @@ static void test_logits_and_greedy(void **state) {
             char what[64];
             snprintf(what, sizeof what, "prompt %d step %d", n, s);
             cmp_row(lg, V, json_array_get(rows, s), probes, &st, what);
-            int g = argmax(lg, V);
+            int g = mt_argmax(lg, V);
             assert_int_equal(g, (int)json_integer_value(json_array_get(gj, s)));
             ids[n + s] = g;
             if (s + 1 == steps) break;
@@ -270,7 +219,7 @@ static void test_chunked_equals_oneshot(void **state) {
         run_prefill(t->m, ids, n, chunks[i], blocks[i], got);
         double e = max_rel_diff(got, ref, V);
         if (e > 1e-5) fail_msg("chunk %d block %d: relative difference %.3g", chunks[i], blocks[i], e);
-        assert_int_equal(argmax(got, V), argmax(ref, V));
+        assert_int_equal(mt_argmax(got, V), mt_argmax(ref, V));
     }
     free(ref);
     free(got);

@@ -1,7 +1,7 @@
 /* The whole model on the CUDA backend against Hugging Face transformers:
  * the golden fixtures of tests/reference/fixtures/model_<preset>.json (made
  * by tests/reference/make_fixtures.py) and the comparison of
- * model/tests/test_model.c, for tiny and tiny-v2, with fp32 weights
+ * model/tests/model_test_util.h, for tiny and tiny-v2, with fp32 weights
  * (tolerance 1e-4, greedy ids identical) and bf16 weights (tolerance 5e-2;
  * greedy mismatches are counted and printed, decode is fed the reference's
  * ids so that one near-tie does not change every later row). Also chunked
@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "pd_model.h"
+#include "../../../model/tests/model_test_util.h"
 #ifdef PD_HAVE_CUDA
 #include "cuda/pd_cuda.h"
 #endif
@@ -53,32 +54,9 @@ static int setup(void **state, const char *preset, int wfmt, double tol) {
         print_message("[ %s %s ] skipped: %s\n", preset, wfmt ? "f32" : "bf16", t->skip);
         return 0;
     }
-    const char *bd = getenv("PD_BUILD_DIR"), *sd = getenv("PD_SOURCE_DIR");
-    if (!bd) bd = ".";
-    if (!sd) sd = PD_SOURCE_DIR;
-    char models[3800];
-    snprintf(models, sizeof models, "%s/test-models", bd);
-    mkdir(models, 0755);
-    snprintf(t->dir, sizeof t->dir, "%s/%s", models, preset);
-    char cfgp[4200];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", t->dir);
-    pd_err err2 = {{0}};
-    struct stat sb;
-    if (stat(cfgp, &sb) != 0) {
-        pd_model_config cfg;
-        if (pd_preset_config(preset, &cfg, &err2) != PD_OK || pd_mkmodel_write(&cfg, 1, t->dir, 0, NULL, &err2) != PD_OK) {
-            print_error("mkmodel %s: %s\n", preset, err2.msg);
-            return -1;
-        }
-    }
-    char fxp[4200];
-    snprintf(fxp, sizeof fxp, "%s/tests/reference/fixtures/model_%s.json", sd, preset);
-    json_error_t je;
-    t->fx = json_load_file(fxp, 0, &je);
-    if (!t->fx) {
-        print_error("cannot read fixture %s: %s\n", fxp, je.text);
+    if (mt_fixture_prepare(preset, t->dir, sizeof t->dir, &t->fx) != 0)
         return -1;
-    }
+    pd_err err2 = {{0}};
     if (pd_model_load(t->dir, t->be, &t->m, &err2) != PD_OK) {
         print_error("load %s: %s\n", t->dir, err2.msg);
         return -1;
@@ -99,47 +77,6 @@ static int teardown(void **state) {
         json_decref(t->fx);
     free(t);
     return 0;
-}
-
-/* max |ours - ref| / max |ref| over a fixture row summary (test_model.c's cmp_row). */
-static double row_error(const float *lg, int V, json_t *row, json_t *probes) {
-    json_t *ti = json_object_get(row, "top_ids"), *tv = json_object_get(row, "top_vals");
-    json_t *pv = json_object_get(row, "probe_vals");
-    double scale = fabs(json_number_value(json_array_get(tv, 0)));
-    for (size_t i = 0; i < json_array_size(tv); i++)
-        scale = fmax(scale, fabs(json_number_value(json_array_get(tv, i))));
-    for (size_t i = 0; i < json_array_size(pv); i++)
-        scale = fmax(scale, fabs(json_number_value(json_array_get(pv, i))));
-    double worst = 0;
-    for (size_t i = 0; i < json_array_size(ti); i++) {
-        int id = (int)json_integer_value(json_array_get(ti, i));
-        assert_true(id >= 0 && id < V);
-        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(tv, i))) / scale);
-    }
-    for (size_t i = 0; i < json_array_size(pv); i++) {
-        int id = (int)json_integer_value(json_array_get(probes, i));
-        worst = fmax(worst, fabs(lg[id] - json_number_value(json_array_get(pv, i))) / scale);
-    }
-    double mean = 0, l2 = 0;
-    for (int i = 0; i < V; i++) {
-        if (!isfinite(lg[i]))
-            return INFINITY;
-        mean += lg[i];
-        l2 += (double)lg[i] * lg[i];
-    }
-    mean /= V;
-    l2 = sqrt(l2);
-    double ref_l2 = json_number_value(json_object_get(row, "l2"));
-    worst = fmax(worst, fabs(l2 - ref_l2) / ref_l2);
-    worst = fmax(worst, fabs(mean - json_number_value(json_object_get(row, "mean"))) / scale);
-    return worst;
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
 }
 
 static void backend_ok(tctx *t) {
@@ -192,7 +129,7 @@ static void test_logits_and_greedy(void **state) {
         forward(t, kv, &b, all ? n : 1, lg);
         if (all) {
             for (int i = 0; i < n; i++) {
-                double e = row_error(lg + (size_t)i * V, V, json_array_get(posr, i), probes);
+                double e = mt_row_error(lg + (size_t)i * V, V, json_array_get(posr, i), probes);
                 max_rel = fmax(max_rel, e);
                 if (!(e <= t->tol)) {
                     print_error("prompt %d position %d: relative error %.3g > %.3g\n", n, i, e, t->tol);
@@ -202,16 +139,16 @@ static void test_logits_and_greedy(void **state) {
             memmove(lg, lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
         }
         for (int s = 0; s < steps; s++) {
-            double e = row_error(lg, V, json_array_get(rows, s), probes);
+            double e = mt_row_error(lg, V, json_array_get(rows, s), probes);
             max_rel = fmax(max_rel, e);
             if (!(e <= t->tol)) {
                 print_error("prompt %d step %d: relative error %.3g > %.3g\n", n, s, e, t->tol);
                 over++;
             }
             steps_total++;
-            if (argmax(lg, V) != ids[n + s]) {
+            if (mt_argmax(lg, V) != ids[n + s]) {
                 mismatches++;
-                print_message("prompt %d step %d: greedy id %d, reference %d\n", n, s, argmax(lg, V), ids[n + s]);
+                print_message("prompt %d step %d: greedy id %d, reference %d\n", n, s, mt_argmax(lg, V), ids[n + s]);
             }
             if (s + 1 == steps) break;
             assert_int_equal(pd_seq_kv_reserve(kv, &seq, 1), PD_OK);
