@@ -76,8 +76,8 @@ typedef struct {
  * metrics host 127.0.0.1, numa auto, block size 16, heartbeat 500 ms, tp 1)
  * and parses argv over the shared replica flags followed by the role's
  * own (own: n_own <= PD_REPLICA_MAX_ROLE_FLAGS entries, their destinations
- * set to the role's defaults by the caller; listed in --help after
- * --metrics-host). role: "prefill" or "decode" (the command name in
+ * set to the role's defaults by the caller; listed in --help after the
+ * shared ones). role: "prefill" or "decode" (the command name in
  * messages, the default replica id's prefix). Then logs the version
  * (pd_version_log) and checks the KV sizing flags (pd_replica_kv_flags_check).
  * Returns -1 to go on, else the exit status: 0 (--help printed), 2 (a bad

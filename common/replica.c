@@ -51,14 +51,13 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
     };
     char id_help[96];
     snprintf(id_help, sizeof id_help, "unique name of this replica (default %s-<pid>)", role);
-    const pd_flag head[] = {
+    const pd_flag shared[] = {
         {"model", PD_FLAG_STR, &a->model, "checkpoint directory (config.json, safetensors)"},
         {"gateway", PD_FLAG_STR, &a->gateway, "gateway control endpoint (default tcp://127.0.0.1:8001)"},
         {"replica-id", PD_FLAG_STR, &a->replica_id, id_help},
         {"tokenizer", PD_FLAG_STR, &a->tokenizer,
          "tokenizer.json for response_format's token mask (default <model>/tokenizer.json; read at the first such request)"},
-        {"block-size", PD_FLAG_INT, &a->block_size,
-         "KV cache block, tokens (default 16; prefill and decode replicas must agree)"},
+        {"block-size", PD_FLAG_INT, &a->block_size, "KV cache block, tokens (default 16; prefill and decode must agree)"},
         {"num-kv-blocks", PD_FLAG_INT, &a->num_blocks,
          "KV cache blocks (default 4096; with --gpu-memory-utilization: overrides its plan)"},
         {"gpu-memory-utilization", PD_FLAG_FLOAT, &a->gpu_mem_util,
@@ -75,29 +74,23 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
         {"heartbeat-interval-ms", PD_FLAG_INT, &a->heartbeat_ms, "load report period (default 500)"},
         {"metrics-port", PD_FLAG_INT, &a->metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &a->metrics_host, "address of --metrics-port (default 127.0.0.1)"},
-    };
-    const pd_flag tail[] = {
         {"debug-step-delay-ms", PD_FLAG_INT, &a->step_delay_ms, "testing: sleep this long after every step"},
         {"debug-replay-tokens", PD_FLAG_STR, &a->replay_path,
          "testing: JSON array of token ids every request generates (then EOS) instead of samples (a prefill "
          "replica: the first one)"},
-        {"verify-checkpoint", PD_FLAG_BOOL, &a->verify_ckpt,
-         "check files, headers and config first; refuse to start otherwise"},
-        {"checkpoint-manifest", PD_FLAG_STR, &a->ckpt_manifest,
-         "with --verify-checkpoint: SHA-256 of every file against it"},
-        {"numa", PD_FLAG_STR, &a->numa,
-         "auto (the NUMA node of the GPUs; none for a CPU replica), off, or a node number: bind threads and host memory"},
+        {"verify-checkpoint", PD_FLAG_BOOL, &a->verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
+        {"checkpoint-manifest", PD_FLAG_STR, &a->ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
+        {"numa", PD_FLAG_STR, &a->numa, "auto (the NUMA node of the GPUs; none for a CPU replica), off, or a node number: bind threads and host memory"},
         {"debug-inject-selfcheck-failure", PD_FLAG_BOOL, &a->inject_selfcheck_failure,
          "testing: the start-up all-reduce check sees a wrong value (the replica must refuse to register)"},
     };
-    enum { N_HEAD = sizeof head / sizeof head[0], N_TAIL = sizeof tail / sizeof tail[0] };
+    enum { N_SHARED = sizeof shared / sizeof shared[0] };
     PD_ASSERT(n_own >= 0 && n_own <= PD_REPLICA_MAX_ROLE_FLAGS);
-    pd_flag flags[N_HEAD + PD_REPLICA_MAX_ROLE_FLAGS + N_TAIL];
-    memcpy(flags, head, sizeof head);
+    pd_flag flags[N_SHARED + PD_REPLICA_MAX_ROLE_FLAGS];
+    memcpy(flags, shared, sizeof shared);
     if (n_own > 0)
-        memcpy(flags + N_HEAD, own, (size_t)n_own * sizeof *own);
-    memcpy(flags + N_HEAD + n_own, tail, sizeof tail);
-    int rc = pd_flags_parse(role, flags, N_HEAD + n_own + N_TAIL, argc, argv);
+        memcpy(flags + N_SHARED, own, (size_t)n_own * sizeof *own);
+    int rc = pd_flags_parse(role, flags, N_SHARED + n_own, argc, argv);
     if (rc)
         return rc == 1 ? 0 : 2;
     pd_version_log(role);

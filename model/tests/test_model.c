@@ -20,11 +20,7 @@
 #include "model_test_util.h"
 
 typedef struct {
-    const char *preset;
-    char dir[4096];
-    json_t *fx;
-    pd_backend *be;
-    pd_model *m;
+    mt_fixture f; /* the preset's checkpoint on the CPU backend, and its fixture */
 } tctx;
 
 static void sha256_file(const char *path, char hex[65]) {
@@ -47,13 +43,13 @@ static void sha256_file(const char *path, char hex[65]) {
 
 static int setup(void **state, const char *preset) {
     tctx *t = calloc(1, sizeof *t);
-    t->preset = preset;
+    t->f.preset = preset;
     *state = t;
-    if (mt_fixture_prepare(preset, t->dir, sizeof t->dir, &t->fx) != 0)
+    if (mt_fixture_prepare(&t->f, preset) != 0)
         return -1;
     pd_err err = {{0}};
-    assert_int_equal(pd_backend_cpu_init(0, &t->be), PD_OK);
-    if (pd_model_load(t->dir, t->be, &t->m, &err) != PD_OK)
+    assert_int_equal(pd_backend_cpu_init(0, &t->f.be), PD_OK);
+    if (pd_model_load(t->f.dir, t->f.be, &t->f.m, &err) != PD_OK)
         fail_msg("load: %s", err.msg);
     return 0;
 }
@@ -63,10 +59,7 @@ static int setup_tiny_v2(void **s) { return setup(s, "tiny-v2"); }
 
 static int teardown(void **state) {
     tctx *t = *state;
-    pd_model_free(&t->m);
-    pd_backend_free(&t->be);
-    if (t->fx)
-        json_decref(t->fx);
+    mt_fixture_free(&t->f);
     free(t);
     return 0;
 }
@@ -74,13 +67,13 @@ static int teardown(void **state) {
 /* The fixture must describe the very weights we loaded. */
 static void test_same_weights(void **state) {
     tctx *t = *state;
-    json_t *sh = json_object_get(t->fx, "sha256");
+    json_t *sh = json_object_get(t->f.fx, "sha256");
     assert_true(json_object_size(sh) >= 1);
     const char *name;
     json_t *v;
     json_object_foreach(sh, name, v) {
         char path[4400], hex[65];
-        snprintf(path, sizeof path, "%s/%s", t->dir, name);
+        snprintf(path, sizeof path, "%s/%s", t->f.dir, name);
         sha256_file(path, hex);
         if (strcmp(hex, json_string_value(v)) != 0)
             fail_msg("%s: sha256 %s differs from the fixture's %s (mkmodel output changed?)", path, hex,
@@ -91,11 +84,11 @@ static void test_same_weights(void **state) {
 /* Our YaRN frequencies and scales against the reference module's. */
 static void test_rope_tables(void **state) {
     tctx *t = *state;
-    const pd_model_config *c = pd_model_config_of(t->m);
-    json_t *inv = json_object_get(t->fx, "inv_freq");
+    const pd_model_config *c = pd_model_config_of(t->f.m);
+    json_t *inv = json_object_get(t->f.fx, "inv_freq");
     assert_int_equal((int)json_array_size(inv), c->qk_rope_head_dim / 2);
     /* struct pd_model is private; recompute through the public scale */
-    double ref_scale = json_number_value(json_object_get(t->fx, "softmax_scaling"));
+    double ref_scale = json_number_value(json_object_get(t->f.fx, "softmax_scaling"));
     assert_true(fabs(pd_config_softmax_scale(c) - ref_scale) <= 1e-6 * ref_scale);
 }
 
@@ -117,56 +110,41 @@ static void cmp_row(const float *lg, int V, json_t *row, json_t *probes, cmp_sta
  * must equal the reference's. */
 static void test_logits_and_greedy(void **state) {
     tctx *t = *state;
-    const pd_model_config *c = pd_model_config_of(t->m);
+    const pd_model_config *c = pd_model_config_of(t->f.m);
     int V = c->vocab_size;
-    json_t *probes = json_object_get(t->fx, "probe_ids");
-    json_t *cases = json_object_get(t->fx, "cases");
+    json_t *probes = json_object_get(t->f.fx, "probe_ids");
+    json_t *cases = json_object_get(t->f.fx, "cases");
     assert_true(json_array_size(cases) >= 4);
     cmp_stats st = {0};
     pd_err err = {{0}};
     size_t ci;
     json_t *cs;
     json_array_foreach(cases, ci, cs) {
-        json_t *pj = json_object_get(cs, "prompt_ids"), *gj = json_object_get(cs, "greedy_ids");
-        json_t *rows = json_object_get(cs, "rows"), *posr = json_object_get(cs, "positions");
-        int n = (int)json_array_size(pj), steps = (int)json_array_size(gj);
-        int32_t *ids = calloc((size_t)(n + steps), sizeof *ids);
-        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pj, i));
-        pd_kv_cache *kv;
-        assert_int_equal(pd_kv_cache_init(t->m, 16, (n + steps) / 16 + 2, &kv, &err), PD_OK);
-        pd_seq_kv seq = {0};
-        float *lg = malloc((size_t)n * V * sizeof(float));
-        assert_int_equal(pd_seq_kv_reserve(kv, &seq, n), PD_OK);
-        bool all = json_array_size(posr) > 0;
-        pd_batch_seq b = {.kv = &seq, .tokens = ids, .n_tokens = n, .all_logits = all};
-        if (pd_model_forward(t->m, kv, &b, 1, lg, &err) != PD_OK) fail_msg("%s", err.msg);
-        if (all) {
+        mt_case fc;
+        mt_case_begin(&fc, t->f.m, cs);
+        int n = fc.n;
+        if (pd_model_forward(t->f.m, fc.kv, &fc.prefill, 1, fc.lg, &err) != PD_OK) fail_msg("%s", err.msg);
+        if (fc.prefill.all_logits) {
             for (int i = 0; i < n; i++) {
                 char what[64];
                 snprintf(what, sizeof what, "prompt %d position %d", n, i);
-                cmp_row(lg + (size_t)i * V, V, json_array_get(posr, i), probes, &st, what);
+                cmp_row(fc.lg + (size_t)i * V, V, json_array_get(fc.positions, i), probes, &st, what);
             }
-            memmove(lg, lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+            memmove(fc.lg, fc.lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
         }
-        for (int s = 0; s < steps; s++) {
+        for (int s = 0; s < fc.steps; s++) {
             char what[64];
             snprintf(what, sizeof what, "prompt %d step %d", n, s);
-            cmp_row(lg, V, json_array_get(rows, s), probes, &st, what);
-            int g = mt_argmax(lg, V);
-            assert_int_equal(g, (int)json_integer_value(json_array_get(gj, s)));
-            ids[n + s] = g;
-            if (s + 1 == steps) break;
-            assert_int_equal(pd_seq_kv_reserve(kv, &seq, 1), PD_OK);
-            pd_batch_seq d = {.kv = &seq, .tokens = &ids[n + s], .n_tokens = 1};
-            if (pd_model_forward(t->m, kv, &d, 1, lg, &err) != PD_OK) fail_msg("%s", err.msg);
+            cmp_row(fc.lg, V, json_array_get(fc.rows, s), probes, &st, what);
+            /* our greedy id is the reference's, and it is fed back */
+            assert_int_equal(mt_argmax(fc.lg, V), fc.ids[n + s]);
+            if (s + 1 == fc.steps) break;
+            pd_batch_seq d = mt_case_step(&fc, s);
+            if (pd_model_forward(t->f.m, fc.kv, &d, 1, fc.lg, &err) != PD_OK) fail_msg("%s", err.msg);
         }
-        pd_seq_kv_release(kv, &seq);
-        free(seq.block_table);
-        pd_kv_cache_free(&kv);
-        free(lg);
-        free(ids);
+        mt_case_end(&fc);
     }
-    print_message("[ %s ] max relative error vs transformers: %.3g\n", t->preset, st.max_rel);
+    print_message("[ %s ] max relative error vs transformers: %.3g\n", t->f.preset, st.max_rel);
 }
 
 /* logits of the last token after a chunked prefill with chunk size `chunk`
@@ -205,18 +183,18 @@ static double max_rel_diff(const float *a, const float *b, int n) {
  * path, 3, 16, 40) and several block sizes equal one-shot prefill. */
 static void test_chunked_equals_oneshot(void **state) {
     tctx *t = *state;
-    int V = pd_model_config_of(t->m)->vocab_size;
+    int V = pd_model_config_of(t->f.m)->vocab_size;
     int n = 50;
     int32_t ids[50];
     pd_rng r;
     pd_rng_seed(&r, 7);
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(pd_rng_next(&r) % 128000);
     float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
-    run_prefill(t->m, ids, n, n, 16, ref);
+    run_prefill(t->f.m, ids, n, n, 16, ref);
     int chunks[] = {1, 3, 16, 40};
     int blocks[] = {1, 5, 16, 64};
     for (int i = 0; i < 4; i++) {
-        run_prefill(t->m, ids, n, chunks[i], blocks[i], got);
+        run_prefill(t->f.m, ids, n, chunks[i], blocks[i], got);
         double e = max_rel_diff(got, ref, V);
         if (e > 1e-5) fail_msg("chunk %d block %d: relative difference %.3g", chunks[i], blocks[i], e);
         assert_int_equal(mt_argmax(got, V), mt_argmax(ref, V));
@@ -228,24 +206,24 @@ static void test_chunked_equals_oneshot(void **state) {
 /* Two sequences batched in one step give the same logits as each alone. */
 static void test_batch_equals_single(void **state) {
     tctx *t = *state;
-    int V = pd_model_config_of(t->m)->vocab_size;
+    int V = pd_model_config_of(t->f.m)->vocab_size;
     int32_t a[9] = {5, 900, 31, 44, 12000, 7, 8, 99, 1000}, bq[4] = {77, 78, 79, 80};
     float *ra = malloc((size_t)V * sizeof(float)), *rb = malloc((size_t)V * sizeof(float));
-    run_prefill(t->m, a, 9, 9, 4, ra);
-    run_prefill(t->m, bq, 4, 4, 4, rb);
+    run_prefill(t->f.m, a, 9, 9, 4, ra);
+    run_prefill(t->f.m, bq, 4, 4, 4, rb);
     pd_err err = {{0}};
     pd_kv_cache *kv;
-    assert_int_equal(pd_kv_cache_init(t->m, 4, 8, &kv, &err), PD_OK);
+    assert_int_equal(pd_kv_cache_init(t->f.m, 4, 8, &kv, &err), PD_OK);
     pd_seq_kv sa = {0}, sb = {0};
     /* a: 8 tokens first, then its last token as a decode step batched with b's prefill */
     float *lg = malloc((size_t)2 * V * sizeof(float));
     assert_int_equal(pd_seq_kv_reserve(kv, &sa, 8), PD_OK);
     pd_batch_seq p = {.kv = &sa, .tokens = a, .n_tokens = 8};
-    assert_int_equal(pd_model_forward(t->m, kv, &p, 1, lg, &err), PD_OK);
+    assert_int_equal(pd_model_forward(t->f.m, kv, &p, 1, lg, &err), PD_OK);
     assert_int_equal(pd_seq_kv_reserve(kv, &sa, 1), PD_OK);
     assert_int_equal(pd_seq_kv_reserve(kv, &sb, 4), PD_OK);
     pd_batch_seq two[2] = {{.kv = &sa, .tokens = a + 8, .n_tokens = 1}, {.kv = &sb, .tokens = bq, .n_tokens = 4}};
-    assert_int_equal(pd_model_forward(t->m, kv, two, 2, lg, &err), PD_OK);
+    assert_int_equal(pd_model_forward(t->f.m, kv, two, 2, lg, &err), PD_OK);
     assert_true(max_rel_diff(lg, ra, V) < 1e-5);
     assert_true(max_rel_diff(lg + V, rb, V) < 1e-5);
     /* out of blocks: reserve refuses and keeps nothing */
@@ -270,18 +248,18 @@ static void test_forward_rejects(void **state) {
     tctx *t = *state;
     pd_err err = {{0}};
     pd_kv_cache *kv;
-    assert_int_equal(pd_kv_cache_init(t->m, 4, 2, &kv, &err), PD_OK);
+    assert_int_equal(pd_kv_cache_init(t->f.m, 4, 2, &kv, &err), PD_OK);
     pd_seq_kv s = {0};
-    int V = pd_model_config_of(t->m)->vocab_size;
+    int V = pd_model_config_of(t->f.m)->vocab_size;
     float *lg = malloc((size_t)V * sizeof(float));
     int32_t bad[1] = {V};
     assert_int_equal(pd_seq_kv_reserve(kv, &s, 1), PD_OK);
     pd_batch_seq b = {.kv = &s, .tokens = bad, .n_tokens = 1};
-    assert_int_equal(pd_model_forward(t->m, kv, &b, 1, lg, &err), PD_ERR_INVALID);
+    assert_int_equal(pd_model_forward(t->f.m, kv, &b, 1, lg, &err), PD_ERR_INVALID);
     assert_non_null(strstr(err.msg, "outside the vocabulary"));
     int32_t ok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     pd_batch_seq c = {.kv = &s, .tokens = ok, .n_tokens = 8}; /* only 1 block (4 tokens) reserved */
-    assert_int_equal(pd_model_forward(t->m, kv, &c, 1, lg, &err), PD_ERR_INVALID);
+    assert_int_equal(pd_model_forward(t->f.m, kv, &c, 1, lg, &err), PD_ERR_INVALID);
     pd_seq_kv_release(kv, &s);
     free(s.block_table);
     free(lg);

@@ -27,19 +27,15 @@
 #endif
 
 typedef struct {
-    const char *preset;
-    int wfmt; /* pd_cuda_weights */
+    mt_fixture f; /* the preset's checkpoint on the CUDA backend, and its fixture */
+    int wfmt;     /* pd_cuda_weights */
     double tol;
-    char dir[4096];
     char skip[600];
-    json_t *fx;
-    pd_backend *be;
-    pd_model *m;
 } tctx;
 
 static int setup(void **state, const char *preset, int wfmt, double tol) {
     tctx *t = calloc(1, sizeof *t);
-    t->preset = preset;
+    t->f.preset = preset;
     t->wfmt = wfmt;
     t->tol = tol;
     *state = t;
@@ -47,18 +43,18 @@ static int setup(void **state, const char *preset, int wfmt, double tol) {
     snprintf(t->skip, sizeof t->skip, "this build has no CUDA backend (nvcc not found)");
 #else
     pd_err err = {{0}};
-    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)wfmt, &t->be, &err) != PD_OK)
+    if (pd_backend_cuda_init_ex(0, (pd_cuda_weights)wfmt, &t->f.be, &err) != PD_OK)
         snprintf(t->skip, sizeof t->skip, "no usable GPU: %s", err.msg);
 #endif
     if (t->skip[0]) {
         print_message("[ %s %s ] skipped: %s\n", preset, wfmt ? "f32" : "bf16", t->skip);
         return 0;
     }
-    if (mt_fixture_prepare(preset, t->dir, sizeof t->dir, &t->fx) != 0)
+    if (mt_fixture_prepare(&t->f, preset) != 0)
         return -1;
     pd_err err2 = {{0}};
-    if (pd_model_load(t->dir, t->be, &t->m, &err2) != PD_OK) {
-        print_error("load %s: %s\n", t->dir, err2.msg);
+    if (pd_model_load(t->f.dir, t->f.be, &t->f.m, &err2) != PD_OK) {
+        print_error("load %s: %s\n", t->f.dir, err2.msg);
         return -1;
     }
     return 0;
@@ -71,10 +67,7 @@ static int setup_v2_bf16(void **s) { return setup(s, "tiny-v2", 0, 5e-2); }
 
 static int teardown(void **state) {
     tctx *t = *state;
-    pd_model_free(&t->m);
-    pd_backend_free(&t->be);
-    if (t->fx)
-        json_decref(t->fx);
+    mt_fixture_free(&t->f);
     free(t);
     return 0;
 }
@@ -82,7 +75,7 @@ static int teardown(void **state) {
 static void backend_ok(tctx *t) {
 #ifdef PD_HAVE_CUDA
     pd_err err = {{0}};
-    if (pd_backend_cuda_status(t->be, &err) != PD_OK)
+    if (pd_backend_cuda_status(t->f.be, &err) != PD_OK)
         fail_msg("CUDA backend: %s", err.msg);
 #endif
 }
@@ -90,7 +83,7 @@ static void backend_ok(tctx *t) {
 /* Runs forward over n_seqs sequences; lg (host) gets the logits rows. */
 static void forward_n(tctx *t, pd_kv_cache *kv, pd_batch_seq *b, int n_seqs, float *lg) {
     pd_err err = {{0}};
-    if (pd_model_forward(t->m, kv, b, n_seqs, lg, &err) != PD_OK)
+    if (pd_model_forward(t->f.m, kv, b, n_seqs, lg, &err) != PD_OK)
         fail_msg("forward: %s", err.msg);
     backend_ok(t);
 }
@@ -104,65 +97,50 @@ static void test_logits_and_greedy(void **state) {
     tctx *t = *state;
     if (t->skip[0])
         skip();
-    int V = pd_model_config_of(t->m)->vocab_size;
-    json_t *probes = json_object_get(t->fx, "probe_ids"), *cases = json_object_get(t->fx, "cases");
+    int V = pd_model_config_of(t->f.m)->vocab_size;
+    json_t *probes = json_object_get(t->f.fx, "probe_ids"), *cases = json_object_get(t->f.fx, "cases");
     assert_true(json_array_size(cases) >= 4);
-    pd_err err = {{0}};
     double max_rel = 0;
     int mismatches = 0, steps_total = 0, over = 0;
     size_t ci;
     json_t *cs;
     json_array_foreach(cases, ci, cs) {
-        json_t *pj = json_object_get(cs, "prompt_ids"), *gj = json_object_get(cs, "greedy_ids");
-        json_t *rows = json_object_get(cs, "rows"), *posr = json_object_get(cs, "positions");
-        int n = (int)json_array_size(pj), steps = (int)json_array_size(gj);
-        int32_t *ids = calloc((size_t)(n + steps), sizeof *ids);
-        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(pj, i));
-        for (int s = 0; s < steps; s++) ids[n + s] = (int32_t)json_integer_value(json_array_get(gj, s));
-        pd_kv_cache *kv;
-        assert_int_equal(pd_kv_cache_init(t->m, 16, (n + steps) / 16 + 2, &kv, &err), PD_OK);
-        pd_seq_kv seq = {0};
-        float *lg = malloc((size_t)n * V * sizeof(float));
-        assert_int_equal(pd_seq_kv_reserve(kv, &seq, n), PD_OK);
-        bool all = json_array_size(posr) > 0;
-        pd_batch_seq b = {.kv = &seq, .tokens = ids, .n_tokens = n, .all_logits = all};
-        forward(t, kv, &b, all ? n : 1, lg);
-        if (all) {
+        mt_case c;
+        mt_case_begin(&c, t->f.m, cs);
+        int n = c.n;
+        const int32_t *ids = c.ids;
+        forward(t, c.kv, &c.prefill, c.prefill.all_logits ? n : 1, c.lg);
+        if (c.prefill.all_logits) {
             for (int i = 0; i < n; i++) {
-                double e = mt_row_error(lg + (size_t)i * V, V, json_array_get(posr, i), probes);
+                double e = mt_row_error(c.lg + (size_t)i * V, V, json_array_get(c.positions, i), probes);
                 max_rel = fmax(max_rel, e);
                 if (!(e <= t->tol)) {
                     print_error("prompt %d position %d: relative error %.3g > %.3g\n", n, i, e, t->tol);
                     over++;
                 }
             }
-            memmove(lg, lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+            memmove(c.lg, c.lg + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
         }
-        for (int s = 0; s < steps; s++) {
-            double e = mt_row_error(lg, V, json_array_get(rows, s), probes);
+        for (int s = 0; s < c.steps; s++) {
+            double e = mt_row_error(c.lg, V, json_array_get(c.rows, s), probes);
             max_rel = fmax(max_rel, e);
             if (!(e <= t->tol)) {
                 print_error("prompt %d step %d: relative error %.3g > %.3g\n", n, s, e, t->tol);
                 over++;
             }
             steps_total++;
-            if (mt_argmax(lg, V) != ids[n + s]) {
+            if (mt_argmax(c.lg, V) != ids[n + s]) {
                 mismatches++;
-                print_message("prompt %d step %d: greedy id %d, reference %d\n", n, s, mt_argmax(lg, V), ids[n + s]);
+                print_message("prompt %d step %d: greedy id %d, reference %d\n", n, s, mt_argmax(c.lg, V), ids[n + s]);
             }
-            if (s + 1 == steps) break;
-            assert_int_equal(pd_seq_kv_reserve(kv, &seq, 1), PD_OK);
-            pd_batch_seq d = {.kv = &seq, .tokens = &ids[n + s], .n_tokens = 1};
-            forward(t, kv, &d, 1, lg);
+            if (s + 1 == c.steps) break;
+            pd_batch_seq d = mt_case_step(&c, s);
+            forward(t, c.kv, &d, 1, c.lg); /* the reference's id, so that a near tie does not change later rows */
         }
-        pd_seq_kv_release(kv, &seq);
-        free(seq.block_table);
-        pd_kv_cache_free(&kv);
-        free(lg);
-        free(ids);
+        mt_case_end(&c);
     }
     print_message("[ %s %s ] max relative error vs transformers: %.3g (tolerance %.0e); greedy ids differing: %d of %d\n",
-                  t->preset, t->wfmt ? "f32" : "bf16", max_rel, t->tol, mismatches, steps_total);
+                  t->f.preset, t->wfmt ? "f32" : "bf16", max_rel, t->tol, mismatches, steps_total);
     if (over)
         fail_msg("%d rows over tolerance", over);
     if (t->wfmt == 1)
@@ -173,7 +151,7 @@ static void test_logits_and_greedy(void **state) {
 static void run_prefill(tctx *t, const int32_t *ids, int n, int chunk, int block, float *out) {
     pd_err err = {{0}};
     pd_kv_cache *kv;
-    assert_int_equal(pd_kv_cache_init(t->m, block, n / block + 2, &kv, &err), PD_OK);
+    assert_int_equal(pd_kv_cache_init(t->f.m, block, n / block + 2, &kv, &err), PD_OK);
     pd_seq_kv seq = {0};
     for (int done = 0; done < n;) {
         int k = n - done < chunk ? n - done : chunk;
@@ -191,7 +169,7 @@ static void test_chunked_equals_oneshot(void **state) {
     tctx *t = *state;
     if (t->skip[0])
         skip();
-    int V = pd_model_config_of(t->m)->vocab_size, n = 50;
+    int V = pd_model_config_of(t->f.m)->vocab_size, n = 50;
     int32_t ids[50];
     pd_rng r;
     pd_rng_seed(&r, 7);
@@ -207,7 +185,7 @@ static void test_chunked_equals_oneshot(void **state) {
             mx = fmax(mx, fabs(ref[k]));
             d = fmax(d, fabs((double)got[k] - ref[k]));
         }
-        print_message("[ %s %s ] chunk %d block %d vs one-shot: %.3g\n", t->preset, t->wfmt ? "f32" : "bf16",
+        print_message("[ %s %s ] chunk %d block %d vs one-shot: %.3g\n", t->f.preset, t->wfmt ? "f32" : "bf16",
                       chunks[i], blocks[i], d / mx);
         if (!(d / mx <= tol))
             fail_msg("chunk %d block %d: relative difference %.3g > %.0e", chunks[i], blocks[i], d / mx, tol);
@@ -230,7 +208,7 @@ static void test_batched_decode(void **state) {
     if (t->skip[0])
         skip();
     enum { NS = 4, STEPS = 6 };
-    int V = pd_model_config_of(t->m)->vocab_size;
+    int V = pd_model_config_of(t->f.m)->vocab_size;
     static const int plen[NS] = {5, 23, 1, 40};
     int32_t ids[NS][64];
     pd_rng r;
@@ -243,7 +221,7 @@ static void test_batched_decode(void **state) {
     float *alone = malloc((size_t)NS * STEPS * V * sizeof(float)), *lg = malloc((size_t)NS * V * sizeof(float));
     for (int i = 0; i < NS; i++) {
         pd_kv_cache *kv;
-        assert_int_equal(pd_kv_cache_init(t->m, 4, 40, &kv, &err), PD_OK);
+        assert_int_equal(pd_kv_cache_init(t->f.m, 4, 40, &kv, &err), PD_OK);
         pd_seq_kv seq = {0};
         assert_int_equal(pd_seq_kv_reserve(kv, &seq, plen[i]), PD_OK);
         pd_batch_seq b = {.kv = &seq, .tokens = ids[i], .n_tokens = plen[i]};
@@ -260,7 +238,7 @@ static void test_batched_decode(void **state) {
     /* together, in one cache: sequence 3's prefill joins step 0; step 3
      * leaves sequence 1 out (it runs alone after it) */
     pd_kv_cache *kv;
-    assert_int_equal(pd_kv_cache_init(t->m, 4, 160, &kv, &err), PD_OK);
+    assert_int_equal(pd_kv_cache_init(t->f.m, 4, 160, &kv, &err), PD_OK);
     pd_seq_kv seq[NS] = {{0}};
     for (int i = 0; i < NS - 1; i++) {
         assert_int_equal(pd_seq_kv_reserve(kv, &seq[i], plen[i]), PD_OK);
@@ -325,7 +303,7 @@ static void test_batched_decode(void **state) {
         free(seq[i].block_table);
     }
     pd_kv_cache_free(&kv);
-    print_message("[ %s %s ] batched decode vs alone: worst %.3g; %d of %d rows over %.0e\n", t->preset,
+    print_message("[ %s %s ] batched decode vs alone: worst %.3g; %d of %d rows over %.0e\n", t->f.preset,
                   t->wfmt ? "f32" : "bf16", worst, n_over, n_rows, tol);
     free(alone);
     free(lg);
