@@ -4,7 +4,7 @@
  * telemetry (NVML) for them, and renders the operations families into its
  * /metrics at scrape time.
  *
- * Order in a replica's start (prefill/service.c, decode/service.c):
+ * Order in a replica's start (the replica session, common/replica.c):
  *   pd_replica_ops_init      before the backend (nothing allocated yet)
  *   ... backend, weights, KV cache ...
  *   pd_replica_ops_attach    once the metrics server runs
