@@ -21,6 +21,7 @@ run_up() { # log, env and up's command line; waits until both replicas have exit
     # replica cannot start here) or, for CPU replicas, 2 s; at most 15 s
     log=$1; shift
     port=$(free_port)
+    : >"$log" # exists before the wait below greps it (the job's redirection may come later)
     env "$@" --port "$port" >"$log" 2>&1 &
     pid=$!
     n=0
