@@ -348,7 +348,22 @@ typedef struct {
                                  logits of tokens in prompt or output */
     uint64_t seed;
     bool has_seed;
+    /* logit_bias (OpenAI / vLLM): logit_bias[i] is added to the logit of token
+     * logit_bias_ids[i] before penalties, temperature and the filters (vLLM v1
+     * sampler order: logits processors, then penalties). Ids in the
+     * vocabulary, distinct; biases finite in [-PD_MAX_LOGIT_BIAS_VALUE,
+     * PD_MAX_LOGIT_BIAS_VALUE]; at most PD_MAX_LOGIT_BIAS entries. Borrowed:
+     * pd_sampler_init copies them. NULL / 0: off. */
+    const int32_t *logit_bias_ids;
+    const float *logit_bias;
+    int n_logit_bias;
 } pd_sampling_params;
+
+/** Most logit_bias entries one request may carry (the gateway refuses more:
+ * each costs a little on every sampled token). */
+#define PD_MAX_LOGIT_BIAS 1024
+/** The largest |bias| of a logit_bias entry (OpenAI's range, [-100, 100]). */
+#define PD_MAX_LOGIT_BIAS_VALUE 100.0f
 
 /** Default parameters: greedy off (temperature 1), every filter off. */
 pd_sampling_params pd_sampling_defaults(void);
@@ -357,20 +372,26 @@ pd_sampling_params pd_sampling_defaults(void);
  * same tokens whatever the batch) and token counts for penalties. */
 typedef struct pd_sampler pd_sampler;
 /** vocab_size: logits length. prompt/n_prompt: tokens for repetition
- * penalty (borrowed, copied). Errors: PD_ERR_INVALID (bad params). */
+ * penalty (borrowed, copied); p's logit_bias arrays are copied too.
+ * Errors: PD_ERR_INVALID (a parameter out of range; a logit_bias id outside
+ * [0, vocab_size) or repeated, a bias out of range or not finite, more than
+ * PD_MAX_LOGIT_BIAS entries, n_logit_bias < 0). */
 pd_status pd_sampler_init(const pd_sampling_params *p, int vocab_size, const int32_t *prompt,
                           int n_prompt, pd_sampler **s_p, pd_err *err);
 void pd_sampler_free(pd_sampler **s_p);
-/** Samples one token from logits (modified in place: penalties, temperature,
- * filters). Records the token for later penalties. If logprob_p is non-NULL
- * it receives log softmax of the raw (unpenalised, untempered) logits at the
- * chosen token. Returns the token id. */
+/** Samples one token from logits (modified in place: logit_bias, penalties,
+ * temperature, filters). Records the token for later penalties. If logprob_p
+ * is non-NULL it receives log softmax of the raw logits at the chosen token:
+ * as passed in, so before logit_bias, penalties and temperature (vLLM's
+ * default logprobs_mode raw_logprobs); masks the caller applied first
+ * (min_tokens, response_format) are in them. Returns the token id. */
 int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p);
 /** Most alternatives pd_sampler_sample_top reports per token (OpenAI's
  * top_logprobs limit, vLLM's default --max-logprobs). */
 #define PD_MAX_TOP_LOGPROBS 20
 /** As pd_sampler_sample, and also the k most likely tokens (OpenAI
- * top_logprobs) under the same log softmax of the raw logits: top_ids_p and
+ * top_logprobs) under the same log softmax of the raw logits (before
+ * logit_bias and penalties, as the sampled token's): top_ids_p and
  * top_logprobs_p (room for k each) receive them sorted by logprob
  * descending, ties to the lower id, and *n_top_p (may be NULL) how many:
  * k clamped to [0, min(PD_MAX_TOP_LOGPROBS, vocab_size)], 0 when either

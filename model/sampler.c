@@ -1,6 +1,10 @@
 /* The sampler: logits of one sequence -> the next token, with vLLM's
- * semantics and order (vllm/model_executor/layers/sampler.py, v0):
+ * semantics and order (vllm/model_executor/layers/sampler.py, v0;
+ * vllm/v1/sample/sampler.py for logit_bias):
  *
+ *   0. logit_bias: each listed token's bias added to its logit (OpenAI's
+ *      logit_bias; vLLM v1 applies it with the other logits processors that
+ *      can change the argmax, before the penalties);
  *   1. repetition penalty (CTRL, arXiv 1909.05858 §4.1) on every token seen in
  *      the prompt or the output: a positive logit is divided by it, any other
  *      multiplied;
@@ -12,8 +16,10 @@
  *      distribution renormalised), min-p (relative to the most likely token),
  *      and one draw from what is left, renormalised.
  *
- * On return the logits hold what the sampler drew from: penalised, divided by
- * the temperature, filtered tokens at -inf (greedy: penalised only).
+ * On return the logits hold what the sampler drew from: biased, penalised,
+ * divided by the temperature, filtered tokens at -inf (greedy: biased and
+ * penalised only). Logprobs are of the logits before step 0 (vLLM's default
+ * raw_logprobs): a bias changes what is sampled, not the reported logprobs.
  *
  * Memory per sampler: penalty state (5 bytes per vocabulary entry) only when
  * a penalty is on; candidate scratch (8 bytes per entry) from the first
@@ -49,6 +55,11 @@ struct pd_sampler {
     uint8_t *seen_flags; /* [vocab_size] SEEN_* */
     int32_t *seen;
     int n_seen, cap_seen;
+
+    /* logit_bias, sorted by id (0 entries: off) */
+    int32_t *bias_ids;
+    float *bias;
+    int n_bias;
 
     /* Scratch for random draws and logprobs, allocated on first use. */
     int32_t *cand; /* [vocab_size] candidate token ids */
@@ -90,6 +101,16 @@ static pd_status sampler_params_check(const pd_sampling_params *p, pd_err *err) 
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return pd_err_set(err, PD_ERR_INVALID, "repetition_penalty must be finite and > 0, got %g",
                           p->repetition_penalty);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > PD_MAX_LOGIT_BIAS ||
+        (p->n_logit_bias > 0 && (!p->logit_bias_ids || !p->logit_bias)))
+        return pd_err_set(err, PD_ERR_INVALID, "logit_bias: %d entries (at most %d, with both arrays)",
+                          p->n_logit_bias, PD_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (!(p->logit_bias[i] >= -PD_MAX_LOGIT_BIAS_VALUE &&
+              p->logit_bias[i] <= PD_MAX_LOGIT_BIAS_VALUE))
+            return pd_err_set(err, PD_ERR_INVALID, "logit_bias: the bias of token %d must be in [%g, %g], got %g",
+                              (int)p->logit_bias_ids[i], -PD_MAX_LOGIT_BIAS_VALUE,
+                              PD_MAX_LOGIT_BIAS_VALUE, p->logit_bias[i]);
     return PD_OK;
 }
 
@@ -119,6 +140,58 @@ static void sampler_note(pd_sampler *s, int32_t token, uint8_t flag) {
     s->seen_flags[token] |= flag;
 }
 
+typedef struct {
+    int32_t id;
+    float bias;
+} bias_entry;
+
+static int bias_entry_cmp(const void *a, const void *b) {
+    int32_t x = ((const bias_entry *)a)->id, y = ((const bias_entry *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Copies p's logit_bias (already range-checked by sampler_params_check)
+ * sorted by id, refusing ids outside the vocabulary and repeated ids. Sets
+ * *ids_p / *bias_p (NULL when there are none) only on success. */
+static pd_status sampler_bias_copy(const pd_sampling_params *p, int vocab_size, int32_t **ids_p,
+                                   float **bias_p, pd_err *err) {
+    int n = p->n_logit_bias;
+    *ids_p = NULL;
+    *bias_p = NULL;
+    if (n == 0)
+        return PD_OK;
+    bias_entry *e = pd_xmalloc((size_t)n * sizeof *e);
+    for (int i = 0; i < n; i++) {
+        e[i].id = p->logit_bias_ids[i];
+        e[i].bias = p->logit_bias[i];
+        if (e[i].id < 0 || e[i].id >= vocab_size) {
+            free(e);
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "logit_bias: token id %d is outside the vocabulary [0, %d)",
+                              (int)p->logit_bias_ids[i], vocab_size);
+        }
+    }
+    qsort(e, (size_t)n, sizeof *e, bias_entry_cmp);
+    for (int i = 1; i < n; i++) {
+        if (e[i].id == e[i - 1].id) {
+            int32_t id = e[i].id;
+            free(e);
+            return pd_err_set(err, PD_ERR_INVALID, "logit_bias: token id %d is listed twice",
+                              (int)id);
+        }
+    }
+    int32_t *ids = pd_xmalloc((size_t)n * sizeof *ids);
+    float *bias = pd_xmalloc((size_t)n * sizeof *bias);
+    for (int i = 0; i < n; i++) {
+        ids[i] = e[i].id;
+        bias[i] = e[i].bias;
+    }
+    free(e);
+    *ids_p = ids;
+    *bias_p = bias;
+    return PD_OK;
+}
+
 pd_status pd_sampler_init(const pd_sampling_params *p, int vocab_size, const int32_t *prompt,
                           int n_prompt, pd_sampler **s_p, pd_err *err) {
     pd_status rc = sampler_params_check(p, err);
@@ -133,8 +206,19 @@ pd_status pd_sampler_init(const pd_sampling_params *p, int vocab_size, const int
             return pd_err_set(err, PD_ERR_INVALID, "prompt[%d] = %d outside the vocabulary [0, %d)",
                               i, (int)prompt[i], vocab_size);
 
+    int32_t *bias_ids = NULL;
+    float *bias = NULL;
+    pd_status rc_bias = sampler_bias_copy(p, vocab_size, &bias_ids, &bias, err);
+    if (rc_bias != PD_OK)
+        return rc_bias;
+
     pd_sampler *s = pd_xcalloc(1, sizeof *s);
     s->p = *p;
+    s->p.logit_bias_ids = NULL; /* borrowed by the caller; s keeps its own copy */
+    s->p.logit_bias = NULL;
+    s->bias_ids = bias_ids;
+    s->bias = bias;
+    s->n_bias = p->n_logit_bias;
     s->vocab_size = vocab_size;
     pd_rng_seed(&s->rng, p->has_seed ? p->seed : sampler_entropy(s));
     s->penalties_on = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
@@ -153,6 +237,8 @@ void pd_sampler_free(pd_sampler **s_p) {
     if (!s_p || !*s_p)
         return;
     pd_sampler *s = *s_p;
+    free(s->bias_ids);
+    free(s->bias);
     free(s->out_count);
     free(s->seen_flags);
     free(s->seen);
@@ -170,6 +256,12 @@ void pd_sampler_accept(pd_sampler *s, int32_t token) {
         return;
     s->out_count[token]++;
     sampler_note(s, token, 0);
+}
+
+/* Step 0 of the file comment. A masked token (-inf) stays masked. */
+static void sampler_apply_bias(const pd_sampler *s, float *logits) {
+    for (int i = 0; i < s->n_bias; i++)
+        logits[s->bias_ids[i]] += s->bias[i];
 }
 
 /* Steps 1 and 2 of the file comment. Every listed token is in the prompt or
@@ -479,7 +571,7 @@ int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, in
         k = V;
     if (k < 0 || !top_ids_p || !top_logprobs_p)
         k = 0;
-    /* logprobs are of the logits as given: before penalties and temperature */
+    /* logprobs are of the logits as given: before logit_bias, penalties and temperature */
     float max = -INFINITY;
     double lse = 0.0;
     if (logprob_p || k > 0)
@@ -496,6 +588,8 @@ int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, in
             s->raw = pd_xmalloc((size_t)V * sizeof *s->raw);
         memcpy(s->raw, logits, (size_t)V * sizeof *logits);
     }
+    if (s->n_bias > 0)
+        sampler_apply_bias(s, logits);
     if (s->penalties_on)
         sampler_apply_penalties(s, logits);
 

@@ -631,6 +631,213 @@ static void test_penalties_exact(void **state) {
     }
 }
 
+/* ---- logit_bias ---------------------------------------------------------------- */
+
+/* Greedy with a bias: the argmax of logits + bias, computed here in double.
+ * +100 on a token makes greedy pick it whenever no other logit leads it by
+ * 100 (random logits of scale 4 span ~40); -100 on the argmax hands the pick
+ * to the best of the rest. */
+static void test_logit_bias_greedy(void **state) {
+    (void)state;
+    pd_rng rng;
+    pd_rng_seed(&rng, 31);
+    float *l = malloc(VOCAB_V3 * sizeof *l), *work = malloc(VOCAB_V3 * sizeof *work);
+    double *biased = malloc(VOCAB_V3 * sizeof *biased);
+    for (int round = 0; round < 8; round++) {
+        random_logits(&rng, l, VOCAB_V3, 4.0);
+        int top = ref_argmax(l, VOCAB_V3);
+        int32_t ids[3] = {(int32_t)(pd_rng_next(&rng) % VOCAB_V3), top, 0};
+        float bias[3] = {round % 2 ? 100.0f : 0.0f, -100.0f, 0.0f};
+        ids[2] = ids[0] == 7 || top == 7 ? 8 : 7; /* a third entry with bias 0 changes nothing */
+        if (ids[0] == top || ids[0] == ids[2])
+            continue;
+        pd_sampling_params p = pd_sampling_defaults();
+        p.temperature = 0.0f;
+        p.logit_bias_ids = ids;
+        p.logit_bias = bias;
+        p.n_logit_bias = 3;
+        pd_sampler *s = sampler_new(&p, VOCAB_V3, NULL, 0);
+        for (int i = 0; i < VOCAB_V3; i++)
+            biased[i] = l[i];
+        for (int k = 0; k < 3; k++)
+            biased[ids[k]] += bias[k];
+        int want = 0;
+        for (int i = 1; i < VOCAB_V3; i++)
+            if (biased[i] > biased[want])
+                want = i;
+        if (bias[0] == 100.0f) {
+            assert_true(l[top] - l[ids[0]] < 100.0f); /* the premise of the property */
+            assert_int_equal(want, ids[0]);
+        }
+        assert_int_not_equal(want, top);
+        memcpy(work, l, VOCAB_V3 * sizeof *work);
+        float lp = 0.0f;
+        int32_t t = pd_sampler_sample(s, work, &lp);
+        assert_int_equal(t, want);
+        /* logprobs are of the logits before the bias */
+        double want_lp = ref_log_softmax(l, VOCAB_V3, t);
+        if (fabs(lp - want_lp) > 1e-3)
+            fail_msg("round %d: logprob %.7g, want %.7g (unbiased)", round, lp, want_lp);
+        pd_sampler_free(&s);
+    }
+    free(l);
+    free(work);
+    free(biased);
+}
+
+/* Random sampling with a bias draws from softmax((logits + bias) / T)
+ * (chi-square), under temperature and a top-k that the bias changes; +100
+ * makes every draw the token, -100 makes it never drawn. */
+static void test_logit_bias_random(void **state) {
+    (void)state;
+    const int32_t ids[2] = {5, 3};
+    const float bias[2] = {2.5f, -1.0f};
+    const float temps[] = {1.0f, 0.7f};
+    for (int ti = 0; ti < 2; ti++) {
+        pd_sampling_params p = pd_sampling_defaults();
+        p.temperature = temps[ti];
+        p.has_seed = true;
+        p.seed = 200 + ti;
+        p.logit_bias_ids = ids;
+        p.logit_bias = bias;
+        p.n_logit_bias = 2;
+        pd_sampler *s = sampler_new(&p, SMALL_V, NULL, 0);
+        long counts[SMALL_V];
+        draw_counts(s, small_logits, SMALL_V, DRAWS, counts);
+        float biased[SMALL_V];
+        memcpy(biased, small_logits, sizeof biased);
+        for (int k = 0; k < 2; k++)
+            biased[ids[k]] += bias[k];
+        double probs[SMALL_V];
+        ref_softmax(biased, SMALL_V, temps[ti], probs);
+        int df;
+        double chi2 = chi_square(counts, probs, SMALL_V, DRAWS, &df);
+        print_message("logit_bias T=%.1f: chi2 = %.2f (df %d, 0.1%% point %.2f)\n", temps[ti],
+                      chi2, df, chi2_999[df]);
+        assert_true(chi2 < chi2_999[df]);
+        pd_sampler_free(&s);
+    }
+
+    pd_rng rng;
+    pd_rng_seed(&rng, 32);
+    enum { V = 4096 };
+    float l[V], work[V];
+    random_logits(&rng, l, V, 4.0);
+    int top = ref_argmax(l, V);
+    for (int sign = 0; sign < 2; sign++) {
+        int32_t id = sign == 0 ? (top + 1) % V : top;
+        float b = sign == 0 ? 100.0f : -100.0f;
+        pd_sampling_params p = pd_sampling_defaults();
+        p.has_seed = true;
+        p.seed = 33;
+        p.top_k = 50;
+        p.top_p = 0.95f;
+        p.logit_bias_ids = &id;
+        p.logit_bias = &b;
+        p.n_logit_bias = 1;
+        pd_sampler *s = sampler_new(&p, V, NULL, 0);
+        id = -1; /* the sampler keeps its own copy */
+        for (int i = 0; i < 2000; i++) {
+            memcpy(work, l, sizeof work);
+            int32_t t = pd_sampler_sample(s, work, NULL);
+            if (sign == 0)
+                assert_int_equal(t, (top + 1) % V);
+            else
+                assert_int_not_equal(t, top);
+        }
+        pd_sampler_free(&s);
+    }
+}
+
+/* A bias does not unmask a token the caller masked (-inf: min_tokens,
+ * response_format), and penalties apply to the biased logit (vLLM's order). */
+static void test_logit_bias_masked_and_penalised(void **state) {
+    (void)state;
+    enum { V = 16 };
+    int32_t id = 4;
+    float b = 100.0f;
+    pd_sampling_params p = pd_sampling_defaults();
+    p.temperature = 0.0f;
+    p.logit_bias_ids = &id;
+    p.logit_bias = &b;
+    p.n_logit_bias = 1;
+    pd_sampler *s = sampler_new(&p, V, NULL, 0);
+    float l[V];
+    for (int i = 0; i < V; i++)
+        l[i] = (float)i * 0.1f;
+    l[4] = -INFINITY;
+    assert_int_equal(pd_sampler_sample(s, l, NULL), V - 1);
+    assert_true(l[4] == -INFINITY);
+    pd_sampler_free(&s);
+
+    /* repetition penalty 2 on a prompt token: (raw + bias) / 2 */
+    const int32_t prompt[1] = {4};
+    p.repetition_penalty = 2.0f;
+    b = 10.0f;
+    s = sampler_new(&p, V, prompt, 1);
+    for (int i = 0; i < V; i++)
+        l[i] = (float)i * 0.1f;
+    float want = (l[4] + 10.0f) / 2.0f;
+    pd_sampler_sample(s, l, NULL);
+    assert_true(fabsf(l[4] - want) < 1e-6f);
+    pd_sampler_free(&s);
+}
+
+static void test_logit_bias_invalid(void **state) {
+    (void)state;
+    enum { V = 100 };
+    static int32_t many_ids[PD_MAX_LOGIT_BIAS + 1];
+    static float many_bias[PD_MAX_LOGIT_BIAS + 1];
+    for (int i = 0; i <= PD_MAX_LOGIT_BIAS; i++)
+        many_ids[i] = i;
+    struct {
+        int32_t id[2];
+        float bias[2];
+        int n;
+        const char *want;
+    } cases[] = {
+        {{V, 0}, {1.0f, 0.0f}, 1, "token id 100 is outside the vocabulary [0, 100)"},
+        {{-1, 0}, {1.0f, 0.0f}, 1, "token id -1"},
+        {{3, 3}, {1.0f, 2.0f}, 2, "token id 3 is listed twice"},
+        {{3, 0}, {100.5f, 0.0f}, 1, "[-100, 100]"},
+        {{3, 0}, {-101.0f, 0.0f}, 1, "[-100, 100]"},
+        {{3, 0}, {NAN, 0.0f}, 1, "[-100, 100]"},
+        {{3, 0}, {INFINITY, 0.0f}, 1, "[-100, 100]"},
+        {{3, 0}, {1.0f, 0.0f}, -1, "entries"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pd_sampling_params p = pd_sampling_defaults();
+        p.logit_bias_ids = cases[i].id;
+        p.logit_bias = cases[i].bias;
+        p.n_logit_bias = cases[i].n;
+        pd_sampler *s = NULL;
+        pd_err err = {{0}};
+        assert_int_equal(pd_sampler_init(&p, V, NULL, 0, &s, &err), PD_ERR_INVALID);
+        assert_null(s);
+        if (!strstr(err.msg, "logit_bias") || !strstr(err.msg, cases[i].want))
+            fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, cases[i].want);
+    }
+    /* the limit is a limit: PD_MAX_LOGIT_BIAS entries are fine, one more is not */
+    pd_sampling_params p = pd_sampling_defaults();
+    p.logit_bias_ids = many_ids;
+    p.logit_bias = many_bias;
+    p.n_logit_bias = PD_MAX_LOGIT_BIAS + 1;
+    pd_sampler *s = NULL;
+    pd_err err = {{0}};
+    assert_int_equal(pd_sampler_init(&p, 2 * PD_MAX_LOGIT_BIAS, NULL, 0, &s, &err), PD_ERR_INVALID);
+    p.n_logit_bias = PD_MAX_LOGIT_BIAS;
+    assert_int_equal(pd_sampler_init(&p, 2 * PD_MAX_LOGIT_BIAS, NULL, 0, &s, &err), PD_OK);
+    pd_sampler_free(&s);
+    /* the edges of the range are valid */
+    int32_t ids[2] = {1, 2};
+    float edge[2] = {-100.0f, 100.0f};
+    p.logit_bias_ids = ids;
+    p.logit_bias = edge;
+    p.n_logit_bias = 2;
+    s = sampler_new(&p, V, NULL, 0);
+    pd_sampler_free(&s);
+}
+
 /* ---- logprobs ---------------------------------------------------------------- */
 
 static void test_logprob(void **state) {
@@ -866,6 +1073,10 @@ int main(void) {
         cmocka_unit_test(test_filters_at_vocab_scale),
         cmocka_unit_test(test_top_p_at_vocab_scale),
         cmocka_unit_test(test_penalties_exact),
+        cmocka_unit_test(test_logit_bias_greedy),
+        cmocka_unit_test(test_logit_bias_random),
+        cmocka_unit_test(test_logit_bias_masked_and_penalised),
+        cmocka_unit_test(test_logit_bias_invalid),
         cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_logprob),
         cmocka_unit_test(test_masked_logits),
