@@ -199,7 +199,9 @@ void pd_replica_send_error(pd_replica *r, const char *id, const char *msg);
  * then refused). */
 pd_grammar_vocab *pd_replica_vocab(pd_replica *r);
 
-/** A request's sampling parameters (NULL s: the defaults). */
+/** A request's sampling parameters (NULL s: the defaults). The logit_bias
+ * arrays are borrowed from s (valid while s is); ids and values of unequal
+ * lengths give n_logit_bias -1, which pd_sampler_init refuses. */
 pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s);
 
 /** Ends the transport: the KV pool and the UCX agent, the heartbeat

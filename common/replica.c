@@ -341,6 +341,10 @@ pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s) {
     p.repetition_penalty = s->repetition_penalty;
     p.seed = s->seed;
     p.has_seed = s->has_seed;
+    p.logit_bias_ids = s->logit_bias_ids; /* borrowed from s: pd_sampler_init copies them */
+    p.logit_bias = s->logit_bias_values;
+    /* lengths that differ: -1, which pd_sampler_init refuses (the request fails) */
+    p.n_logit_bias = s->n_logit_bias_ids == s->n_logit_bias_values ? (int)s->n_logit_bias_ids : -1;
     return p;
 }
 

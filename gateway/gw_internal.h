@@ -297,6 +297,9 @@ typedef struct {
     int n_stop;
     int32_t *stop_token_ids;
     int n_stop_token_ids;
+    int32_t *logit_bias_ids; /* logit_bias: n_logit_bias distinct ids; sampling points here */
+    float *logit_bias;
+    int n_logit_bias;
     int32_t *prompt_ids;
     int n_prompt;
     char *echo_text; /* completions with echo: the prompt as text */

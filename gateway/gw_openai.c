@@ -8,6 +8,9 @@
  * temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
  * presence/frequency penalty [-2, 2], repetition_penalty > 0, n [1, 128],
  * top_logprobs / logprobs [0, --max-logprobs], seed int64.
+ * logit_bias: OpenAI's shape and range ({"<token id>": bias in [-100, 100]},
+ * at most PD_MAX_LOGIT_BIAS = 1024 entries); a bias out of range is refused,
+ * where vLLM clamps it into the range.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -668,13 +671,90 @@ static int parse_stop(const pd_gw_config *cfg, const json_t *root, gw_oai_req *o
     return 0;
 }
 
+/* ---- logit_bias ------------------------------------------------------- */
+
+/* A token id written as a decimal string: optional '+' or '-', then digits
+ * (int() of the key, as vLLM and OpenAI read it, without the whitespace). */
+static bool parse_token_key(const char *k, int64_t *out) {
+    const char *p = k;
+    bool neg = *p == '-';
+    if (*p == '-' || *p == '+')
+        p++;
+    if (!*p)
+        return false;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return false;
+        if (v <= INT32_MAX) /* past that it stays there: outside any vocabulary */
+            v = v * 10 + (*p - '0');
+    }
+    *out = neg ? -v : v;
+    return true;
+}
+
+/* logit_bias: {"<token id>": bias}. Each id must be in [0, vocab_size) and
+ * given once ("5" and "05" are the same token), each bias a number in
+ * [-100, 100]; at most PD_MAX_LOGIT_BIAS entries. Fills out->logit_bias*
+ * and points out->sampling at them. */
+static int parse_logit_bias(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out,
+                            gw_oai_err *e) {
+    json_t *lb = field(root, "logit_bias");
+    if (!lb)
+        return 0;
+    if (!json_is_object(lb))
+        return fail(e, 400, "logit_bias",
+                    "'logit_bias' must be an object mapping token ids (as strings) to a bias in "
+                    "[-100, 100]");
+    size_t n = json_object_size(lb);
+    if (n > PD_MAX_LOGIT_BIAS)
+        return fail(e, 400, "logit_bias", "'logit_bias' has %zu entries; at most %d are allowed", n,
+                    PD_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return 0;
+    out->logit_bias_ids = pd_xcalloc(n, sizeof *out->logit_bias_ids);
+    out->logit_bias = pd_xcalloc(n, sizeof *out->logit_bias);
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        int64_t id;
+        if (!parse_token_key(key, &id))
+            return fail(e, 400, "logit_bias",
+                        "'logit_bias' keys must be token ids (integers as strings), got '%.40s'",
+                        key);
+        if (id < 0 || id >= cfg->vocab_size)
+            return fail(e, 400, "logit_bias",
+                        "'logit_bias' token id %lld is outside the vocabulary (size %d: ids 0 to "
+                        "%d)",
+                        (long long)id, cfg->vocab_size, cfg->vocab_size - 1);
+        if (!json_is_number(v))
+            return fail(e, 400, "logit_bias", "'logit_bias' of token %lld must be a number",
+                        (long long)id);
+        double d = json_number_value(v);
+        if (!(d >= -PD_MAX_LOGIT_BIAS_VALUE && d <= PD_MAX_LOGIT_BIAS_VALUE))
+            return fail(e, 400, "logit_bias",
+                        "'logit_bias' of token %lld must be in [-100, 100], got %g", (long long)id,
+                        d);
+        for (int i = 0; i < out->n_logit_bias; i++)
+            if (out->logit_bias_ids[i] == (int32_t)id)
+                return fail(e, 400, "logit_bias", "'logit_bias' gives token %lld twice",
+                            (long long)id);
+        out->logit_bias_ids[out->n_logit_bias] = (int32_t)id;
+        out->logit_bias[out->n_logit_bias++] = (float)d;
+    }
+    out->sampling.logit_bias_ids = out->logit_bias_ids;
+    out->sampling.logit_bias = out->logit_bias;
+    out->sampling.n_logit_bias = out->n_logit_bias;
+    return 0;
+}
+
 /* ---- the request ------------------------------------------------------ */
 
 /* After "too big integer": which known integer field holds it. */
 static const char *find_big_int(const char *body, size_t len) {
     static const char *const keys[] = {
         "seed",     "max_tokens",   "max_completion_tokens", "n",     "top_k", "min_tokens",
-        "logprobs", "top_logprobs", "stop_token_ids",        "prompt"};
+        "logprobs", "top_logprobs", "stop_token_ids",        "prompt", "logit_bias"};
     json_t *root = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
     if (!json_is_object(root)) {
         json_decref(root);
@@ -689,6 +769,12 @@ static const char *find_big_int(const char *body, size_t len) {
         json_t *x;
         if (json_is_array(v))
             json_array_foreach(v, i, x) {
+                if (json_is_real(x) && fabs(json_real_value(x)) >= 9223372036854775807.0)
+                    found = keys[k];
+            }
+        const char *name;
+        if (json_is_object(v))
+            json_object_foreach(v, name, x) {
                 if (json_is_real(x) && fabs(json_real_value(x)) >= 9223372036854775807.0)
                     found = keys[k];
             }
@@ -925,6 +1011,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return -1;
     if (parse_stop(cfg, root, out, e))
         return -1;
+    if (parse_logit_bias(cfg, root, out, e))
+        return -1;
     out->skip_special = true;
     if (get_bool(root, "ignore_eos", &out->ignore_eos, e))
         return -1;
@@ -1034,6 +1122,8 @@ void gw_oai_req_clear(gw_oai_req *r) {
         free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);
+    free(r->logit_bias_ids);
+    free(r->logit_bias);
     free(r->prompt_ids);
     free(r->echo_text);
     for (int i = 0; i < r->n_tools; i++)

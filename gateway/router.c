@@ -325,6 +325,10 @@ static void fill_sampling(Pdserve__SamplingParams *sp, const pd_sampling_params 
     sp->repetition_penalty = p->repetition_penalty;
     sp->seed = p->seed + (uint64_t)choice; /* n > 1: independent samples, still reproducible */
     sp->has_seed = p->has_seed;
+    sp->logit_bias_ids = (int32_t *)p->logit_bias_ids; /* borrowed: packed at once */
+    sp->n_logit_bias_ids = (size_t)p->n_logit_bias;
+    sp->logit_bias_values = (float *)p->logit_bias;
+    sp->n_logit_bias_values = (size_t)p->n_logit_bias;
 }
 
 static void send_generate(pd_router *r, gw_sub *s, bool reserved) {

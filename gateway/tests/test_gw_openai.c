@@ -139,6 +139,30 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":[999999999]}", 400, "stop_token_ids"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":1}", 400, "stop_token_ids"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stop_token_ids\":[1,2]}", 0, NULL},
+    /* logit_bias */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":10}}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":-100,\"6\":100,\"7\":0.5}}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{}}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":null}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":[5]}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":\"5\"}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"abc\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5.0\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"-1\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"999999999\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"99999999999999999999999\":1}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":100.5}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":-101}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":true}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":null}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":1,\"05\":2}}", 400, "logit_bias"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"logit_bias\":{\"5\":1e400}}", 400, ""},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":99999999999999999999}}", 400,
+     "logit_bias"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":1}}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"logit_bias\":{\"x\":1}}", 400, "logit_bias"},
     /* stream */
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":\"yes\"}", 400, "stream"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream_options\":{\"include_usage\":true}}", 400,
@@ -366,6 +390,71 @@ static void test_completion_prompt_ids(void **state) {
     assert_true(r.skip_special);
     free(ids);
     gw_oai_req_clear(&r);
+}
+
+/* logit_bias reaches the sampling parameters as given (ids, biases, in the
+ * body's order); the refusals name the id, the vocabulary size and the
+ * limit. */
+static void test_logit_bias(void **state) {
+    const int V = g_cfg.vocab_size;
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":10,\"%d\":-100,\"+7\":0.25,\"0\":100}}",
+             V - 1);
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    const int32_t want_ids[4] = {5, V - 1, 7, 0};
+    const float want_bias[4] = {10.0f, -100.0f, 0.25f, 100.0f};
+    assert_int_equal(r.sampling.n_logit_bias, 4);
+    assert_memory_equal(r.sampling.logit_bias_ids, want_ids, sizeof want_ids);
+    assert_memory_equal(r.sampling.logit_bias, want_bias, sizeof want_bias);
+    /* what the replicas do with it: a sampler accepts these parameters */
+    pd_sampler *s = NULL;
+    pd_err err;
+    assert_int_equal(pd_sampler_init(&r.sampling, V, NULL, 0, &s, &err), PD_OK);
+    pd_sampler_free(&s);
+    gw_oai_req_clear(&r);
+
+    /* out of the vocabulary: the id and the size in the message */
+    snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"logit_bias\":{\"%d\":1}}", V);
+    assert_int_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), -1);
+    char id[32], size[32];
+    snprintf(id, sizeof id, "%d", V);
+    snprintf(size, sizeof size, "size %d", V);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "logit_bias");
+    if (!strstr(e.message, id) || !strstr(e.message, size))
+        fail_msg("'%s' should name id %s and %s", e.message, id, size);
+
+    /* the limit: PD_MAX_LOGIT_BIAS entries are accepted, one more is not */
+    for (int extra = 0; extra < 2; extra++) {
+        json_t *lb = json_object();
+        for (int i = 0; i < PD_MAX_LOGIT_BIAS + extra; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "%d", i);
+            json_object_set_new(lb, k, json_real(-1.0));
+        }
+        json_t *root = json_pack("{s:s, s:o}", "prompt", "hi", "logit_bias", lb);
+        char *text = json_dumps(root, JSON_COMPACT);
+        json_decref(root);
+        int rc = gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, text, strlen(text),
+                                &r, &e);
+        free(text);
+        if (extra == 0) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(r.sampling.n_logit_bias, PD_MAX_LOGIT_BIAS);
+            gw_oai_req_clear(&r);
+        } else {
+            assert_int_equal(rc, -1);
+            assert_string_equal(e.param, "logit_bias");
+            char lim[16];
+            snprintf(lim, sizeof lim, "%d", PD_MAX_LOGIT_BIAS);
+            assert_non_null(strstr(e.message, lim));
+        }
+    }
 }
 
 static void test_chat_rendered(void **state) {
@@ -600,6 +689,7 @@ int main(void) {
         cmocka_unit_test(test_validation_table),
         cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_completion_prompt_ids),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_rendered),
         cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),

@@ -14,7 +14,13 @@ Checks, per route and endpoint:
 - streamed == non-streamed: the chunks' logprobs concatenated equal the
   whole response's;
 - the long route moved KV (so the first token's alternatives came through
-  the prefill replica).
+  the prefill replica);
+- logit_bias on both routes (the long route's first token is the prefill
+  replica's): +100 on one token makes every generated token that token,
+  greedy and at temperature 1, on both endpoints; -100 on the greedy first
+  token makes greedy pick another; the logprobs stay the raw model's (the
+  biased token's is far below 0); an id outside the vocabulary is a 400
+  naming logit_bias.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import json, os, random, time
@@ -107,6 +113,44 @@ def byte_level_vocab(model):
     return out
 
 
+def check_logit_bias(port, model, routes):
+    vocab = byte_level_vocab(model)
+    word = next(w for w in (" the", " and", "ing", "the") if w in vocab)
+    target = vocab[word]
+    for route, (ids, text) in routes.items():
+        for temp in (0, 1.0):
+            w = f"{route} logit_bias +100 on {target} ({word!r}), temperature {temp}"
+            body = {"model": "tiny", "prompt": ids, "max_tokens": 6, "temperature": temp, "seed": 5,
+                    "ignore_eos": True, "logprobs": 0, "logit_bias": {str(target): 100}}
+            resp = post(port, "/v1/completions", body)
+            if resp:
+                lp = resp["choices"][0]["logprobs"]
+                check(lp["tokens"] == [word] * 6 and resp["choices"][0]["text"] == word * 6,
+                      f"{w}: completions: every token is it ({lp['tokens']})")
+                check(all(x < -1.0 for x in lp["token_logprobs"]),
+                      f"{w}: logprobs are the raw model's, not the biased distribution's ({lp['token_logprobs']})")
+            cbody = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 6,
+                     "temperature": temp, "ignore_eos": True, "logit_bias": {str(target): 100.0}}
+            resp = post(port, "/v1/chat/completions", cbody)
+            if resp:
+                check(resp["choices"][0]["message"]["content"] == word * 6,
+                      f"{w}: chat: every token is it ({resp['choices'][0]['message']['content']!r})")
+        # -100 on the greedy first token: greedy picks another
+        base = {"model": "tiny", "prompt": ids, "max_tokens": 1, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+        plain = post(port, "/v1/completions", base)
+        first = vocab.get(plain["choices"][0]["logprobs"]["tokens"][0]) if plain else None
+        if first is not None:
+            resp = post(port, "/v1/completions", dict(base, logit_bias={str(first): -100}))
+            if resp:
+                got = resp["choices"][0]["logprobs"]["tokens"][0]
+                check(vocab.get(got) != first, f"{route} logit_bias -100 on the greedy token {first}: another ({got!r})")
+    st, _, data = request(port, "POST", "/v1/completions",
+                          {"model": "tiny", "prompt": "hi", "max_tokens": 1, "logit_bias": {"99999999": 1}}, 60)
+    err = json.loads(data).get("error", {}) if st == 400 else {}
+    check(st == 400 and err.get("param") == "logit_bias" and "99999999" in err.get("message", ""),
+          f"logit_bias outside the vocabulary: 400 naming logit_bias and the id ({st} {data[:200]!r})")
+
+
 def main():
     _, model = tiny_model()
     port = free_port_pair()
@@ -168,6 +212,7 @@ def main():
                 check(moved > 0, "long route: KV moved from the prefill replica")
             else:
                 check(moved == 0, "short route: no KV moved")
+        check_logit_bias(port, model, routes)
         # ---- the two replicas agree: the decode replica's alternatives for
         # the 2nd token of a 12-token prompt (short route) are the prefill
         # replica's for the 1st token of that prompt + its 1st token (13
