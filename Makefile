@@ -5,7 +5,9 @@ JOBS       ?= $(shell nproc)
 MODEL      ?= models/small
 PRESET     ?= small
 PORT       ?= 8000
-CACHE      := $(CURDIR)/.cache
+# the download cache (tokenizer, deps stamp): $PD_CACHE_DIR when set, as the
+# binaries and tests read it, else .cache/ here
+CACHE      := $(abspath $(or $(PD_CACHE_DIR),$(CURDIR)/.cache))
 DEPS_STAMP := $(CACHE)/deps.stamp
 TOKENIZER  := $(CACHE)/tokenizer-deepseek_v3/tokenizer.json
 
@@ -30,7 +32,8 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 $(MODEL)/config.json: | build
-	$(BUILD)/pdserve mkmodel --preset $(PRESET) --seed 1 --out $(MODEL)
+	$(BUILD)/pdserve mkmodel --preset $(PRESET) --seed 1 --out $(MODEL) \
+		--tokenizer-dir $(dir $(TOKENIZER))
 
 model: build $(MODEL)/config.json
 

@@ -226,13 +226,17 @@ static int mkdir_parents(const char *dir) {
 
 pd_status pd_mkmodel_write(const pd_model_config *cfg, uint64_t seed, const char *dir, size_t shard_bytes,
                            const char *tokenizer_dir, pd_err *err) {
+    static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json"};
+    char path[4096];
+    /* a missing tokenizer fails before anything is written */
+    for (int i = 0; tokenizer_dir && i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", tokenizer_dir, tok_files[i]);
+        if (access(path, R_OK) != 0)
+            return pd_err_set(err, PD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     if (mkdir_parents(dir) != 0)
         return pd_err_set(err, PD_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    pd_status st = pd_config_save(cfg, path, err);
-    if (st != PD_OK)
-        return st;
+    pd_status st = PD_OK;
 
     pd_tensor_spec *specs;
     size_t ns;
@@ -287,13 +291,19 @@ pd_status pd_mkmodel_write(const pd_model_config *cfg, uint64_t seed, const char
     free(plan);
     free(specs);
     if (st == PD_OK && tokenizer_dir) {
-        const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
         for (int i = 0; i < 2 && st == PD_OK; i++) {
             char src[4096];
-            snprintf(src, sizeof src, "%s/%s", tokenizer_dir, files[i]);
-            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            snprintf(src, sizeof src, "%s/%s", tokenizer_dir, tok_files[i]);
+            snprintf(path, sizeof path, "%s/%s", dir, tok_files[i]);
             st = copy_file(src, path, err);
         }
+    }
+    /* config.json last: its presence means the checkpoint is whole (make's
+     * target for the model; a failed run leaves none, so the next one
+     * writes the checkpoint again instead of serving a partial one) */
+    if (st == PD_OK) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        st = pd_config_save(cfg, path, err);
     }
     return st;
 }

@@ -171,7 +171,10 @@ pd_status pd_preset_config(const char *name, pd_model_config *cfg_p, pd_err *err
  * weights ~ N(0, initializer_range) in cfg->torch_dtype (FP8 + 128×128
  * weight_scale_inv when cfg->fp8), norms 1, small e_score_correction_bias;
  * then tokenizer.json and tokenizer_config.json copied from tokenizer_dir
- * when non-NULL. Deterministic in seed. Errors: PD_ERR_IO, PD_ERR_INVALID. */
+ * when non-NULL. Deterministic in seed. A tokenizer_dir without both files
+ * fails before anything is written; config.json is written last, so a
+ * directory holding it holds the whole checkpoint.
+ * Errors: PD_ERR_IO, PD_ERR_INVALID. */
 pd_status pd_mkmodel_write(const pd_model_config *cfg, uint64_t seed, const char *dir,
                            size_t shard_bytes, const char *tokenizer_dir, pd_err *err);
 
