@@ -560,8 +560,22 @@ static int parse_prompt_ids(const json_t *arr, int vocab, int32_t **ids_p, int *
     return 0;
 }
 
-static int tokenize(const pd_tokenizer *tok, const char *text, size_t len, bool add_bos,
-                    gw_oai_req *out, gw_oai_err *e) {
+/* Encodes the prompt text (add_bos: BOS first). A text too long for
+ * --max-model-len whatever it encodes to (every token stands for at most
+ * pd_tok_max_token_bytes bytes) is refused before it is encoded: encoding
+ * costs ~1 s a MB, which a 32 MB body would otherwise hold a tokenizer
+ * worker for. */
+static int tokenize(const pd_gw_config *cfg, gw_kind kind, const pd_tokenizer *tok,
+                    const char *text, size_t len, bool add_bos, gw_oai_req *out, gw_oai_err *e) {
+    size_t m = pd_tok_max_token_bytes(tok);
+    if (m > 0 && cfg->max_model_len > 0 && len / m >= (size_t)cfg->max_model_len) {
+        const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
+        return fail(e, 400, what,
+                    "This model's maximum context length is %d tokens. However, your %s has at "
+                    "least %zu tokens (%zu bytes; no token is longer than %zu bytes), which leaves "
+                    "no room for a completion. Please reduce the length of the %s.",
+                    cfg->max_model_len, what, (len + m - 1) / m, len, m, what);
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     pd_err err;
@@ -607,7 +621,7 @@ static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const 
     if (json_is_string(p)) {
         const char *s = json_string_value(p);
         size_t len = json_string_length(p);
-        if (tokenize(tok, s, len, true, out, e))
+        if (tokenize(cfg, GW_KIND_COMPLETION, tok, s, len, true, out, e))
             return -1;
         if (out->echo) {
             out->echo_text = pd_xmalloc(len + 1);
@@ -1073,7 +1087,7 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
                         "be reasoning; turn thinking off (chat_template_kwargs.thinking: false)");
         }
         /* The rendered text starts with the BOS text: no second BOS. */
-        int r = tokenize(tok, text, strlen(text), false, out, e);
+        int r = tokenize(cfg, kind, tok, text, strlen(text), false, out, e);
         free(text);
         if (r)
             return -1;

@@ -78,6 +78,13 @@ void pd_tok_free(pd_tokenizer **tok_p);
  * below this with no token (gaps) are "unknown". */
 int pd_tok_vocab_size(const pd_tokenizer *t);
 
+/** The most bytes one token stands for (pd_tok_token_bytes), over every id:
+ * 128 for DeepSeek-V3. Encoding covers every byte of the (UTF-8-repaired,
+ * never shorter) text with tokens, so a text of len bytes encodes to at
+ * least ceil(len / this) ids: a bound on the prompt length known before
+ * encoding. 0 for NULL. */
+size_t pd_tok_max_token_bytes(const pd_tokenizer *t);
+
 /** Which added tokens pd_tok_encode_ex cuts out of the text. */
 typedef enum {
     /** Every added token, special or not (HF's default). */

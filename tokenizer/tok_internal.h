@@ -84,6 +84,7 @@ struct pd_tokenizer {
     uint32_t *vkey_off, *vkey_len;   /* per id, its model.vocab key (usually == text) */
     uint32_t *bytes_off, *bytes_len; /* per id, into arena */
     uint8_t *flags;                  /* per id, TOK_F_* */
+    size_t max_token_bytes;          /* max of bytes_len over existing ids */
     char *arena;
     size_t arena_len, arena_cap;
 

@@ -713,6 +713,9 @@ pd_status pd_tok_load(const char *path, pd_tokenizer **tok_p, pd_err *err) {
         pd_tok_free(&t);
         return st;
     }
+    for (int id = 0; id < t->vocab_size; id++)
+        if ((t->flags[id] & TOK_F_EXISTS) && t->bytes_len[id] > t->max_token_bytes)
+            t->max_token_bytes = t->bytes_len[id];
     *tok_p = t;
     return PD_OK;
 }
@@ -749,6 +752,10 @@ void pd_tok_free(pd_tokenizer **tok_p) {
 
 int pd_tok_vocab_size(const pd_tokenizer *t) {
     return t ? t->vocab_size : 0;
+}
+
+size_t pd_tok_max_token_bytes(const pd_tokenizer *t) {
+    return t ? t->max_token_bytes : 0;
 }
 
 static bool id_ok(const pd_tokenizer *t, int32_t id) {

@@ -585,6 +585,58 @@ static void test_length_limit_message(void **state) {
     gw_oai_req_clear(&r);
 }
 
+/* A text longer than --max-model-len × the longest token (in bytes) is
+ * refused before it is encoded; the bound is tight, so a text that fits is
+ * never refused by it. "." × 128 is one DeepSeek-V3 token, the longest. */
+static void test_length_bound_before_encoding(void **state) {
+    pd_gw_config cfg = g_cfg;
+    cfg.max_model_len = 5;
+    size_t m = pd_tok_max_token_bytes(gwt_tokenizer());
+    assert_int_equal(m, 128);
+    gw_oai_req r;
+    gw_oai_err e;
+    for (int k = 3; k <= 5; k++) {
+        size_t len = (size_t)k * m;
+        char *body = malloc(len + 64);
+        int off = snprintf(body, 64, "{\"prompt\":\"");
+        memset(body + off, '.', len);
+        snprintf(body + off + len, 64, "\"}");
+        int rc = gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e);
+        if (k == 3) { /* BOS + 3 tokens: one left for the completion */
+            assert_int_equal(rc, 0);
+            assert_int_equal(r.n_prompt, 4);
+            assert_int_equal(r.max_tokens, 1);
+            gw_oai_req_clear(&r);
+        } else if (k == 4) { /* BOS + 4 = 5 tokens: encoded, then refused */
+            assert_int_not_equal(rc, 0);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, "prompt");
+            assert_non_null(strstr(e.message, "your prompt has 5 tokens"));
+        } else { /* 640 bytes / 128 >= 5: refused unencoded */
+            assert_int_not_equal(rc, 0);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, "prompt");
+            assert_non_null(strstr(e.message, "maximum context length is 5 tokens"));
+            assert_non_null(strstr(e.message, "at least 5 tokens"));
+        }
+        free(body);
+    }
+    /* chat: the rendered text counts; an 8 MB message at the default limit */
+    size_t big = 8u << 20;
+    char *body = malloc(big + 128);
+    int off = snprintf(body, 128, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    memset(body + off, 'x', big);
+    snprintf(body + off + big, 128, "\"}]}");
+    double t0 = pd_now_s();
+    assert_int_not_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "at least"));
+    print_message("8 MB message refused in %.3f s\n", pd_now_s() - t0);
+    free(body);
+}
+
 static void test_echo_ids(void **state) {
     int n = 0;
     int32_t *ids = gwt_ids_encode("héllo", &n);
@@ -693,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_chat_rendered),
         cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),
+        cmocka_unit_test(test_length_bound_before_encoding),
         cmocka_unit_test(test_echo_ids),
         cmocka_unit_test(test_stop_hold_and_release),
         cmocka_unit_test(test_stop_across_pieces),

@@ -115,6 +115,16 @@ static void test_vocab_facts(void **st) {
         assert_memory_equal(b, content, n);
     }
     assert_int_equal(pd_tok_vocab_size(t), max_id + 1);
+    /* the longest token, over every id's bytes */
+    size_t longest = 0;
+    for (int32_t id = 0; id < pd_tok_vocab_size(t); id++) {
+        size_t bl = 0;
+        if (pd_tok_token_bytes(t, id, &bl) && bl > longest)
+            longest = bl;
+    }
+    assert_true(longest > 1);
+    assert_int_equal(pd_tok_max_token_bytes(t), longest);
+    assert_int_equal(pd_tok_max_token_bytes(NULL), 0);
     assert_int_equal(pd_tok_find(t, PD_TOK_DSV3_BOS), 0);
     assert_int_equal(pd_tok_find(t, "no such token, surely"), -1);
     assert_int_equal(pd_tok_find(t, NULL), -1);
@@ -518,6 +528,8 @@ static void test_long_inputs(void **st) {
         char *dec = decode(s->t, ids, n, false, &dlen);
         assert_int_equal(dlen, N);
         assert_memory_equal(dec, buf, N);
+        /* the length bound the gateway refuses long prompts by */
+        assert_true(n >= (N + pd_tok_max_token_bytes(s->t) - 1) / pd_tok_max_token_bytes(s->t));
         print_message("long input kind %d: %zu bytes -> %zu ids in %.3f s\n", kind, N, n, dt);
         /* a quadratic merge would take minutes here; even ASan stays far below */
         assert_true(dt < 10.0);
