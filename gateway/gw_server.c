@@ -1,4 +1,5 @@
 /* The server object, routing and the built-in GET endpoints. */
+#include <ctype.h>
 #include <http_parser.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -263,6 +264,33 @@ static void respond_json(gw_stream *st, int status, json_t *j) {
     free(body);
 }
 
+/* Percent-decodes a path segment (RFC 3986 §2.1) into out (cap bytes, NUL
+ * included): "models%2Fsmall" is "models/small", as SDKs that escape path
+ * parameters send a model id with a slash. False for a malformed escape, %00
+ * or an id that does not fit. */
+static bool pct_decode(const char *in, char *out, size_t cap) {
+    size_t o = 0;
+    for (const char *p = in; *p; p++) {
+        int c = (unsigned char)*p;
+        if (c == '%') {
+            int hi = isxdigit((unsigned char)p[1]) ? p[1] : -1;
+            int lo = hi >= 0 && isxdigit((unsigned char)p[2]) ? p[2] : -1;
+            if (lo < 0)
+                return false;
+            c = (isdigit(hi) ? hi - '0' : (tolower(hi) - 'a' + 10)) * 16 +
+                (isdigit(lo) ? lo - '0' : (tolower(lo) - 'a' + 10));
+            if (c == 0)
+                return false;
+            p += 2;
+        }
+        if (o + 1 >= cap)
+            return false;
+        out[o++] = (char)c;
+    }
+    out[o] = 0;
+    return true;
+}
+
 static bool is_get(const gw_stream *st) {
     return strcmp(st->method, "GET") == 0 || strcmp(st->method, "HEAD") == 0;
 }
@@ -319,11 +347,14 @@ void gw_server_dispatch(gw_stream *st) {
         return;
     }
     if (strncmp(path, "/v1/models/", 11) == 0) {
-        if (strcmp(path + 11, s->model_name) == 0) {
+        char id[512];
+        if (!pct_decode(path + 11, id, sizeof id))
+            snprintf(id, sizeof id, "%s", path + 11);
+        if (strcmp(id, s->model_name) == 0) {
             respond_json(st, 200, model_card(s));
         } else {
             char msg[160];
-            snprintf(msg, sizeof msg, "The model `%.80s` does not exist.", path + 11);
+            snprintf(msg, sizeof msg, "The model `%.80s` does not exist.", id);
             gw_stream_respond_error(st, 404, msg, "model", NULL, 0);
         }
         return;

@@ -178,9 +178,19 @@ static void test_health_and_models(void **state) {
     assert_int_equal(gwt_get(g_srv.port, "/v1/models/test-model", &r), 0);
     assert_int_equal(r.status, 200);
     gwt_resp_free(&r);
+    /* the id percent-encoded, as SDKs escape path parameters ("-" is %2D) */
+    assert_int_equal(gwt_get(g_srv.port, "/v1/models/test%2dmodel", &r), 0);
+    assert_int_equal(r.status, 200);
+    gwt_resp_free(&r);
     assert_int_equal(gwt_get(g_srv.port, "/v1/models/nope", &r), 0);
     assert_int_equal(r.status, 404);
     gwt_resp_free(&r);
+    const char *bad[] = {"/v1/models/test%2", "/v1/models/test%zzmodel", "/v1/models/test-model%00"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(gwt_get(g_srv.port, bad[i], &r), 0);
+        assert_int_equal(r.status, 404);
+        gwt_resp_free(&r);
+    }
 
     /* HEAD: headers only, then the connection serves the next request */
     gwt_conn *c = gwt_open(g_srv.port);
