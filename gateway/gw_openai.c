@@ -14,6 +14,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gw_internal.h"
@@ -91,6 +92,17 @@ static int get_int_range(const json_t *o, const char *key, int64_t lo, int64_t h
     return 0;
 }
 
+/* d in the fewest significant digits that read back as d: a refused
+ * 1.0000001 is not reported as "got 1". */
+static const char *shortest(double d, char *buf, size_t n) {
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d)
+            break;
+    }
+    return buf;
+}
+
 /* A finite number in [lo, hi] (lo_open: lo excluded). */
 static int get_num_range(const json_t *o, const char *key, double lo, bool lo_open, double hi,
                          float *out, gw_oai_err *e) {
@@ -100,9 +112,10 @@ static int get_num_range(const json_t *o, const char *key, double lo, bool lo_op
     if (!json_is_number(v))
         return fail(e, 400, key, "'%s' must be a number", key);
     double d = json_number_value(v);
+    char got[32];
     if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || d > hi)
-        return fail(e, 400, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo,
-                    hi, d);
+        return fail(e, 400, key, "'%s' must be in %c%g, %g], got %s", key, lo_open ? '(' : '[', lo,
+                    hi, shortest(d, got, sizeof got));
     *out = (float)d;
     return 0;
 }

@@ -309,6 +309,29 @@ static void test_validation_table(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* A refused number is reported as sent: the text after "got " reads back
+ * as the request's value, however close it is to the bound. */
+static void test_range_message_value(void **state) {
+    static const struct {
+        const char *field, *value;
+    } vc[] = {{"top_p", "1.0000001"}, {"top_p", "1.000000000000001"}, {"temperature", "2.0000000001"},
+              {"temperature", "-1e-300"}, {"min_p", "1.5"}, {"presence_penalty", "-2.0000003"}};
+    for (size_t i = 0; i < sizeof vc / sizeof *vc; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"max_tokens\":1,\"%s\":%s}", vc[i].field,
+                 vc[i].value);
+        gw_oai_req r;
+        gw_oai_err e;
+        assert_int_not_equal(
+            gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, vc[i].field);
+        const char *got = strstr(e.message, "got ");
+        assert_non_null(got);
+        assert_true(strtod(got + 4, NULL) == strtod(vc[i].value, NULL));
+    }
+}
+
 /* response_format: text (no constraint), json_object and json_schema (the
  * canonical schema for the replicas), and each refusal's param. */
 static void test_response_format(void **state) {
@@ -746,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),
         cmocka_unit_test(test_length_bound_before_encoding),
+        cmocka_unit_test(test_range_message_value),
         cmocka_unit_test(test_echo_ids),
         cmocka_unit_test(test_stop_hold_and_release),
         cmocka_unit_test(test_stop_across_pieces),
