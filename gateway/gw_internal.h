@@ -18,6 +18,7 @@
  *   gw_openai.c   request JSON → validated parameters + prompt ids (worker).
  *   gw_pool.c     tokenizer worker threads; results back through a pipe.
  *   gw_request.c  pd_gw_request: engine callbacks, detok, stop strings, output.
+ *   gw_tokenize.c POST /tokenize, /detokenize: a pool job and its response.
  *   gw_stop.c     the stop-string matcher.
  *   gw_json.c     OpenAI error bodies, status reasons.
  */
@@ -268,7 +269,9 @@ struct bufferevent *gw_tls_bev_new(gw_server *s, evutil_socket_t fd);
 /* OpenAI request preparation (gw_openai.c): runs on worker threads    */
 /* ------------------------------------------------------------------ */
 
-typedef enum { GW_KIND_COMPLETION = 0, GW_KIND_CHAT } gw_kind;
+/** What a POST body is: a generation request (completion, chat) or a
+ * tokenizer request (vLLM's /tokenize, /detokenize). */
+typedef enum { GW_KIND_COMPLETION = 0, GW_KIND_CHAT, GW_KIND_TOKENIZE, GW_KIND_DETOKENIZE } gw_kind;
 
 /** tool_choice: "none" (or no tools), "auto", "required", or a named
  * function. */
@@ -331,6 +334,20 @@ typedef struct {
  * returns 0; on a client error fills *e and returns -1. */
 int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind, const char *body,
                    size_t len, gw_oai_req *out, gw_oai_err *e);
+
+/** POST /tokenize (kind GW_KIND_TOKENIZE) or /detokenize
+ * (GW_KIND_DETOKENIZE) with vLLM's shapes. tokenize: {"model"?, "prompt",
+ * "add_special_tokens" (default true: BOS first)} or {"model"?, "messages",
+ * "add_generation_prompt", "add_special_tokens" (default false), "tools",
+ * "chat_template_kwargs"}, and "return_token_strs" -> {"count",
+ * "max_model_len", "tokens", "token_strs" (null unless asked)}; the ids are
+ * those gw_oai_prepare gives the same prompt. detokenize: {"model"?,
+ * "tokens": ids in [0, cfg->vocab_size)} -> {"prompt": text, special tokens
+ * included}. Pure and thread-safe. On success *resp_p is the JSON body (heap,
+ * caller frees) and 0 is returned; on a client error *e is filled (400 with
+ * param, 404 for another model) and -1 returned. */
+int gw_oai_tokenize(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
+                    const char *body, size_t len, char **resp_p, gw_oai_err *e);
 void gw_oai_req_clear(gw_oai_req *r);
 
 /* ------------------------------------------------------------------ */
@@ -345,8 +362,9 @@ struct gw_job {
     gw_kind kind;
     struct evbuffer *body; /* moved from the stream; touched by one thread at a time */
     /* output */
-    int rc; /* 0 ok (req valid), -1 (err valid) */
+    int rc; /* 0 ok (req or resp valid), -1 (err valid) */
     gw_oai_req req;
+    char *resp; /* GW_KIND_TOKENIZE / DETOKENIZE: the JSON answer (heap) */
     gw_oai_err err;
     /* delivery, loop thread only */
     gw_job_done_fn done;
@@ -433,5 +451,13 @@ void gw_server_dispatch(gw_stream *s);
 
 /** POST /v1/completions and /v1/chat/completions (gw_request.c). */
 void gw_request_begin(gw_stream *s, gw_kind kind);
+
+/** POST /tokenize and /detokenize (gw_tokenize.c): the body goes through the
+ * tokenizer pool (gw_oai_tokenize); the answer or the error is the response. */
+void gw_tokenize_begin(gw_stream *s, gw_kind kind);
+
+/** application/json, any case, optional parameters, no charset but UTF-8
+ * (gw_request.c): what POST bodies must be sent as (else 415). */
+bool gw_is_json_content_type(const char *ct);
 
 #endif

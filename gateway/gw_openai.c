@@ -780,8 +780,8 @@ static int parse_logit_bias(const pd_gw_config *cfg, const json_t *root, gw_oai_
 /* After "too big integer": which known integer field holds it. */
 static const char *find_big_int(const char *body, size_t len) {
     static const char *const keys[] = {
-        "seed",     "max_tokens",   "max_completion_tokens", "n",     "top_k", "min_tokens",
-        "logprobs", "top_logprobs", "stop_token_ids",        "prompt", "logit_bias"};
+        "seed",     "max_tokens",   "max_completion_tokens", "n",      "top_k",      "min_tokens",
+        "logprobs", "top_logprobs", "stop_token_ids",        "prompt", "logit_bias", "tokens"};
     json_t *root = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, NULL);
     if (!json_is_object(root)) {
         json_decref(root);
@@ -961,17 +961,69 @@ static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max
     return 0;
 }
 
-static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
-                   const json_t *root, gw_oai_req *out, gw_oai_err *e) {
-    if (!json_is_object(root))
-        return fail(e, 400, NULL, "the request body must be a JSON object");
-
+/* "model": absent, null or the served model name (else 404, as vLLM). */
+static int check_model(const pd_gw_config *cfg, const json_t *root, gw_oai_err *e) {
     json_t *model = field(root, "model");
     if (model && !json_is_string(model))
         return fail(e, 400, "model", "'model' must be a string");
     if (model && strcmp(json_string_value(model), cfg->served_model_name) != 0)
         return fail(e, 404, "model", "The model `%.200s` does not exist.",
                     json_string_value(model));
+    return 0;
+}
+
+/* The prompt text of a chat request: add_generation_prompt,
+ * continue_final_message (refused when true), chat_template_kwargs /
+ * thinking, tools and messages, rendered with the DeepSeek-V3 template (the
+ * BOS text first). Sets out's tool and reasoning fields (tool_names,
+ * tool_choice, parse_reasoning, think). *text_p: a heap string on success. */
+static int chat_prompt_text(const pd_gw_config *cfg, const json_t *root, gw_oai_req *out,
+                            char **text_p, gw_oai_err *e) {
+    bool add_gen = true, cont = false;
+    if (get_bool(root, "add_generation_prompt", &add_gen, e))
+        return -1;
+    if (get_bool(root, "continue_final_message", &cont, e))
+        return -1;
+    if (cont)
+        return fail(e, 400, "continue_final_message", "'continue_final_message' is not supported");
+    int thinking = -1;
+    if (parse_thinking(root, &thinking, e))
+        return -1;
+    char *tool_section = NULL;
+    if (parse_tools(cfg, root, out, &tool_section, e))
+        return -1;
+    chat_msgs cm = {0};
+    if (parse_messages(root, &cm, e)) {
+        chat_msgs_free(&cm);
+        free(tool_section);
+        return -1;
+    }
+    char *text = NULL;
+    pd_err err;
+    pd_chat_render_opts ro = {.add_generation_prompt = add_gen,
+                              .bos_token = PD_TOK_DSV3_BOS,
+                              .system_suffix = tool_section,
+                              .thinking = thinking};
+    pd_status rc = pd_chat_render_ex(cm.msgs, cm.n, &ro, &text, &err);
+    chat_msgs_free(&cm);
+    free(tool_section);
+    if (rc != PD_OK)
+        return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
+    out->parse_reasoning = cfg->reasoning_parser != PD_CHAT_REASONING_NONE;
+    out->think = ends_with(text, "<think>")    ? PD_CHAT_THINK_ON
+                 : ends_with(text, "</think>") ? PD_CHAT_THINK_OFF
+                                               : PD_CHAT_THINK_AUTO;
+    *text_p = text;
+    return 0;
+}
+
+static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
+                   const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+    if (!json_is_object(root))
+        return fail(e, 400, NULL, "the request body must be a JSON object");
+
+    if (check_model(cfg, root, e))
+        return -1;
 
     /* shape of the prompt first (cheap), tokenization last */
     if (kind == GW_KIND_CHAT) {
@@ -1055,41 +1107,9 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return -1;
 
     if (kind == GW_KIND_CHAT) {
-        bool add_gen = true, cont = false;
-        if (get_bool(root, "add_generation_prompt", &add_gen, e))
-            return -1;
-        if (get_bool(root, "continue_final_message", &cont, e))
-            return -1;
-        if (cont)
-            return fail(e, 400, "continue_final_message",
-                        "'continue_final_message' is not supported");
-        int thinking = -1;
-        if (parse_thinking(root, &thinking, e))
-            return -1;
-        char *tool_section = NULL;
-        if (parse_tools(cfg, root, out, &tool_section, e))
-            return -1;
-        chat_msgs cm = {0};
-        if (parse_messages(root, &cm, e)) {
-            chat_msgs_free(&cm);
-            free(tool_section);
-            return -1;
-        }
         char *text = NULL;
-        pd_err err;
-        pd_chat_render_opts ro = {.add_generation_prompt = add_gen,
-                                  .bos_token = PD_TOK_DSV3_BOS,
-                                  .system_suffix = tool_section,
-                                  .thinking = thinking};
-        pd_status rc = pd_chat_render_ex(cm.msgs, cm.n, &ro, &text, &err);
-        chat_msgs_free(&cm);
-        free(tool_section);
-        if (rc != PD_OK)
-            return fail(e, 400, "messages", "cannot render the chat: %s", err.msg);
-        out->parse_reasoning = cfg->reasoning_parser != PD_CHAT_REASONING_NONE;
-        out->think = ends_with(text, "<think>")    ? PD_CHAT_THINK_ON
-                     : ends_with(text, "</think>") ? PD_CHAT_THINK_OFF
-                                                   : PD_CHAT_THINK_AUTO;
+        if (chat_prompt_text(cfg, root, out, &text, e))
+            return -1;
         if (out->json_schema && out->parse_reasoning && out->think == PD_CHAT_THINK_ON &&
             out->tool_choice != GW_TOOLS_REQUIRED && out->tool_choice != GW_TOOLS_NAMED) {
             /* the mask applies from the first token: the JSON would be the reasoning (the
@@ -1117,26 +1137,35 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     return 0;
 }
 
+/* The body as JSON, or NULL with *e filled (400: malformed, or an integer
+ * beyond int64 with the field that holds it). */
+static json_t *load_body(const char *body, size_t len, gw_oai_err *e) {
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (root)
+        return root;
+    if (strstr(je.text, "too big")) {
+        const char *param = find_big_int(body, len);
+        if (param)
+            fail(e, 400, param, "'%s' is out of range (must fit in a signed 64-bit integer)",
+                 param);
+        else
+            fail(e, 400, NULL, "an integer in the request is out of range");
+        return NULL;
+    }
+    fail(e, 400, NULL, "malformed JSON in the request body: %s (line %d, column %d)", je.text,
+         je.line, je.column);
+    return NULL;
+}
+
 int gw_oai_prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind, const char *body,
                    size_t len, gw_oai_req *out, gw_oai_err *e) {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
     out->kind = kind;
-    json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
-    if (!root) {
-        if (strstr(je.text, "too big")) {
-            const char *param = find_big_int(body, len);
-            if (param)
-                return fail(e, 400, param,
-                            "'%s' is out of range (must fit in a signed 64-bit "
-                            "integer)",
-                            param);
-            return fail(e, 400, NULL, "an integer in the request is out of range");
-        }
-        return fail(e, 400, NULL, "malformed JSON in the request body: %s (line %d, column %d)",
-                    je.text, je.line, je.column);
-    }
+    json_t *root = load_body(body, len, e);
+    if (!root)
+        return -1;
     int rc = prepare(cfg, tok, kind, root, out, e);
     json_decref(root);
     if (rc)
@@ -1159,4 +1188,131 @@ void gw_oai_req_clear(gw_oai_req *r) {
     free(r->tool_choice_name);
     free(r->json_schema);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- /tokenize, /detokenize (vLLM) ------------------------------------- */
+
+/* POST /tokenize. vLLM's two shapes: {"prompt": text, "add_special_tokens"
+ * (default true: BOS first)} or a chat request {"messages", ...,
+ * "add_special_tokens" (default false: the template's BOS text is the BOS)};
+ * "return_token_strs" adds each token's text as tokenizer.json spells it.
+ * No length limit: max_model_len is in the answer for the client to compare. */
+static json_t *tokenize_answer(const pd_gw_config *cfg, const pd_tokenizer *tok, const json_t *root,
+                               gw_oai_err *e) {
+    bool chat = field(root, "messages") != NULL;
+    json_t *prompt = field(root, "prompt");
+    if (!chat && !prompt) {
+        fail(e, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+        return NULL;
+    }
+    if (!chat && !json_is_string(prompt)) {
+        fail(e, 400, "prompt", "'prompt' must be a string");
+        return NULL;
+    }
+    bool add_special = !chat, want_strs = false;
+    if (get_bool(root, "add_special_tokens", &add_special, e) ||
+        get_bool(root, "return_token_strs", &want_strs, e))
+        return NULL;
+    gw_oai_req scratch = {0};
+    int rc;
+    if (chat) {
+        char *text = NULL;
+        rc = chat_prompt_text(cfg, root, &scratch, &text, e);
+        if (rc == 0)
+            rc = tokenize(tok, text, strlen(text), add_special, &scratch, e);
+        free(text);
+    } else {
+        rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), add_special,
+                      &scratch, e);
+    }
+    if (rc) {
+        gw_oai_req_clear(&scratch);
+        return NULL;
+    }
+    json_t *ids = json_array(), *strs = want_strs ? json_array() : json_null();
+    for (int i = 0; i < scratch.n_prompt; i++) {
+        json_array_append_new(ids, json_integer(scratch.prompt_ids[i]));
+        if (want_strs) {
+            const char *t = pd_tok_token_text(tok, scratch.prompt_ids[i]);
+            json_array_append_new(strs, gw_json_text(t ? t : "", t ? strlen(t) : 0));
+        }
+    }
+    json_t *answer = json_pack("{s:i, s:i, s:o, s:o}", "count", scratch.n_prompt, "max_model_len",
+                               cfg->max_model_len, "tokens", ids, "token_strs", strs);
+    gw_oai_req_clear(&scratch);
+    if (!answer)
+        fail(e, 500, NULL, "out of memory");
+    return answer;
+}
+
+/* POST /detokenize: {"tokens": [id, ...]} -> {"prompt": text}, special
+ * tokens included (vLLM decodes with the tokenizer's defaults). Each id
+ * must be in [0, vocab_size). */
+static json_t *detokenize_answer(const pd_gw_config *cfg, const pd_tokenizer *tok,
+                                 const json_t *root, gw_oai_err *e) {
+    json_t *t = field(root, "tokens");
+    if (!t) {
+        fail(e, 400, "tokens", "'tokens' is required");
+        return NULL;
+    }
+    if (!json_is_array(t)) {
+        fail(e, 400, "tokens", "'tokens' must be an array of token ids");
+        return NULL;
+    }
+    size_t n = json_array_size(t), i;
+    int32_t *ids = pd_xcalloc(n ? n : 1, sizeof *ids);
+    json_t *v;
+    json_array_foreach(t, i, v) {
+        int64_t id;
+        if (!as_int64(v, &id)) {
+            free(ids);
+            fail(e, 400, "tokens", "'tokens[%zu]' must be an integer token id", i);
+            return NULL;
+        }
+        if (id < 0 || id >= cfg->vocab_size) {
+            free(ids);
+            fail(e, 400, "tokens",
+                 "'tokens[%zu]' = %lld is outside the vocabulary (size %d: ids 0 to %d)", i,
+                 (long long)id, cfg->vocab_size, cfg->vocab_size - 1);
+            return NULL;
+        }
+        ids[i] = (int32_t)id;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    pd_err err;
+    pd_status st = pd_tok_decode(tok, ids, n, false, &text, &len, &err);
+    free(ids);
+    if (st != PD_OK) {
+        fail(e, 500, NULL, "cannot decode the tokens: %s", err.msg);
+        return NULL;
+    }
+    json_t *answer = json_pack("{s:o}", "prompt", gw_json_text(text, len));
+    free(text);
+    if (!answer)
+        fail(e, 500, NULL, "out of memory");
+    return answer;
+}
+
+int gw_oai_tokenize(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kind,
+                    const char *body, size_t len, char **resp_p, gw_oai_err *e) {
+    memset(e, 0, sizeof *e);
+    *resp_p = NULL;
+    if (kind != GW_KIND_TOKENIZE && kind != GW_KIND_DETOKENIZE)
+        return fail(e, 500, NULL, "gw_oai_tokenize: not a tokenize request");
+    json_t *root = load_body(body, len, e);
+    if (!root)
+        return -1;
+    json_t *answer = NULL;
+    if (!json_is_object(root))
+        fail(e, 400, NULL, "the request body must be a JSON object");
+    else if (check_model(cfg, root, e) == 0)
+        answer = kind == GW_KIND_TOKENIZE ? tokenize_answer(cfg, tok, root, e)
+                                          : detokenize_answer(cfg, tok, root, e);
+    json_decref(root);
+    if (!answer)
+        return -1;
+    *resp_p = gw_json_dump(answer);
+    json_decref(answer);
+    return 0;
 }

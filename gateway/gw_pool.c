@@ -36,6 +36,7 @@ void gw_job_free(gw_job *job) {
     if (job->body)
         evbuffer_free(job->body);
     gw_oai_req_clear(&job->req);
+    free(job->resp);
     free(job);
 }
 
@@ -65,6 +66,9 @@ static void *worker_main(void *arg) {
                 job->rc = -1;
                 job->err.status = 500;
                 snprintf(job->err.message, sizeof job->err.message, "out of memory");
+            } else if (job->kind == GW_KIND_TOKENIZE || job->kind == GW_KIND_DETOKENIZE) {
+                job->rc = gw_oai_tokenize(&p->srv->cfg, p->srv->tok, job->kind, body, len,
+                                          &job->resp, &job->err);
             } else {
                 job->rc = gw_oai_prepare(&p->srv->cfg, p->srv->tok, job->kind, body, len, &job->req,
                                          &job->err);

@@ -113,7 +113,7 @@ static void req_ping_cb(evutil_socket_t fd, short what, void *arg);
 
 /* application/json, any case, with optional parameters; a charset other
  * than UTF-8 is refused. */
-static bool is_json_content_type(const char *ct) {
+bool gw_is_json_content_type(const char *ct) {
     if (!ct)
         return false;
     while (*ct == ' ' || *ct == '\t')
@@ -1087,7 +1087,7 @@ void gw_request_begin(gw_stream *st, gw_kind kind) {
             sane ? req->xrid : "");
 
     const char *ct = gw_stream_header(st, "Content-Type");
-    if (!is_json_content_type(ct)) {
+    if (!gw_is_json_content_type(ct)) {
         char msg[200];
         snprintf(msg, sizeof msg,
                  "Content-Type must be application/json (optionally with charset=utf-8), "

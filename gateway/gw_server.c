@@ -1,4 +1,5 @@
-/* The server object, routing and the built-in GET endpoints. */
+/* The server object, routing and the built-in GET endpoints (/health,
+ * /v1/models, /version). */
 #include <ctype.h>
 #include <http_parser.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "gw_internal.h"
+#include "pd_version.h"
 
 void pd_gw_config_defaults(pd_gw_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -31,8 +33,9 @@ void pd_gw_config_defaults(pd_gw_config *cfg) {
     cfg->tool_call_parser = PD_CHAT_TOOLS_DEEPSEEK_V3;
 }
 
-static const char *const builtin_paths[] = {"/health", "/v1/models", "/v1/completions",
-                                            "/v1/chat/completions"};
+static const char *const builtin_paths[] = {
+    "/health",   "/v1/models",  "/v1/completions", "/v1/chat/completions",
+    "/tokenize", "/detokenize", "/version"};
 
 static pd_status check_config(const pd_gw_config *c, pd_err *err) {
     if (!c->host || !*c->host)
@@ -317,8 +320,16 @@ void gw_server_dispatch(gw_stream *st) {
                                                                        : GW_KIND_COMPLETION);
         return;
     }
+    if (strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0) {
+        if (strcmp(st->method, "POST") != 0) {
+            method_not_allowed(st, "POST");
+            return;
+        }
+        gw_tokenize_begin(st, path[1] == 't' ? GW_KIND_TOKENIZE : GW_KIND_DETOKENIZE);
+        return;
+    }
     bool builtin_get = strcmp(path, "/health") == 0 || strcmp(path, "/v1/models") == 0 ||
-                       strncmp(path, "/v1/models/", 11) == 0;
+                       strncmp(path, "/v1/models/", 11) == 0 || strcmp(path, "/version") == 0;
     int route = -1;
     for (int i = 0; i < s->n_routes && !builtin_get; i++)
         if (strcmp(s->routes[i].path, path) == 0)
@@ -338,6 +349,10 @@ void gw_server_dispatch(gw_stream *st) {
             gw_stream_respond(st, 200, "text/plain; charset=utf-8", NULL, 0, "ok", 2);
         else
             gw_stream_respond_error(st, 503, "the gateway is not ready", NULL, NULL, 0);
+        return;
+    }
+    if (strcmp(path, "/version") == 0) { /* vLLM's GET /version */
+        respond_json(st, 200, json_pack("{s:s}", "version", PD_VERSION));
         return;
     }
     if (strcmp(path, "/v1/models") == 0) {

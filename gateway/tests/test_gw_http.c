@@ -23,6 +23,8 @@
 #include <event2/buffer.h>
 #include <jansson.h>
 
+#include "pd_version.h"
+
 static gwt_server g_srv;
 
 /* A text whose multi-byte characters (2, 3 and 4 bytes) are split across
@@ -205,6 +207,54 @@ static void test_health_and_models(void **state) {
     assert_string_equal(r.body, "ok");
     gwt_resp_free(&r);
     gwt_close(c);
+}
+
+/* /tokenize, /detokenize and /version over HTTP: the shapes, a round trip,
+ * errors as OpenAI bodies, 405 for GET on the POST ones, 415 for another
+ * Content-Type. (The rules themselves: test_gw_openai.) */
+static void test_tokenize_endpoints(void **state) {
+    json_t *a = post_json("/tokenize",
+                          "{\"model\":\"test-model\",\"prompt\":\"" UTF8_TEXT "\","
+                          "\"add_special_tokens\":false}",
+                          200);
+    json_t *toks = json_object_get(a, "tokens");
+    assert_int_equal(json_integer_value(json_object_get(a, "count")),
+                     (json_int_t)json_array_size(toks));
+    assert_int_equal(json_array_size(toks) + 1, (size_t)n_prompt_tokens(UTF8_TEXT)); /* no BOS */
+    assert_true(json_is_integer(json_object_get(a, "max_model_len")));
+    json_t *db = json_pack("{s:O}", "tokens", toks);
+    char *body = json_dumps(db, 0);
+    json_decref(db);
+    json_t *d = post_json("/detokenize", body, 200);
+    free(body);
+    assert_string_equal(json_string_value(json_object_get(d, "prompt")), UTF8_TEXT);
+    json_decref(d);
+    json_decref(a);
+
+    check_error("/tokenize", "{\"prompt\":", 400, NULL);
+    check_error("/tokenize", "{\"prompt\":\"x\",\"model\":\"nope\"}", 404, "model");
+    check_error("/detokenize", "{\"tokens\":[999999999]}", 400, "tokens");
+
+    gwt_resp r;
+    assert_int_equal(gwt_get(g_srv.port, "/tokenize", &r), 0);
+    assert_int_equal(r.status, 405);
+    char allow[32];
+    assert_string_equal(gwt_header(&r, "Allow", allow, sizeof allow), "POST");
+    gwt_resp_free(&r);
+    gwt_conn *c = gwt_open(g_srv.port);
+    gwt_sendf(c, "POST /detokenize HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+                 "Content-Length: 13\r\n\r\n{\"tokens\":[]}");
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 415);
+    gwt_resp_free(&r);
+    gwt_close(c);
+
+    assert_int_equal(gwt_get(g_srv.port, "/version", &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *v = jparse(r.body);
+    assert_string_equal(json_string_value(json_object_get(v, "version")), pd_version());
+    json_decref(v);
+    gwt_resp_free(&r);
 }
 
 static void test_not_found_and_method(void **state) {
@@ -1753,6 +1803,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_and_models),
+        cmocka_unit_test(test_tokenize_endpoints),
         cmocka_unit_test(test_not_found_and_method),
         cmocka_unit_test(test_extra_get_handler_and_ready),
         cmocka_unit_test(test_content_type),

@@ -480,6 +480,178 @@ static void test_logit_bias(void **state) {
     }
 }
 
+/* ---- /tokenize, /detokenize ---------------------------------------------- */
+
+/* The answer of gw_oai_tokenize for body, parsed; status 0: must succeed. */
+static json_t *tok_call(gw_kind kind, const char *body, int want_status, const char *want_param) {
+    char *resp = NULL;
+    gw_oai_err e;
+    int rc = gw_oai_tokenize(&g_cfg, gwt_tokenizer(), kind, body, strlen(body), &resp, &e);
+    if (want_status == 0) {
+        if (rc != 0)
+            fail_msg("%s: refused %d %s: %s", body, e.status, e.param, e.message);
+        json_t *j = json_loads(resp, 0, NULL);
+        free(resp);
+        assert_non_null(j);
+        return j;
+    }
+    if (rc == 0 || e.status != want_status || strcmp(e.param, want_param) != 0)
+        fail_msg("%s: want %d '%s', got rc %d %d '%s': %s", body, want_status, want_param, rc,
+                 e.status, e.param, e.message);
+    assert_null(resp);
+    return NULL;
+}
+
+static json_t *tok_body(const char *key, json_t *value, const char *k2, json_t *v2) {
+    json_t *o = json_object();
+    json_object_set_new(o, key, value);
+    if (k2)
+        json_object_set_new(o, k2, v2);
+    return o;
+}
+
+/* Properties, against the same tokenizer: tokenize gives the ids
+ * gw_oai_prepare gives the same prompt (BOS first by default, none with
+ * add_special_tokens false), count == len(tokens); detokenize(tokenize(x))
+ * == x for plain text (and the BOS text + x with the BOS); token_strs are the
+ * tokenizer's spellings. */
+static void test_tokenize_roundtrip(void **state) {
+    static const char *const texts[] = {"Hello world",
+                                        "  leading and trailing  ",
+                                        "Grüße, 世界! Ça va? 🎉 naïve — ok",
+                                        "line\nbreak\ttab",
+                                        "a",
+                                        "1234567890 + 987654321 = ?"};
+    const char *bos_text = PD_TOK_DSV3_BOS;
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        for (int special = 0; special < 2; special++) {
+            json_t *b =
+                tok_body("prompt", json_string(texts[i]), special ? NULL : "add_special_tokens",
+                         special ? NULL : json_false());
+            json_object_set_new(b, "return_token_strs", json_true());
+            char *body = json_dumps(b, 0);
+            json_decref(b);
+            json_t *a = tok_call(GW_KIND_TOKENIZE, body, 0, NULL);
+            free(body);
+            json_t *toks = json_object_get(a, "tokens");
+            size_t n = json_array_size(toks);
+            assert_int_equal(json_integer_value(json_object_get(a, "count")), (json_int_t)n);
+            assert_int_equal(json_integer_value(json_object_get(a, "max_model_len")),
+                             g_cfg.max_model_len);
+            /* the generation path's ids for the same prompt */
+            if (special) {
+                json_t *pb = tok_body("prompt", json_string(texts[i]), NULL, NULL);
+                char *pbody = json_dumps(pb, 0);
+                json_decref(pb);
+                gw_oai_req r;
+                gw_oai_err e;
+                assert_int_equal(gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, pbody,
+                                                strlen(pbody), &r, &e),
+                                 0);
+                free(pbody);
+                assert_int_equal(r.n_prompt, (int)n);
+                for (int k = 0; k < r.n_prompt; k++)
+                    assert_int_equal(json_integer_value(json_array_get(toks, (size_t)k)),
+                                     r.prompt_ids[k]);
+                gw_oai_req_clear(&r);
+            } else {
+                int m = 0;
+                int32_t *ids = gwt_ids_encode(texts[i], &m);
+                assert_int_equal((int)n, m);
+                for (int k = 0; k < m; k++)
+                    assert_int_equal(json_integer_value(json_array_get(toks, (size_t)k)), ids[k]);
+                free(ids);
+            }
+            json_t *strs = json_object_get(a, "token_strs");
+            assert_int_equal(json_array_size(strs), n);
+            for (size_t k = 0; k < n; k++)
+                assert_string_equal(
+                    json_string_value(json_array_get(strs, k)),
+                    pd_tok_token_text(gwt_tokenizer(),
+                                      (int32_t)json_integer_value(json_array_get(toks, k))));
+            /* back */
+            json_t *db = tok_body("tokens", json_incref(toks), "model", json_string("test-model"));
+            body = json_dumps(db, 0);
+            json_decref(db);
+            json_t *d = tok_call(GW_KIND_DETOKENIZE, body, 0, NULL);
+            free(body);
+            char want[256];
+            snprintf(want, sizeof want, "%s%s", special ? bos_text : "", texts[i]);
+            assert_string_equal(json_string_value(json_object_get(d, "prompt")), want);
+            json_decref(d);
+            json_decref(a);
+        }
+    }
+    /* token_strs is null unless asked */
+    json_t *a = tok_call(GW_KIND_TOKENIZE, "{\"prompt\":\"hi\"}", 0, NULL);
+    assert_true(json_is_null(json_object_get(a, "token_strs")));
+    json_decref(a);
+    /* detokenize of nothing is "" */
+    a = tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":[]}", 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(a, "prompt")), "");
+    json_decref(a);
+}
+
+/* Chat: the ids of the rendered conversation, as the chat endpoint would
+ * prefill them (one BOS: the template's). */
+static void test_tokenize_chat(void **state) {
+    const char *msgs = "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":\"Hi there\"}]";
+    for (int add_gen = 0; add_gen < 2; add_gen++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s,\"add_generation_prompt\":%s}", msgs,
+                 add_gen ? "true" : "false");
+        json_t *a = tok_call(GW_KIND_TOKENIZE, body, 0, NULL);
+        gw_oai_req r;
+        gw_oai_err e;
+        assert_int_equal(
+            gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+        json_t *toks = json_object_get(a, "tokens");
+        assert_int_equal((int)json_array_size(toks), r.n_prompt);
+        assert_int_equal(json_integer_value(json_object_get(a, "count")), r.n_prompt);
+        for (int k = 0; k < r.n_prompt; k++)
+            assert_int_equal(json_integer_value(json_array_get(toks, (size_t)k)), r.prompt_ids[k]);
+        assert_int_equal(r.prompt_ids[0], pd_tok_find(gwt_tokenizer(), PD_TOK_DSV3_BOS));
+        assert_int_not_equal(r.prompt_ids[1], r.prompt_ids[0]);
+        gw_oai_req_clear(&r);
+        json_decref(a);
+    }
+}
+
+static void test_tokenize_errors(void **state) {
+    char body[256];
+    tok_call(GW_KIND_TOKENIZE, "{", 400, "");
+    tok_call(GW_KIND_TOKENIZE, "[1]", 400, "");
+    tok_call(GW_KIND_TOKENIZE, "{}", 400, "prompt");
+    tok_call(GW_KIND_TOKENIZE, "{\"prompt\":5}", 400, "prompt");
+    tok_call(GW_KIND_TOKENIZE, "{\"prompt\":[1,2]}", 400, "prompt");
+    tok_call(GW_KIND_TOKENIZE, "{\"prompt\":\"x\",\"model\":\"other\"}", 404, "model");
+    tok_call(GW_KIND_TOKENIZE, "{\"prompt\":\"x\",\"model\":7}", 400, "model");
+    tok_call(GW_KIND_TOKENIZE, "{\"prompt\":\"x\",\"add_special_tokens\":1}", 400,
+             "add_special_tokens");
+    tok_call(GW_KIND_TOKENIZE, "{\"messages\":[]}", 400, "messages");
+    tok_call(GW_KIND_TOKENIZE, "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", 400,
+             "messages[0].role");
+    tok_call(GW_KIND_DETOKENIZE, "{}", 400, "tokens");
+    tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":\"1 2\"}", 400, "tokens");
+    tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":[1,\"2\"]}", 400, "tokens");
+    tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens");
+    tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":[1,99999999999999999999999]}", 400, "tokens");
+    tok_call(GW_KIND_DETOKENIZE, "{\"tokens\":[1],\"model\":\"other\"}", 404, "model");
+    /* the message names the id and the vocabulary size */
+    snprintf(body, sizeof body, "{\"tokens\":[3,%d]}", g_cfg.vocab_size);
+    char *resp = NULL;
+    gw_oai_err e;
+    assert_int_equal(
+        gw_oai_tokenize(&g_cfg, gwt_tokenizer(), GW_KIND_DETOKENIZE, body, strlen(body), &resp, &e),
+        -1);
+    char id[48];
+    snprintf(id, sizeof id, "= %d is outside the vocabulary (size %d", g_cfg.vocab_size,
+             g_cfg.vocab_size);
+    if (!strstr(e.message, id) || !strstr(e.message, "tokens[1]"))
+        fail_msg("'%s' lacks '%s' / tokens[1]", e.message, id);
+}
+
 static void test_chat_rendered(void **state) {
     const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"},"
@@ -765,6 +937,9 @@ int main(void) {
         cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_completion_prompt_ids),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_tokenize_roundtrip),
+        cmocka_unit_test(test_tokenize_chat),
+        cmocka_unit_test(test_tokenize_errors),
         cmocka_unit_test(test_chat_rendered),
         cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),

@@ -20,7 +20,11 @@ Checks, per route and endpoint:
   greedy and at temperature 1, on both endpoints; -100 on the greedy first
   token makes greedy pick another; the logprobs stay the raw model's (the
   biased token's is far below 0); an id outside the vocabulary is a 400
-  naming logit_bias.
+  naming logit_bias;
+- /tokenize and /detokenize (vLLM's) on the stack's gateway:
+  detokenize(tokenize(x)) == x for plain text, count == len(tokens), the
+  ids are the tokenizer.json vocabulary's and what a completion of the same
+  prompt counts as prompt_tokens (text and chat); 4xx error bodies; /version.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import json, os, random, time
@@ -151,6 +155,48 @@ def check_logit_bias(port, model, routes):
           f"logit_bias outside the vocabulary: 400 naming logit_bias and the id ({st} {data[:200]!r})")
 
 
+def check_tokenize(port, model):
+    vocab = byte_level_vocab(model)
+    for text in ("Hello world", "The quick brown fox jumps over the lazy dog.", "Grüße, 世界! naïve — ok", " a  b "):
+        a = post(port, "/tokenize", {"model": "tiny", "prompt": text, "add_special_tokens": False,
+                                     "return_token_strs": True})
+        if not a:
+            continue
+        w = f"tokenize {text!r}"
+        check(a["count"] == len(a["tokens"]) and a["max_model_len"] > 0, f"{w}: count == len(tokens) ({a})", quiet_ok=True)
+        check(len(a["token_strs"]) == a["count"], f"{w}: one token_str per token", quiet_ok=True)
+        # a token whose bytes are whole UTF-8 has the vocabulary's id
+        for i in a["tokens"]:
+            piece = post(port, "/detokenize", {"tokens": [i]})
+            if piece and piece["prompt"] in vocab and "\ufffd" not in piece["prompt"]:
+                check(vocab[piece["prompt"]] == i, f"{w}: id {i} is tokenizer.json's for {piece['prompt']!r}",
+                      quiet_ok=True)
+        d = post(port, "/detokenize", {"model": "tiny", "tokens": a["tokens"]})
+        check(d and d["prompt"] == text, f"{w}: detokenize(tokenize(x)) == x ({d})")
+        # the generation path counts the same prompt the same (BOS added by default)
+        b = post(port, "/tokenize", {"prompt": text})
+        c = post(port, "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 1})
+        if b and c:
+            check(b["count"] == a["count"] + 1 == c["usage"]["prompt_tokens"],
+                  f"{w}: with BOS {b['count']} tokens, a completion's prompt_tokens {c['usage']['prompt_tokens']}")
+    msgs = [{"role": "user", "content": "Tell me a story"}]
+    a = post(port, "/tokenize", {"model": "tiny", "messages": msgs, "add_generation_prompt": True})
+    c = post(port, "/v1/chat/completions", {"model": "tiny", "messages": msgs, "max_tokens": 1})
+    if a and c:
+        check(a["count"] == c["usage"]["prompt_tokens"],
+              f"tokenize chat: {a['count']} tokens, the chat completion's prompt_tokens {c['usage']['prompt_tokens']}")
+    for path, body, status, param in (("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+                                      ("/detokenize", {"tokens": [1, 10**9]}, 400, "tokens"),
+                                      ("/detokenize", {"tokens": "12"}, 400, "tokens")):
+        st, _, data = request(port, "POST", path, body, 60)
+        err = json.loads(data).get("error", {}) if st == status else {}
+        check(st == status and err.get("param") == param, f"{path} {body}: {status} naming {param} ({st} {data[:160]!r})")
+    st, _, data = request(port, "POST", "/tokenize", b"{not json", 60)
+    check(st == 400 and json.loads(data)["error"]["param"] is None, f"/tokenize, bad JSON: 400 ({st} {data[:160]!r})")
+    st, _, data = request(port, "GET", "/version", None, 60)
+    check(st == 200 and isinstance(json.loads(data).get("version"), str), f"GET /version: {st} {data!r}")
+
+
 def main():
     _, model = tiny_model()
     port = free_port_pair()
@@ -213,6 +259,7 @@ def main():
             else:
                 check(moved == 0, "short route: no KV moved")
         check_logit_bias(port, model, routes)
+        check_tokenize(port, model)
         # ---- the two replicas agree: the decode replica's alternatives for
         # the 2nd token of a 12-token prompt (short route) are the prefill
         # replica's for the 1st token of that prompt + its 1st token (13
