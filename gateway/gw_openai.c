@@ -1196,7 +1196,9 @@ void gw_oai_req_clear(gw_oai_req *r) {
  * (default true: BOS first)} or a chat request {"messages", ...,
  * "add_special_tokens" (default false: the template's BOS text is the BOS)};
  * "return_token_strs" adds each token's text as tokenizer.json spells it.
- * No length limit: max_model_len is in the answer for the client to compare. */
+ * A text longer than any --max-model-len tokens can spell is refused before it
+ * is encoded, as on the generation endpoints (tokenize); below that there is
+ * no limit: max_model_len is in the answer for the client to compare. */
 static json_t *tokenize_answer(const pd_gw_config *cfg, const pd_tokenizer *tok, const json_t *root,
                                gw_oai_err *e) {
     bool chat = field(root, "messages") != NULL;
@@ -1219,11 +1221,11 @@ static json_t *tokenize_answer(const pd_gw_config *cfg, const pd_tokenizer *tok,
         char *text = NULL;
         rc = chat_prompt_text(cfg, root, &scratch, &text, e);
         if (rc == 0)
-            rc = tokenize(tok, text, strlen(text), add_special, &scratch, e);
+            rc = tokenize(cfg, GW_KIND_CHAT, tok, text, strlen(text), add_special, &scratch, e);
         free(text);
     } else {
-        rc = tokenize(tok, json_string_value(prompt), json_string_length(prompt), add_special,
-                      &scratch, e);
+        rc = tokenize(cfg, GW_KIND_COMPLETION, tok, json_string_value(prompt),
+                      json_string_length(prompt), add_special, &scratch, e);
     }
     if (rc) {
         gw_oai_req_clear(&scratch);
