@@ -11,7 +11,9 @@
  * Request bodies: Content-Length or chunked (de-chunked by the parser),
  * at most cfg.max_request_body_bytes (413, decided from Content-Length before
  * the body is read, else when the limit is crossed). "Expect: 100-continue"
- * is answered. The request line and headers together are limited to
+ * is answered with 100, or, when the request will be refused whatever its
+ * body (404, 405, 413 from Content-Length, 415: gw_server_check_route), with
+ * the refusal, and the connection closes. The request line and headers together are limited to
  * cfg.max_header_bytes and cfg.max_header_count (431). Timers (one per
  * connection, gw_conn_set_timer): keep-alive idle (closed silently), the
  * request line and headers not whole cfg.timeout_request_headers_s after the
@@ -68,7 +70,8 @@ typedef struct {
     bool headers_done; /* cur's headers were parsed whole (refused or not) */
     int err_status; /* set by a parser callback that refuses the request */
     const char *err_msg;
-    char err_buf[160]; /* err_msg when it carries a number */
+    const char *err_allow; /* a 405 refusal's Allow value (static), else NULL */
+    char err_buf[256];     /* err_msg when it carries a number */
 } h1_conn;
 
 static int buf_add(h1_buf *b, const char *at, size_t len) {
@@ -243,8 +246,19 @@ static int on_headers_complete(http_parser *p) {
     if (expect) {
         if (strcasecmp(expect, "100-continue") != 0)
             return h1_refuse(h, 417, "unsupported Expect header");
-        if (p->http_minor >= 1)
+        if (p->http_minor >= 1) {
+            /* A request that will be refused whatever its body gets the
+             * refusal now, not 100 (RFC 9110 §10.1.1): the client need not
+             * send a body only to have it thrown away. The connection then
+             * closes after discarding what the client sends anyway. */
+            gw_route_check rc;
+            gw_server_check_route(s, &rc);
+            if (rc.status) {
+                h->err_allow = rc.allow;
+                return h1_refusef(h, rc.status, "%s", rc.message);
+            }
             evbuffer_add_printf(gw_conn_output(h->c), "HTTP/1.1 100 Continue\r\n\r\n");
+        }
     }
     /* The body's own deadline (a request without one completes right after
      * this callback and disarms the timer at dispatch). */
@@ -401,7 +415,9 @@ static void h1_fail(h1_conn *h, int status, const char *msg) {
     gw_stream_free(s); /* never dispatched: no close callback */
     h->keep_alive = false;
     char *body = gw_error_json(status, msg, NULL);
-    h1_write_head(h, NULL, status, "application/json", NULL, 0, (long long)strlen(body));
+    gw_hdr allow = {"Allow", h->err_allow};
+    h1_write_head(h, NULL, status, "application/json", &allow, h->err_allow ? 1 : 0,
+                  (long long)strlen(body));
     evbuffer_add(gw_conn_output(c), body, strlen(body));
     free(body);
     /* The client may still be sending (a body refused from its

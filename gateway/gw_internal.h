@@ -445,15 +445,51 @@ struct pd_gw_server {
     int64_t created; /* unix seconds at start: /v1/models "created" */
 };
 
+/** Which endpoint a request is for (gw_server_check_route). */
+typedef enum {
+    GW_EP_NONE = 0,    /* no such path */
+    GW_EP_COMPLETIONS, /* POST /v1/completions */
+    GW_EP_CHAT,        /* POST /v1/chat/completions */
+    GW_EP_TOKENIZE,    /* POST /tokenize */
+    GW_EP_DETOKENIZE,  /* POST /detokenize */
+    GW_EP_VERSION,     /* GET /version */
+    GW_EP_HEALTH,      /* GET /health */
+    GW_EP_MODELS,      /* GET /v1/models */
+    GW_EP_MODEL,       /* GET /v1/models/{model} */
+    GW_EP_ROUTE,       /* a GET path added with pd_gw_server_add_get */
+} gw_endpoint;
+
+/** The verdict on a request from its method, path and headers alone. */
+typedef struct {
+    gw_endpoint ep;
+    int route;        /* GW_EP_ROUTE: index into srv->routes; else -1 */
+    int status;       /* 0: acceptable so far; else the refusal (404, 405, 415) */
+    char message[256]; /* the refusal's message */
+    const char *allow; /* 405: the Allow header's value (static); else NULL */
+} gw_route_check;
+
+/** Routes st by its method, path and request headers, without looking at
+ * its body: an unknown path is 404, a method the path does not take is 405
+ * (with the Allow value), a POST endpoint whose Content-Type is not JSON
+ * (application/json, charset UTF-8 if any) is 415. gw_server_dispatch
+ * answers with this verdict, and the HTTP/1.1 handler asks it when the
+ * headers are complete so that `Expect: 100-continue` is answered with the
+ * refusal instead of 100 (RFC 9110 §10.1.1). Needs st->method, st->path and
+ * the headers; reads st->conn->srv; fills *out, never fails. */
+void gw_server_check_route(const gw_stream *st, gw_route_check *out);
+
 /** A complete request arrived on s: route it. Called by protocol handlers
  * from their read path (never re-entered from inside a response call). */
 void gw_server_dispatch(gw_stream *s);
 
-/** POST /v1/completions and /v1/chat/completions (gw_request.c). */
-void gw_request_begin(gw_stream *s, gw_kind kind);
+/** POST /v1/completions and /v1/chat/completions (gw_request.c). refusal:
+ * NULL, or gw_server_check_route's refusal of st (415), which is answered
+ * with the request's X-Request-Id. */
+void gw_request_begin(gw_stream *s, gw_kind kind, const gw_route_check *refusal);
 
 /** POST /tokenize and /detokenize (gw_tokenize.c): the body goes through the
- * tokenizer pool (gw_oai_tokenize); the answer or the error is the response. */
+ * tokenizer pool (gw_oai_tokenize); the answer or the error is the response.
+ * The Content-Type was checked (gw_server_check_route). */
 void gw_tokenize_begin(gw_stream *s, gw_kind kind);
 
 /** application/json, any case, optional parameters, no charset but UTF-8

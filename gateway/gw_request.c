@@ -1057,7 +1057,7 @@ static void req_prepared(gw_job *job, void *ud) {
         start_stream(req);
 }
 
-void gw_request_begin(gw_stream *st, gw_kind kind) {
+void gw_request_begin(gw_stream *st, gw_kind kind, const gw_route_check *refusal) {
     gw_server *s = st->conn->srv;
     pd_gw_request *req = calloc(1, sizeof *req);
     gw_job *job = calloc(1, sizeof *job);
@@ -1086,15 +1086,9 @@ void gw_request_begin(gw_stream *st, gw_kind kind) {
             (unsigned long long)st->conn->id, st->conn->proto->name, sane ? ", X-Request-Id " : "",
             sane ? req->xrid : "");
 
-    const char *ct = gw_stream_header(st, "Content-Type");
-    if (!gw_is_json_content_type(ct)) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "Content-Type must be application/json (optionally with charset=utf-8), "
-                 "got '%.80s'",
-                 ct ? ct : "(none)");
-        PD_LOGD(GW_MOD, "%s: refused: 415 %s", req->id, msg);
-        respond_error(req, 415, msg, NULL, 0);
+    if (refusal) {
+        PD_LOGD(GW_MOD, "%s: refused: %d %s", req->id, refusal->status, refusal->message);
+        respond_error(req, refusal->status, refusal->message, NULL, 0);
         req->st = NULL;
         evbuffer_free(body);
         gw_job_free(job);

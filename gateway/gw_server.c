@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <http_parser.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -298,12 +299,55 @@ static bool is_get(const gw_stream *st) {
     return strcmp(st->method, "GET") == 0 || strcmp(st->method, "HEAD") == 0;
 }
 
-static void method_not_allowed(gw_stream *st, const char *allow) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "method %s is not allowed on %s (allowed: %s)", st->method, st->path,
-             allow);
-    gw_hdr h = {"Allow", allow};
-    gw_stream_respond_error(st, 405, msg, NULL, &h, 1);
+void gw_server_check_route(const gw_stream *st, gw_route_check *out) {
+    const gw_server *s = st->conn->srv;
+    const char *path = st->path;
+    memset(out, 0, sizeof *out);
+    out->route = -1;
+    if (strcmp(path, "/v1/completions") == 0)
+        out->ep = GW_EP_COMPLETIONS;
+    else if (strcmp(path, "/v1/chat/completions") == 0)
+        out->ep = GW_EP_CHAT;
+    else if (strcmp(path, "/tokenize") == 0)
+        out->ep = GW_EP_TOKENIZE;
+    else if (strcmp(path, "/detokenize") == 0)
+        out->ep = GW_EP_DETOKENIZE;
+    else if (strcmp(path, "/version") == 0)
+        out->ep = GW_EP_VERSION;
+    else if (strcmp(path, "/health") == 0)
+        out->ep = GW_EP_HEALTH;
+    else if (strcmp(path, "/v1/models") == 0)
+        out->ep = GW_EP_MODELS;
+    else if (strncmp(path, "/v1/models/", 11) == 0)
+        out->ep = GW_EP_MODEL;
+    for (int i = 0; i < s->n_routes && out->ep == GW_EP_NONE; i++)
+        if (strcmp(s->routes[i].path, path) == 0) {
+            out->ep = GW_EP_ROUTE;
+            out->route = i;
+        }
+    if (out->ep == GW_EP_NONE) {
+        out->status = 404;
+        snprintf(out->message, sizeof out->message, "no such endpoint: %.80s", path);
+        return;
+    }
+    bool post = out->ep == GW_EP_COMPLETIONS || out->ep == GW_EP_CHAT ||
+                out->ep == GW_EP_TOKENIZE || out->ep == GW_EP_DETOKENIZE;
+    if (post ? strcmp(st->method, "POST") != 0 : !is_get(st)) {
+        out->status = 405;
+        out->allow = post ? "POST" : "GET, HEAD";
+        snprintf(out->message, sizeof out->message,
+                 "method %.20s is not allowed on %.80s (allowed: %s)", st->method, path,
+                 out->allow);
+        return;
+    }
+    const char *ct = gw_stream_header(st, "Content-Type");
+    if (post && !gw_is_json_content_type(ct)) {
+        out->status = 415;
+        snprintf(out->message, sizeof out->message,
+                 "Content-Type must be application/json (optionally with charset=utf-8), "
+                 "got '%.80s'",
+                 ct ? ct : "(none)");
+    }
 }
 
 void gw_server_dispatch(gw_stream *st) {
@@ -311,57 +355,42 @@ void gw_server_dispatch(gw_stream *st) {
     const char *path = st->path;
     PD_LOGD(GW_MOD, "conn %llu: %s %s", (unsigned long long)st->conn->id, st->method, path);
 
-    if (strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0) {
-        if (strcmp(st->method, "POST") != 0) {
-            method_not_allowed(st, "POST");
+    gw_route_check rc;
+    gw_server_check_route(st, &rc);
+    if (rc.ep == GW_EP_COMPLETIONS || rc.ep == GW_EP_CHAT) {
+        if (rc.status == 0 || rc.status == 415) {
+            gw_request_begin(st, rc.ep == GW_EP_CHAT ? GW_KIND_CHAT : GW_KIND_COMPLETION,
+                             rc.status ? &rc : NULL);
             return;
         }
-        gw_request_begin(st, strcmp(path, "/v1/chat/completions") == 0 ? GW_KIND_CHAT
-                                                                       : GW_KIND_COMPLETION);
+    }
+    if ((rc.ep == GW_EP_TOKENIZE || rc.ep == GW_EP_DETOKENIZE) && rc.status == 0) {
+        gw_tokenize_begin(st, rc.ep == GW_EP_TOKENIZE ? GW_KIND_TOKENIZE : GW_KIND_DETOKENIZE);
         return;
     }
-    if (strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0) {
-        if (strcmp(st->method, "POST") != 0) {
-            method_not_allowed(st, "POST");
-            return;
-        }
-        gw_tokenize_begin(st, path[1] == 't' ? GW_KIND_TOKENIZE : GW_KIND_DETOKENIZE);
+    if (rc.status) {
+        gw_hdr h = {"Allow", rc.allow};
+        gw_stream_respond_error(st, rc.status, rc.message, NULL, &h, rc.allow ? 1 : 0);
         return;
     }
-    bool builtin_get = strcmp(path, "/health") == 0 || strcmp(path, "/v1/models") == 0 ||
-                       strncmp(path, "/v1/models/", 11) == 0 || strcmp(path, "/version") == 0;
-    int route = -1;
-    for (int i = 0; i < s->n_routes && !builtin_get; i++)
-        if (strcmp(s->routes[i].path, path) == 0)
-            route = i;
-    if (!builtin_get && route < 0) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "no such endpoint: %.80s", path);
-        gw_stream_respond_error(st, 404, msg, NULL, NULL, 0);
-        return;
-    }
-    if (!is_get(st)) {
-        method_not_allowed(st, "GET, HEAD");
-        return;
-    }
-    if (strcmp(path, "/health") == 0) {
+    if (rc.ep == GW_EP_HEALTH) {
         if (s->ready)
             gw_stream_respond(st, 200, "text/plain; charset=utf-8", NULL, 0, "ok", 2);
         else
             gw_stream_respond_error(st, 503, "the gateway is not ready", NULL, NULL, 0);
         return;
     }
-    if (strcmp(path, "/version") == 0) { /* vLLM's GET /version */
+    if (rc.ep == GW_EP_VERSION) { /* vLLM's GET /version */
         respond_json(st, 200, json_pack("{s:s}", "version", PD_VERSION));
         return;
     }
-    if (strcmp(path, "/v1/models") == 0) {
+    if (rc.ep == GW_EP_MODELS) {
         json_t *list = json_array();
         json_array_append_new(list, model_card(s));
         respond_json(st, 200, json_pack("{s:s, s:o}", "object", "list", "data", list));
         return;
     }
-    if (strncmp(path, "/v1/models/", 11) == 0) {
+    if (rc.ep == GW_EP_MODEL) {
         char id[512];
         if (!pct_decode(path + 11, id, sizeof id))
             snprintf(id, sizeof id, "%s", path + 11);
@@ -374,6 +403,7 @@ void gw_server_dispatch(gw_stream *st) {
         }
         return;
     }
+    int route = rc.route;
     struct evbuffer *body = evbuffer_new();
     if (!body) {
         gw_stream_respond_error(st, 500, "out of memory", NULL, NULL, 0);

@@ -36,16 +36,6 @@ static void tok_req_on_close(gw_stream *st, void *ud) {
 
 void gw_tokenize_begin(gw_stream *st, gw_kind kind) {
     gw_server *s = st->conn->srv;
-    const char *ct = gw_stream_header(st, "Content-Type");
-    if (!gw_is_json_content_type(ct)) {
-        char msg[200];
-        snprintf(msg, sizeof msg,
-                 "Content-Type must be application/json (optionally with charset=utf-8), "
-                 "got '%.80s'",
-                 ct ? ct : "(none)");
-        gw_stream_respond_error(st, 415, msg, NULL, NULL, 0);
-        return;
-    }
     tok_req *t = calloc(1, sizeof *t);
     gw_job *job = calloc(1, sizeof *job);
     struct evbuffer *body = evbuffer_new();

@@ -1378,6 +1378,148 @@ static void test_expect_continue(void **state) {
     gwt_close(c);
 }
 
+/* Reads the first response on c after only the headers were sent: it must
+ * come within 2 s, and it must be the final answer, not 100 Continue. */
+static void read_refusal_without_100(gwt_conn *c, gwt_resp *r) {
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 2000), 1);
+    char buf[16];
+    ssize_t k = recv(c->fd, buf, sizeof buf - 1, MSG_PEEK);
+    assert_true(k >= 12);
+    buf[k] = 0;
+    assert_true(strncmp(buf, "HTTP/1.1 ", 9) == 0);
+    assert_true(strncmp(buf + 9, "100", 3) != 0);
+    assert_int_equal(gwt_read(c, r), 0);
+    assert_false(r->saw_100);
+}
+
+/* Expect: 100-continue on a request that is refused whatever its body: the
+ * refusal comes instead of 100 (RFC 9110 §10.1.1), with the status and
+ * message a request sent whole gets, then the connection closes (after
+ * discarding a body the client sends anyway). */
+static void test_expect_refused_without_100(void **state) {
+    script_bytes("yes", 1, 0.001);
+    const char *body = "{\"prompt\":\"x\",\"max_tokens\":3}";
+    static const struct {
+        const char *method, *path, *ctype;
+        int status;
+        const char *allow;
+    } cases[] = {
+        {"POST", "/v1/completions", "text/plain", 415, NULL},
+        {"POST", "/v1/chat/completions", NULL, 415, NULL},
+        {"POST", "/v1/completions", "application/json; charset=latin-1", 415, NULL},
+        {"POST", "/v1/nope", "application/json", 404, NULL},
+        {"PUT", "/v1/completions", "application/json", 405, "POST"},
+        {"POST", "/health", "application/json", 405, "GET, HEAD"},
+        {"POST", "/tokenize", "text/plain", 415, NULL},
+        {"GET", "/detokenize", "application/json", 405, "POST"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char ct[96] = "";
+        if (cases[i].ctype)
+            snprintf(ct, sizeof ct, "Content-Type: %s\r\n", cases[i].ctype);
+        char head[512];
+        snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: t\r\n%sContent-Length: %zu\r\n",
+                 cases[i].method, cases[i].path, ct, strlen(body));
+
+        /* the reference: the same request sent whole, without Expect */
+        gwt_conn *c = gwt_open(g_srv.port);
+        gwt_sendf(c, "%s\r\n%s", head, body);
+        gwt_resp ref;
+        assert_int_equal(gwt_read(c, &ref), 0);
+        gwt_close(c);
+        assert_int_equal(ref.status, cases[i].status);
+
+        /* with Expect: the refusal comes before any body byte is sent */
+        c = gwt_open(g_srv.port);
+        gwt_sendf(c, "%sExpect: 100-continue\r\n\r\n", head);
+        gwt_resp r;
+        read_refusal_without_100(c, &r);
+        if (r.status != cases[i].status)
+            fprintf(stderr, "%s %s (%s): %d\n", cases[i].method, cases[i].path,
+                    cases[i].ctype ? cases[i].ctype : "-", r.status);
+        assert_int_equal(r.status, cases[i].status);
+        json_t *j = jparse(r.body), *rj = jparse(ref.body);
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+            json_string_value(json_object_get(json_object_get(rj, "error"), "message")));
+        json_decref(j);
+        json_decref(rj);
+        char v[64];
+        if (cases[i].allow)
+            assert_string_equal(gwt_header(&r, "Allow", v, sizeof v), cases[i].allow);
+        else
+            assert_null(gwt_header(&r, "Allow", v, sizeof v));
+        assert_non_null(gwt_header(&r, "Connection", v, sizeof v));
+        assert_string_equal(v, "close");
+        /* odd cases send the body anyway: it is discarded, nothing else comes */
+        if (i % 2)
+            gwt_send(c, body, strlen(body));
+        assert_true(gwt_wait_closed(c, 3));
+        gwt_resp_free(&r);
+        gwt_resp_free(&ref);
+        gwt_close(c);
+    }
+
+    /* HTTP/1.0 has no 100 (the expectation is ignored, RFC 9110 §10.1.1): the
+     * request is read whole and refused as usual */
+    gwt_conn *c = gwt_open(g_srv.port);
+    gwt_sendf(c,
+              "POST /v1/completions HTTP/1.0\r\nContent-Type: text/plain\r\n"
+              "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n%s",
+              strlen(body), body);
+    gwt_resp r;
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_false(r.saw_100);
+    assert_int_equal(r.status, 415);
+    gwt_resp_free(&r);
+    gwt_close(c);
+
+    /* without Expect the body is awaited, then refused on a connection that
+     * stays open */
+    c = gwt_open(g_srv.port);
+    gwt_sendf(c,
+              "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+              "Content-Length: %zu\r\n\r\n",
+              strlen(body));
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 200), 0);
+    gwt_send(c, body, strlen(body));
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 415);
+    gwt_resp_free(&r);
+    gwt_sendf(c, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    gwt_resp_free(&r);
+    gwt_close(c);
+
+    /* an acceptable request still gets 100, then its answer, on both endpoints */
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3}";
+    const char *paths[] = {"/v1/completions", "/v1/chat/completions"};
+    const char *bodies[] = {body, chat};
+    for (int i = 0; i < 2; i++) {
+        script_bytes("yes", 1, 0.001);
+        c = gwt_open(g_srv.port);
+        gwt_sendf(c,
+                  "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json; charset=utf-8\r\n"
+                  "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n",
+                  paths[i], strlen(bodies[i]));
+        assert_int_equal(poll(&p, 1, 2000), 1);
+        char buf[32];
+        ssize_t k = recv(c->fd, buf, 25, MSG_PEEK);
+        assert_int_equal(k, 25);
+        assert_true(memcmp(buf, "HTTP/1.1 100 Continue\r\n\r\n", 25) == 0);
+        gwt_send(c, bodies[i], strlen(bodies[i]));
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_true(r.saw_100);
+        assert_int_equal(r.status, 200);
+        assert_non_null(strstr(r.body, "yes"));
+        gwt_resp_free(&r);
+        gwt_close(c);
+    }
+}
+
 static void test_limits_and_timeouts(void **state) {
     pd_gw_config cfg;
     gwt_config(&cfg);
@@ -1826,6 +1968,7 @@ int main(void) {
         cmocka_unit_test(test_keepalive_pipelining),
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_expect_continue),
+        cmocka_unit_test(test_expect_refused_without_100),
         cmocka_unit_test(test_limits_and_timeouts),
         cmocka_unit_test(test_lingering_close),
         cmocka_unit_test(test_read_timeouts),
