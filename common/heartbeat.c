@@ -12,6 +12,7 @@ struct pd_hb {
     pthread_mutex_t mu;
     Pdserve__Heartbeat snap; /* numeric fields only */
     atomic_int interval_ms;
+    atomic_ullong registration; /* pd_hb_set_registration; heartbeats carry it */
     atomic_bool stop, reregister;
 };
 
@@ -26,6 +27,7 @@ static void *hb_main(void *arg) {
             h = hb->snap;
             pthread_mutex_unlock(&hb->mu);
             h.replica_id = hb->replica_id;
+            h.registration = atomic_load(&hb->registration);
             pd_msg_send(hb->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
             next = now + atomic_load(&hb->interval_ms) / 1000.0;
         }
@@ -37,7 +39,15 @@ static void *hb_main(void *arg) {
             pd_msg m;
             pd_err err = {{0}};
             while (pd_msg_recv(hb->sock, false, &m, &err) == PD_OK) {
-                if (m.type == PD_MSG_REGISTER_REPLY && !((Pdserve__RegisterReply *)m.msg)->accepted)
+                /* A refusal of a heartbeat sent before the current
+                 * registration (the gateway read it before the Register) or
+                 * while unregistered (the Register in flight, or its retry,
+                 * answers it) is stale: registering again would only
+                 * register twice. */
+                const Pdserve__RegisterReply *rep = (const Pdserve__RegisterReply *)m.msg;
+                uint64_t cur = atomic_load(&hb->registration);
+                if (m.type == PD_MSG_REGISTER_REPLY && !rep->accepted && cur != 0 &&
+                    rep->heartbeat_registration == cur)
                     atomic_store(&hb->reregister, true);
                 pd_msg_clear(&m);
             }
@@ -57,6 +67,7 @@ pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, 
     atomic_init(&hb->interval_ms, interval_ms);
     atomic_init(&hb->stop, false);
     atomic_init(&hb->reregister, false);
+    atomic_init(&hb->registration, 0);
     pthread_mutex_init(&hb->mu, NULL);
     hb->sock = zmq_socket(zctx, ZMQ_DEALER);
     char ident[160];
@@ -90,6 +101,11 @@ void pd_hb_update(pd_hb *hb, const Pdserve__Heartbeat *snap) {
 
 void pd_hb_set_interval(pd_hb *hb, int interval_ms) {
     if (interval_ms > 0) atomic_store(&hb->interval_ms, interval_ms);
+}
+
+void pd_hb_set_registration(pd_hb *hb, uint64_t registration) {
+    atomic_store(&hb->registration, registration);
+    if (registration == 0) atomic_store(&hb->reregister, false);
 }
 
 bool pd_hb_take_reregister(pd_hb *hb) {

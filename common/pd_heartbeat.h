@@ -4,7 +4,15 @@
  * look dead. The service's loop publishes its load with pd_hb_update after
  * each step; the thread sends the latest snapshot every interval. When the
  * gateway answers a heartbeat with "register again" (it restarted, or it
- * had declared the replica dead), pd_hb_take_reregister returns true once. */
+ * had declared the replica dead), pd_hb_take_reregister returns true once.
+ *
+ * Heartbeats and the Register travel on different sockets, so the gateway
+ * may read a heartbeat before the Register sent just after it and refuse
+ * it. Each heartbeat therefore carries the replica's registration number
+ * (pd_hb_set_registration) and the refusal echoes it: only a refusal of a
+ * heartbeat sent under the current registration asks for a new one. A
+ * registration that really was lost is refused again at the next
+ * heartbeat. */
 #ifndef PD_HEARTBEAT_H
 #define PD_HEARTBEAT_H
 
@@ -24,7 +32,12 @@ pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, 
 void pd_hb_update(pd_hb *hb, const Pdserve__Heartbeat *snap);
 /** Changes the period (the gateway's RegisterReply names it). */
 void pd_hb_set_interval(pd_hb *hb, int interval_ms);
-/** True once after the gateway asked the replica to register again. */
+/** The replica's registration: n > 0 after its n-th accepted RegisterReply,
+ * 0 while it is not registered (then refusals are ignored, and one not yet
+ * taken is dropped: the replica is registering anyway). Thread-safe. */
+void pd_hb_set_registration(pd_hb *hb, uint64_t registration);
+/** True once after the gateway refused a heartbeat sent under the current
+ * registration (it restarted, or it had declared the replica dead). */
 bool pd_hb_take_reregister(pd_hb *hb);
 /** Stops and joins the thread, closes its socket, sets *hb_p to NULL. */
 void pd_hb_stop(pd_hb **hb_p);

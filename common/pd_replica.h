@@ -103,6 +103,7 @@ typedef struct pd_replica {
     pd_hb *hb;
     pd_metrics_server *metrics; /* NULL: no --metrics-port */
     bool registered;
+    uint64_t n_registrations; /* accepted RegisterReplies that registered it */
     int heartbeat_ms; /* --heartbeat-interval-ms until the gateway names its own */
     double last_heartbeat, last_register;
     double t0, t; /* start-up: its start, the last phase's end (pd_startup_phase_log) */

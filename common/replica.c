@@ -245,14 +245,21 @@ void pd_replica_poll(pd_replica *r, long wait_ms) {
 
 static void on_register_reply(pd_replica *r, const Pdserve__RegisterReply *m) {
     if (m->accepted) {
-        r->registered = true;
         if (m->heartbeat_interval_ms) {
             r->heartbeat_ms = (int)m->heartbeat_interval_ms;
             pd_hb_set_interval(r->hb, r->heartbeat_ms);
         }
+        if (r->registered) {
+            /* the answer to a Register resent while the first was unanswered */
+            PD_LOGD(r->role, "%s: registered with the gateway (again: a resent Register)", r->replica_id);
+            return;
+        }
+        r->registered = true;
+        pd_hb_set_registration(r->hb, ++r->n_registrations);
         PD_LOGI(r->role, "%s: registered with the gateway", r->replica_id);
     } else {
         r->registered = false;
+        pd_hb_set_registration(r->hb, 0);
         PD_LOGW(r->role, "%s: gateway refused registration: %s", r->replica_id, m->reason);
         /* registering again cannot help: the gateway serves another model */
         if (strstr(m->reason, "fingerprint") || strstr(m->reason, "geometry"))
@@ -284,7 +291,10 @@ void pd_replica_recv_all(pd_replica *r, pd_replica_handler handle, void *user) {
 bool pd_replica_tick(pd_replica *r) {
     double now = pd_now_s();
     if (pd_hb_take_reregister(r->hb)) {
+        PD_LOGI(r->role, "%s: the gateway does not know this replica (it restarted, or declared it dead): "
+                "registering again", r->replica_id);
         r->registered = false;
+        pd_hb_set_registration(r->hb, 0);
         r->last_register = 0;
     }
     if (!r->registered && now - r->last_register > 1.0)

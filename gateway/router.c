@@ -28,6 +28,7 @@ typedef struct gw_replica {
     unsigned char *ucx_addr, *rkey;
     size_t ucx_len, rkey_len;
     uint64_t kv_base;
+    uint32_t pid; /* of the process that registered */
     Pdserve__Heartbeat hb; /* last load report (strings not kept) */
     double last_seen;
     bool alive;
@@ -543,6 +544,9 @@ static void on_register(pd_router *r, pd_msg *m) {
         pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
         return;
     }
+    /* the same process registering while registered: it resent a Register
+     * that was slow to be answered (the gateway was starting) */
+    bool again = x && x->alive && g->pid && x->pid == g->pid;
     if (!x) {
         x = pd_xcalloc(1, sizeof *x);
         memcpy(x->env, m->envelope, m->envelope_len);
@@ -567,14 +571,18 @@ static void on_register(pd_router *r, pd_msg *m) {
     if (x->rkey) memcpy(x->rkey, g->kv_rkey.data, g->kv_rkey.len);
     x->rkey_len = g->kv_rkey.len;
     x->kv_base = g->kv_base;
+    x->pid = g->pid;
     x->hb.free_blocks = g->geometry->num_blocks;
     x->last_seen = pd_now_s();
     x->alive = true;
     rep.accepted = true;
     event_active(r->ev_dispatch, 0, 0); /* new room for queued requests */
     pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
-    PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens)", g->role, x->id, g->pid,
-            x->num_blocks, x->block_size);
+    if (again)
+        PD_LOGD(LOGM, "%s replica %s registered again (a resent Register, pid %u)", g->role, x->id, g->pid);
+    else
+        PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens)", g->role, x->id, g->pid,
+                x->num_blocks, x->block_size);
     count_alive(r);
 }
 
@@ -590,6 +598,7 @@ static void on_heartbeat(pd_router *r, pd_msg *m) {
         Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
         rep.accepted = false;
         rep.reason = "unknown replica: register again";
+        rep.heartbeat_registration = h->registration;
         pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
         return;
     }

@@ -220,6 +220,28 @@ static char *read_all(fixture *f, int fd) {
     return buf;
 }
 
+/* A heartbeat from a replica the router does not know is answered "register
+ * again" naming the heartbeat's registration, which the replica compares
+ * with its current one (a refusal of a heartbeat read before its Register
+ * must not make it register twice: common/heartbeat.c). */
+static void test_heartbeat_refusal_names_its_registration(void **state) {
+    fixture *f = *state;
+    const uint64_t regs[] = {0, 1, 7, UINT64_C(1) << 40};
+    for (size_t i = 0; i < sizeof regs / sizeof *regs; i++) {
+        Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
+        h.replica_id = "t-decode-new";
+        h.registration = regs[i];
+        pd_msg_send(f->decode_new, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
+        pd_msg m;
+        assert_true(wait_msg(f, f->decode_new, PD_MSG_REGISTER_REPLY, &m));
+        const Pdserve__RegisterReply *rep = (const Pdserve__RegisterReply *)m.msg;
+        assert_false(rep->accepted);
+        assert_non_null(strstr(rep->reason, "unknown replica"));
+        assert_true(rep->heartbeat_registration == regs[i]);
+        pd_msg_clear(&m);
+    }
+}
+
 /* A replica's finish_reason other than "stop"/"length" reached
  * pd_gw_on_finish as a pointer into the unpacked Tokens message, which was
  * freed before the response was written: heap-use-after-free. Now such a
@@ -521,6 +543,7 @@ static void test_long_waits_for_prefill_slot(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_heartbeat_refusal_names_its_registration),
         cmocka_unit_test(test_tokens_unknown_finish_reason),
         cmocka_unit_test(test_kv_complete_reaches_stalled_decode),
         cmocka_unit_test(test_reserve_reply_from_stalled_decode),
