@@ -513,6 +513,8 @@ const pd_gw_engine_i *pd_router_engine(void) {
 
 /* ---- control messages ---- */
 
+static void replica_gone(pd_router *r, gw_replica *x, const char *what);
+
 static void on_register(pd_router *r, pd_msg *m) {
     Pdserve__Register *g = (Pdserve__Register *)m->msg;
     Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
@@ -545,8 +547,17 @@ static void on_register(pd_router *r, pd_msg *m) {
         return;
     }
     /* the same process registering while registered: it resent a Register
-     * that was slow to be answered (the gateway was starting) */
-    bool again = x && x->alive && g->pid && x->pid == g->pid;
+     * that was slow to be answered (the gateway was starting); another
+     * process under a registered id (another pid or UCX worker address: in
+     * a container the pid can repeat) restarted before its heartbeats were
+     * missed, and what the old one held is gone with it */
+    bool same = x && x->pid == g->pid && x->ucx_len == g->ucx_worker_address.len &&
+                (!x->ucx_len || !memcmp(x->ucx_addr, g->ucx_worker_address.data, x->ucx_len));
+    if (x && x->alive && !same) {
+        PD_LOGW(LOGM, "%s replica %s restarted (pid %u, was %u): its requests fail", g->role, x->id, g->pid, x->pid);
+        replica_gone(r, x, "restarted");
+    }
+    bool again = x && x->alive && g->pid && same;
     if (!x) {
         x = pd_xcalloc(1, sizeof *x);
         memcpy(x->env, m->envelope, m->envelope_len);
@@ -821,41 +832,48 @@ static void drain(pd_router *r) {
     }
 }
 
-/* A replica whose heartbeats stopped: out of rotation, its requests fail
- * with a clear error (streams get an in-band error event). */
+/* Takes replica x out of rotation: every request it holds fails with 503
+ * "<role> replica <id> <what>" (streams get an in-band error event), and
+ * when it was a prefill replica the decode replicas hear that its writes
+ * will never come (their reservations for it can be reused). */
+static void replica_gone(pd_router *r, gw_replica *x, const char *what) {
+    x->alive = false;
+    for (gw_sub *s = r->subs; s;) {
+        gw_sub *next = s->next_all;
+        if (s->decode == x || s->prefill == x) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s replica %s %s", x->role == ROLE_DECODE ? "decode" : "prefill", x->id,
+                     what);
+            if (s->decode == x) s->decode = NULL; /* do not send it aborts */
+            if (s->prefill == x) s->prefill = NULL;
+            gw_req *q = s->parent;
+            /* failing q removes all of its subs from the list: restart the scan */
+            fail_request(r, q, 503, msg);
+            next = r->subs;
+        }
+        s = next;
+    }
+    x->n_assigned = 0;
+    x->assigned_tokens = 0;
+    if (x->role == ROLE_PREFILL) /* decode replicas may reuse blocks it was granted */
+        for (gw_replica *d = r->replicas; d; d = d->next)
+            if (d->alive && d->role == ROLE_DECODE) {
+                Pdserve__Abort a = PDSERVE__ABORT__INIT;
+                a.request_id = "";
+                a.reason = "prefill replica gone";
+                a.writer_gone = x->id;
+                send_to(r, d, PD_MSG_ABORT, &a.base);
+            }
+    count_alive(r);
+}
+
+/* A replica whose heartbeats stopped: out of rotation, its requests fail. */
 static void expire(pd_router *r) {
     double now = pd_now_s();
     for (gw_replica *x = r->replicas; x; x = x->next) {
         if (!x->alive || now - x->last_seen <= hb_timeout_s(r)) continue;
-        x->alive = false;
         PD_LOGW(LOGM, "replica %s missed heartbeats for %.1f s: out of rotation", x->id, now - x->last_seen);
-        for (gw_sub *s = r->subs; s;) {
-            gw_sub *next = s->next_all;
-            if (s->decode == x || s->prefill == x) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "%s replica %s stopped responding", x->role == ROLE_DECODE ? "decode" : "prefill",
-                         x->id);
-                if (s->decode == x) s->decode = NULL; /* do not send it aborts */
-                if (s->prefill == x) s->prefill = NULL;
-                gw_req *q = s->parent;
-                /* failing q removes all of its subs from the list: restart the scan */
-                fail_request(r, q, 503, msg);
-                next = r->subs;
-            }
-            s = next;
-        }
-        x->n_assigned = 0;
-        x->assigned_tokens = 0;
-        if (x->role == ROLE_PREFILL) /* decode replicas may reuse blocks it was granted */
-            for (gw_replica *d = r->replicas; d; d = d->next)
-                if (d->alive && d->role == ROLE_DECODE) {
-                    Pdserve__Abort a = PDSERVE__ABORT__INIT;
-                    a.request_id = "";
-                    a.reason = "prefill replica gone";
-                    a.writer_gone = x->id;
-                    send_to(r, d, PD_MSG_ABORT, &a.base);
-                }
-        count_alive(r);
+        replica_gone(r, x, "stopped responding");
     }
 }
 

@@ -89,8 +89,8 @@ static void *fake_replica(fixture *f, const char *id) {
     return s;
 }
 
-/* (Re)registers a fake replica; true when accepted. */
-static bool register_replica(fixture *f, void *sock, const char *role, const char *id) {
+/* (Re)registers a fake replica as process `pid`; true when accepted. */
+static bool register_replica_pid(fixture *f, void *sock, const char *role, const char *id, uint32_t pid) {
     Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
     geo.block_size = 16;
     geo.num_layers = 2;
@@ -100,6 +100,7 @@ static bool register_replica(fixture *f, void *sock, const char *role, const cha
     r.role = (char *)role;
     r.replica_id = (char *)id;
     r.geometry = &geo;
+    r.pid = pid;
     pd_msg_send(sock, NULL, 0, PD_MSG_REGISTER, &r.base);
     for (;;) { /* skip "unknown replica" answers to heartbeats sent before */
         pd_msg m;
@@ -111,6 +112,10 @@ static bool register_replica(fixture *f, void *sock, const char *role, const cha
         if (!stale)
             return ok;
     }
+}
+
+static bool register_replica(fixture *f, void *sock, const char *role, const char *id) {
+    return register_replica_pid(f, sock, role, id, 0);
 }
 
 /* Both fakes registered and beating, nothing queued at either. */
@@ -246,6 +251,34 @@ static void test_heartbeat_refusal_names_its_registration(void **state) {
  * pd_gw_on_finish as a pointer into the unpacked Tokens message, which was
  * freed before the response was written: heap-use-after-free. Now such a
  * reason is answered as "stop". */
+/* A replica killed and started again before its heartbeats are missed
+ * registers under its id from another process: the requests the old
+ * process held fail at once with 503 "... restarted" (they used to wait for
+ * their deadline), and the same process resending its Register does not. */
+static void test_restarted_replica_fails_its_requests(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4242));
+    int fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
+    pd_msg m;
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    pd_msg_clear(&m);
+    assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4242)); /* resent: nothing fails */
+    struct pollfd p = {fd, POLLIN, 0};
+    pump(f, 100);
+    assert_int_equal(poll(&p, 1, 0), 0);
+    assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4343)); /* a new process */
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 503"));
+    assert_non_null(strstr(resp, "decode replica t-decode restarted"));
+    free(resp);
+    /* the new process serves */
+    fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    pd_msg_clear(&m);
+    close(fd);
+}
+
 static void test_tokens_unknown_finish_reason(void **state) {
     fixture *f = *state;
     fakes_fresh(f);
@@ -545,6 +578,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heartbeat_refusal_names_its_registration),
         cmocka_unit_test(test_tokens_unknown_finish_reason),
+        cmocka_unit_test(test_restarted_replica_fails_its_requests),
         cmocka_unit_test(test_kv_complete_reaches_stalled_decode),
         cmocka_unit_test(test_reserve_reply_from_stalled_decode),
         cmocka_unit_test(test_unregistered_decode_hears_leftovers),
