@@ -22,16 +22,9 @@
 #include <time.h>
 
 #include "pd_kernels.h"
+#include "bench_util.h"
 #include "cuda/pd_cuda.h"
 
-#define CK(x)                                                                                                    \
-    do {                                                                                                         \
-        cudaError_t e_ = (x);                                                                                    \
-        if (e_ != cudaSuccess) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                  \
-            exit(1);                                                                                             \
-        }                                                                                                        \
-    } while (0)
 #define CB(x)                                                                                                    \
     do {                                                                                                         \
         cublasStatus_t s_ = (x);                                                                                 \
@@ -57,11 +50,6 @@ static float *host_rand(size_t n, float scale) {
     for (size_t i = 0; i < n; i++)
         p[i] = frand() * scale;
     return p;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 typedef void (*op_fn)(void *arg);

@@ -37,47 +37,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "cuda/pd_cuda.h"
 #include "pd_model.h"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = atoi(s);
-        const char *c = strchr(s, ',');
-        if (!c)
-            break;
-        s = c + 1;
-    }
-    return n;
-}
-
 static uint64_t g_rs = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd_u64(void) {
-    g_rs ^= g_rs << 13;
-    g_rs ^= g_rs >> 7;
-    g_rs ^= g_rs << 17;
-    return g_rs;
+    return bench_rnd(&g_rs);
 }
 
 /* Model FLOPs of prefilling L tokens in chunks of `chunk` (see the top);

@@ -14,7 +14,7 @@ Environment as run.sh sets it (PD_BIN, PD_BUILD_DIR)."""
 import os, re, subprocess, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from pdtest import BIN, check, finish, free_port_pair, metric, metrics  # noqa: E402
+from pdtest import BIN, check, finish, free_port_pair, metric, metrics, stop_procs  # noqa: E402
 
 
 def n_gpus():
@@ -122,14 +122,7 @@ def main():
         check(metric(m2, "pdserve:gpu_memory_total_bytes", replica="decode-1", gpu="0") > 16e9,
               "a second scrape reads the GPUs again")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(procs)
     finish()
 
 

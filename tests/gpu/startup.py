@@ -19,7 +19,7 @@ load can reach). Environment as run.sh sets it (PD_BIN, PD_BUILD_DIR)."""
 import argparse, glob, os, re, subprocess, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from pdtest import BIN, check, finish, free_port_pair, metrics  # noqa: E402
+from pdtest import BIN, check, finish, free_port_pair, metrics, stop_procs  # noqa: E402
 
 
 def shards(model):
@@ -92,14 +92,7 @@ def start_once(model, work, name, kv_blocks, device):
             phases[m.group(1)] = float(m.group(2))
         print("\n".join(l for l in log.splitlines() if "start-up:" in l))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(procs)
     return phases, total
 
 

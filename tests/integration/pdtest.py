@@ -134,6 +134,18 @@ def stop_up(up, sanitizer=False, tail=6000):
 SSE = collections.namedtuple("SSE", "events text usage finish_reason done")
 
 
+def stop_procs(procs, grace=15):
+    """SIGTERM every process still running, wait up to `grace` s each, then SIGKILL."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def parse_sse(raw, what="stream"):
     """A streamed completion's body (bytes) read as the OpenAI API sends it:
     blocks of one `data: ` line (`:` comments skipped), each strict UTF-8
