@@ -68,6 +68,11 @@ typedef struct {
     const char *json_schema; /* NULL or "": unconstrained; else constrained decoding by this
                                 JSON Schema (grammar/pd_grammar.h; needs a vocab, see
                                 pd_sched_set_grammar_vocab) */
+    bool want_prompt_logprobs; /* report every prompt token's logprob from the second on
+                                  (on_prompt_logprobs) while this scheduler prefills the
+                                  prompt; ignored by pd_sched_add_prefilled */
+    int prompt_top_logprobs;   /* with want_prompt_logprobs: this many alternatives per prompt
+                                  token, 0..PD_MAX_TOP_LOGPROBS */
 } pd_sched_request;
 
 /** Events the scheduler reports after a step, in order. token events come
@@ -84,6 +89,17 @@ typedef struct {
                      const int32_t *top_ids, const float *top_logprobs, int n_top);
     void (*on_finished)(void *user, const char *request_id, const char *finish_reason);
     void (*on_error)(void *user, const char *request_id, const char *message);
+    /* Prompt logprobs (want_prompt_logprobs), one call per prefill chunk, in
+     * order, each before the request's first on_token: logprobs[i] is the
+     * log softmax of the model's raw logits at prompt position first + i - 1
+     * taken at the prompt token of position first + i (first >= 1; as
+     * on_token's logprob, without any mask or penalty); top_ids[i * n_top + j]
+     * / top_logprobs[i * n_top + j] the n_top most likely tokens there, best
+     * first, ties to the lower id. Borrowed for the call. A position is
+     * reported once, also when a preempted request prefills again. May be
+     * NULL (then nothing is computed). */
+    void (*on_prompt_logprobs)(void *user, const char *request_id, int first, int n, const float *logprobs,
+                               const int32_t *top_ids, const float *top_logprobs, int n_top);
 } pd_sched_callbacks;
 
 typedef struct pd_sched pd_sched;
@@ -99,7 +115,12 @@ void pd_sched_free(pd_sched **s_p);
  * refused. */
 void pd_sched_set_grammar_vocab(pd_sched *s, const pd_grammar_vocab *v);
 
-/** Queues a request whose prompt this replica prefills itself.
+/** Queues a request whose prompt this replica prefills itself. With
+ * want_prompt_logprobs the prefill chunks of the request return logits for
+ * every token, bounded per step: the rows of such chunks in one step are at
+ * most chunked_prefill_size (so at most chunked_prefill_size x vocab_size
+ * floats for them, whatever the prompt length); each row is reduced to a
+ * logprob and its top alternatives, and dropped.
  * Errors: PD_ERR_INVALID (empty prompt, bad sampling params, duplicate id,
  * prompt + max_tokens past max_position_embeddings, top_logprobs outside
  * 0..PD_MAX_TOP_LOGPROBS, a json_schema that does not compile or no grammar

@@ -21,6 +21,9 @@ typedef struct seq {
     int max_tokens, min_tokens;
     bool ignore_eos, want_logprobs;
     int top_logprobs;
+    bool want_prompt_logprobs;
+    int prompt_top_logprobs;
+    int plp_next; /* the next prompt position whose logprob is due (from 1) */
     int32_t *stop_ids;
     int n_stop;
     const int32_t *replay; /* testing: the scripted output, or NULL */
@@ -130,6 +133,9 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     if (r->top_logprobs < 0 || r->top_logprobs > PD_MAX_TOP_LOGPROBS)
         return pd_err_set(err, PD_ERR_INVALID, "request %s: top_logprobs %d outside 0..%d", r->request_id,
                           r->top_logprobs, PD_MAX_TOP_LOGPROBS);
+    if (r->want_prompt_logprobs && (r->prompt_top_logprobs < 0 || r->prompt_top_logprobs > PD_MAX_TOP_LOGPROBS))
+        return pd_err_set(err, PD_ERR_INVALID, "request %s: prompt_top_logprobs %d outside 0..%d", r->request_id,
+                          r->prompt_top_logprobs, PD_MAX_TOP_LOGPROBS);
     if (r->max_tokens <= 0)
         return pd_err_set(err, PD_ERR_INVALID, "request %s: max_tokens must be at least 1", r->request_id);
     if ((int64_t)r->n_prompt + r->max_tokens > c->max_position_embeddings)
@@ -180,6 +186,9 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     q->ignore_eos = r->ignore_eos;
     q->want_logprobs = r->want_logprobs;
     q->top_logprobs = r->want_logprobs ? r->top_logprobs : 0;
+    q->want_prompt_logprobs = r->want_prompt_logprobs && s->cb.on_prompt_logprobs;
+    q->prompt_top_logprobs = q->want_prompt_logprobs ? r->prompt_top_logprobs : 0;
+    q->plp_next = 1;
     if (r->n_stop_token_ids > 0) {
         q->stop_ids = pd_xmalloc((size_t)r->n_stop_token_ids * sizeof(int32_t));
         memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof(int32_t));
@@ -266,6 +275,7 @@ pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, const i
         q->kv.block_table[i] = blocks[i];
     q->kv.num_blocks = q->kv.cap_blocks = n_blocks;
     q->kv.num_tokens = r->n_prompt;
+    q->want_prompt_logprobs = false; /* computed elsewhere: none here */
     q->state = SEQ_RUNNING;
     q->admit_order = ++s->admit_counter;
     pd_sampler_accept(q->smp, first_token);
@@ -314,13 +324,44 @@ static bool preempt_one(pd_sched *s, seq *keep) {
     return true;
 }
 
+/* Prompt logprobs of one all-logits chunk: lg holds n rows, row r the
+ * logits after position p0 + r, so the distribution of the token at
+ * p0 + r + 1. Positions already reported (a preempted request prefills
+ * again) and those past the prompt are skipped. Rows are reduced in
+ * parallel; the caller drops them after the step. */
+static void report_prompt_logprobs(pd_sched *s, seq *q, int p0, int n, const float *lg) {
+    const int V = mcfg(s)->vocab_size;
+    int first = p0 + 1 > q->plp_next ? p0 + 1 : q->plp_next;
+    int end = p0 + n + 1 < q->n_prompt ? p0 + n + 1 : q->n_prompt; /* positions [first, end) */
+    if (end <= first)
+        return;
+    int m = end - first, k = q->prompt_top_logprobs < V ? q->prompt_top_logprobs : V;
+    float *lps = pd_xmalloc((size_t)m * sizeof *lps);
+    int32_t *tid = k ? pd_xmalloc((size_t)m * k * sizeof *tid) : NULL;
+    float *tlp = k ? pd_xmalloc((size_t)m * k * sizeof *tlp) : NULL;
+#pragma omp parallel for schedule(static) if (m > 8)
+    for (int i = 0; i < m; i++) {
+        int pos = first + i;
+        pd_logprobs_row(lg + (size_t)(pos - 1 - p0) * V, V, q->tokens[pos], &lps[i], k,
+                        k ? tid + (size_t)i * k : NULL, k ? tlp + (size_t)i * k : NULL);
+    }
+    q->plp_next = end;
+    s->cb.on_prompt_logprobs(s->user, q->id, first, m, lps, tid, tlp, k);
+    free(lps);
+    free(tid);
+    free(tlp);
+}
+
 int pd_sched_step(pd_sched *s) {
     const pd_model_config *c = mcfg(s);
     int max_seqs = s->cfg.max_num_seqs;
     pd_batch_seq *batch = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *batch);
     seq **bseq = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *bseq);
     bool *sample = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *sample);
+    int *p0 = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *p0);     /* first position of each slice */
+    size_t *row = pd_xmalloc((size_t)(max_seqs + 1) * sizeof *row); /* its last logits row */
     int nb = 0, budget = s->cfg.max_num_batched_tokens;
+    int plp_rows = s->cfg.chunked_prefill_size; /* all-logits rows left this step */
 
     /* (a) decode: one token for each running sequence, oldest first */
     for (seq *q = s->seqs; q && nb < max_seqs && budget > 0; q = q->next) {
@@ -346,9 +387,17 @@ int pd_sched_step(pd_sched *s) {
         int n = pending;
         if (n > s->cfg.chunked_prefill_size) n = s->cfg.chunked_prefill_size;
         if (n > budget) n = budget;
+        /* prompt logprobs: logits for every token of the chunk, within the
+         * step's bound of rows (a chunk past it waits for the next step) */
+        bool all = q->want_prompt_logprobs && q->plp_next < q->n_prompt;
+        if (all && plp_rows <= 0)
+            continue;
+        if (all && n > plp_rows) n = plp_rows;
         if (pd_seq_kv_reserve(s->kv, &q->kv, n) != PD_OK)
             break; /* FIFO: later prompts wait behind this one */
-        batch[nb] = (pd_batch_seq){.kv = &q->kv, .tokens = &q->tokens[q->kv.num_tokens], .n_tokens = n};
+        if (all) plp_rows -= n;
+        batch[nb] = (pd_batch_seq){
+            .kv = &q->kv, .tokens = &q->tokens[q->kv.num_tokens], .n_tokens = n, .all_logits = all};
         bseq[nb] = q;
         q->in_batch = true;
         sample[nb] = n == pending;
@@ -359,12 +408,20 @@ int pd_sched_step(pd_sched *s) {
         free(batch);
         free(bseq);
         free(sample);
+        free(p0);
+        free(row);
         return 0;
     }
-    if (s->logits_rows < nb) {
+    size_t rows = 0;
+    for (int i = 0; i < nb; i++) {
+        p0[i] = batch[i].kv->num_tokens;
+        rows += batch[i].all_logits ? (size_t)batch[i].n_tokens : 1;
+        row[i] = rows - 1;
+    }
+    if ((size_t)s->logits_rows < rows) {
         free(s->logits);
-        s->logits = pd_xmalloc((size_t)nb * c->vocab_size * sizeof(float));
-        s->logits_rows = nb;
+        s->logits = pd_xmalloc(rows * c->vocab_size * sizeof(float));
+        s->logits_rows = (int)rows;
     }
     for (int i = 0; i < nb; i++)
         bseq[i]->in_batch = false;
@@ -380,8 +437,14 @@ int pd_sched_step(pd_sched *s) {
         free(batch);
         free(bseq);
         free(sample);
+        free(p0);
+        free(row);
         return processed;
     }
+    for (int i = 0; i < nb; i++)
+        if (batch[i].all_logits)
+            report_prompt_logprobs(s, bseq[i], p0[i], batch[i].n_tokens,
+                                   s->logits + (row[i] + 1 - (size_t)batch[i].n_tokens) * c->vocab_size);
     /* response_format: the grammar masks of the rows about to be sampled,
      * in parallel (each state has its own scratch; the trie walks are the
      * costly part: up to ~0.5 ms a row, docs/benchmarks.md). The EOS logit
@@ -397,7 +460,7 @@ int pd_sched_step(pd_sched *s) {
             seq *q = bseq[i];
             if (!q->gs || (q->state == SEQ_WAITING && !sample[i]))
                 continue;
-            float *lg = s->logits + (size_t)i * c->vocab_size;
+            float *lg = s->logits + row[i] * c->vocab_size;
             gram_eos[i] = lg[c->eos_token_id];
             gram_ok[i] = pd_grammar_state_mask_logits(q->gs, lg, q->max_tokens - q->n_generated);
         }
@@ -411,7 +474,7 @@ int pd_sched_step(pd_sched *s) {
             q->state = SEQ_RUNNING;
             q->admit_order = ++s->admit_counter;
         }
-        float *lg = s->logits + (size_t)i * c->vocab_size;
+        float *lg = s->logits + row[i] * c->vocab_size;
         if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
             if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
             for (int k = 0; k < q->n_stop; k++)
@@ -449,6 +512,8 @@ int pd_sched_step(pd_sched *s) {
     free(batch);
     free(bseq);
     free(sample);
+    free(p0);
+    free(row);
     return processed;
 }
 

@@ -20,6 +20,11 @@ typedef struct pending_tokens {
     int *n_top;
     bool any_top; /* some token has alternatives: Tokens carries top_logprobs */
     int n, cap;
+    /* prompt logprobs of positions [plp_start, plp_start + n_plp), in order */
+    int plp_start, n_plp, plp_k;
+    float *plp;
+    int32_t *plp_top_ids; /* [n_plp][plp_k] */
+    float *plp_top_lps;
     const char *finish;
     char error[256];
     struct pending_tokens *next;
@@ -119,6 +124,38 @@ static void cb_token(void *u, const char *id, int32_t t, float lp, const int32_t
     p->n_top[p->n] = n_top > 0 ? n_top : 0;
     p->n++;
 }
+static void cb_prompt_logprobs(void *u, const char *id, int first, int n, const float *lps, const int32_t *top_ids,
+                               const float *top_lps, int k) {
+    pending_tokens *p = pend_get(u, id);
+    if (p->n_plp == 0) {
+        p->plp_start = first;
+        p->plp_k = k;
+    } else if (first != p->plp_start + p->n_plp || k != p->plp_k) {
+        PD_LOGE(LOGM, "request %s: prompt logprobs out of order (%d after %d)", id, first, p->plp_start + p->n_plp);
+        return;
+    }
+    size_t m = (size_t)p->n_plp + (size_t)n;
+    p->plp = xrealloc(p->plp, m * sizeof *p->plp);
+    memcpy(p->plp + p->n_plp, lps, (size_t)n * sizeof *lps);
+    if (k > 0) {
+        p->plp_top_ids = xrealloc(p->plp_top_ids, m * (size_t)k * sizeof *p->plp_top_ids);
+        p->plp_top_lps = xrealloc(p->plp_top_lps, m * (size_t)k * sizeof *p->plp_top_lps);
+        memcpy(p->plp_top_ids + (size_t)p->n_plp * k, top_ids, (size_t)n * k * sizeof *top_ids);
+        memcpy(p->plp_top_lps + (size_t)p->n_plp * k, top_lps, (size_t)n * k * sizeof *top_lps);
+    }
+    p->n_plp = (int)m;
+}
+static void pend_free(pending_tokens *p) {
+    free(p->ids);
+    free(p->logprobs);
+    free(p->n_top);
+    free(p->top_ids);
+    free(p->top_lps);
+    free(p->plp);
+    free(p->plp_top_ids);
+    free(p->plp_top_lps);
+    free(p);
+}
 static void cb_finished(void *u, const char *id, const char *reason) {
     pend_get(u, id)->finish = reason;
 }
@@ -156,16 +193,32 @@ static void flush_tokens(decode_svc *d) {
             t.n_top_logprobs = (size_t)p->n;
             t.top_logprobs = topp;
         }
+        Pdserve__TopLogprobs *ptop = NULL, **ptopp = NULL;
+        if (p->n_plp > 0) {
+            t.prompt_logprobs_start = (uint32_t)p->plp_start;
+            t.n_prompt_logprobs = (size_t)p->n_plp;
+            t.prompt_logprobs = p->plp;
+            if (p->plp_k > 0) {
+                ptop = pd_xmalloc((size_t)p->n_plp * sizeof *ptop);
+                ptopp = pd_xmalloc((size_t)p->n_plp * sizeof *ptopp);
+                for (int i = 0; i < p->n_plp; i++) {
+                    pdserve__top_logprobs__init(&ptop[i]);
+                    ptop[i].n_ids = ptop[i].n_logprobs = (size_t)p->plp_k;
+                    ptop[i].ids = p->plp_top_ids + (size_t)i * p->plp_k;
+                    ptop[i].logprobs = p->plp_top_lps + (size_t)i * p->plp_k;
+                    ptopp[i] = &ptop[i];
+                }
+                t.n_prompt_top_logprobs = (size_t)p->n_plp;
+                t.prompt_top_logprobs = ptopp;
+            }
+        }
         if (pd_msg_send(d->r.sock, NULL, 0, PD_MSG_TOKENS, &t.base) != PD_OK)
             PD_LOGW(LOGM, "request %s: could not send %d tokens to the gateway", p->id, p->n);
         free(topp);
         free(top);
-        free(p->ids);
-        free(p->logprobs);
-        free(p->n_top);
-        free(p->top_ids);
-        free(p->top_lps);
-        free(p);
+        free(ptopp);
+        free(ptop);
+        pend_free(p);
     }
 }
 
@@ -178,6 +231,9 @@ static pd_sched_request request_from(const Pdserve__Generate *g) {
         /* the gateway allows at most PD_MAX_TOP_LOGPROBS; a larger ask gets that many */
         .top_logprobs = g->logprobs < 0 ? 0 : g->logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : g->logprobs,
         .json_schema = g->json_schema,
+        .want_prompt_logprobs = g->prompt_logprobs,
+        .prompt_top_logprobs = g->prompt_top_logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS
+                                                                             : (int)g->prompt_top_logprobs,
     };
     return r;
 }
@@ -374,9 +430,7 @@ static void handle(void *user, pd_msg *msg) {
             if (!strcmp((*pp)->id, a->request_id)) {
                 pending_tokens *p = *pp;
                 *pp = p->next;
-                free(p->ids);
-                free(p->logprobs);
-                free(p);
+                pend_free(p);
                 break;
             }
         break;
@@ -424,7 +478,7 @@ int pd_decode_main(int argc, char **argv) {
         PD_LOGW(LOGM, "replaying %d scripted outputs from %s instead of sampling (testing)", replay->n_scripts,
                 a.replay_path);
     }
-    pd_sched_callbacks cb = {cb_token, cb_finished, cb_error};
+    pd_sched_callbacks cb = {cb_token, cb_finished, cb_error, cb_prompt_logprobs};
     rc = 1;
     if (pd_sched_init(d.r.m, &sc, &cb, &d, &d.sched, &err) != PD_OK) {
         fprintf(stderr, "pdserve decode: %s\n", err.msg);

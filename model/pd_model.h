@@ -404,6 +404,15 @@ int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p);
  * (no sort of the vocabulary). */
 int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, int k,
                               int32_t *top_ids_p, float *top_logprobs_p, int *n_top_p);
+/** The logprob of token under the log softmax of one row of raw logits
+ * (logits[0, vocab_size), not modified) and the k most likely tokens under
+ * it: the same definition, normaliser and selection as
+ * pd_sampler_sample_top (best first, ties to the lower id), so the two agree
+ * to the bit. k is clamped to [0, min(PD_MAX_TOP_LOGPROBS, vocab_size)];
+ * top_ids_p / top_logprobs_p need room for k (may be NULL when k is 0).
+ * Returns the clamped k. Thread-safe (no state). Used for prompt logprobs. */
+int pd_logprobs_row(const float *logits, int vocab_size, int32_t token, float *logprob_p, int k,
+                    int32_t *top_ids_p, float *top_logprobs_p);
 /** Records an externally chosen token (e.g. the first token sampled by a
  * prefill replica) so penalties stay consistent. */
 void pd_sampler_accept(pd_sampler *s, int32_t token);

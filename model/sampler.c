@@ -605,6 +605,27 @@ int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, in
     return token;
 }
 
+int pd_logprobs_row(const float *logits, int vocab_size, int32_t token, float *logprob_p, int k,
+                    int32_t *top_ids_p, float *top_logprobs_p) {
+    if (k > PD_MAX_TOP_LOGPROBS)
+        k = PD_MAX_TOP_LOGPROBS;
+    if (k > vocab_size)
+        k = vocab_size;
+    if (k < 0 || !top_ids_p || !top_logprobs_p)
+        k = 0;
+    float max = -INFINITY;
+    double lse = 0.0;
+    sampler_log_norm(logits, vocab_size, &max, &lse);
+    if (k > 0) {
+        sampler_top_ids(logits, vocab_size, k, top_ids_p);
+        for (int i = 0; i < k; i++)
+            top_logprobs_p[i] = sampler_logprob(logits[top_ids_p[i]], max, lse);
+    }
+    if (logprob_p)
+        *logprob_p = token >= 0 && token < vocab_size ? sampler_logprob(logits[token], max, lse) : -INFINITY;
+    return k;
+}
+
 int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
     return pd_sampler_sample_top(s, logits, logprob_p, 0, NULL, NULL, NULL);
 }

@@ -34,6 +34,13 @@ typedef struct {
     int n_out;
     char finish[16];
     bool errored;
+    /* prompt logprobs (on_prompt_logprobs), by prompt position */
+    float plp[MAXTOK];
+    int32_t plp_tid[MAXTOK][PD_MAX_TOP_LOGPROBS];
+    float plp_tlp[MAXTOK][PD_MAX_TOP_LOGPROBS];
+    int plp_seen[MAXTOK]; /* times each position was reported */
+    int plp_k;
+    bool plp_late; /* one came after a generated token */
 } req_out;
 
 typedef struct {
@@ -67,7 +74,23 @@ static void on_finished(void *u, const char *id, const char *reason) {
 static void on_error(void *u, const char *id, const char *msg) {
     lookup(u, id)->errored = true;
 }
-static const pd_sched_callbacks cbs = {on_token, on_finished, on_error};
+static void on_prompt_logprobs(void *u, const char *id, int first, int n, const float *lps, const int32_t *top_ids,
+                               const float *top_lps, int k) {
+    req_out *r = lookup(u, id);
+    assert_true(first >= 1 && n >= 1 && first + n <= MAXTOK);
+    assert_true(k >= 0 && k <= PD_MAX_TOP_LOGPROBS);
+    if (r->n_out > 0) r->plp_late = true;
+    r->plp_k = k;
+    for (int i = 0; i < n; i++) {
+        r->plp[first + i] = lps[i];
+        r->plp_seen[first + i]++;
+        if (k > 0) {
+            memcpy(r->plp_tid[first + i], top_ids + (size_t)i * k, (size_t)k * sizeof *top_ids);
+            memcpy(r->plp_tlp[first + i], top_lps + (size_t)i * k, (size_t)k * sizeof *top_lps);
+        }
+    }
+}
+static const pd_sched_callbacks cbs = {on_token, on_finished, on_error, on_prompt_logprobs};
 
 static int setup(void **state) {
     const char *bd = getenv("PD_BUILD_DIR");
@@ -528,6 +551,114 @@ static void test_constrained_batch(void **state) {
     pd_tok_free(&tok);
 }
 
+/* Prompt logprobs: whatever the chunking, batching and preemption, every
+ * prompt position from 1 on is reported once, before the first token, and
+ * equals log_softmax of the logits after the position before it, from an
+ * independent reference (the whole prompt in one forward with every row's
+ * logits, log softmax in double here); the top alternatives are the
+ * reference's best, sorted, and hold the token's own logprob when it ranks
+ * among them. Generation is unchanged (greedy equals the plain loop). */
+static void run_prompt_logprobs(const pd_sched_config *cfg) {
+    outputs o = {0};
+    pd_sched *s;
+    pd_err err = {{0}};
+    assert_int_equal(pd_sched_init(g_m, cfg, &cbs, &o, &s, &err), PD_OK);
+    const int V = pd_model_config_of(g_m)->vocab_size;
+    int lens[] = {1, 2, 17, 40, 9, 63};
+    int ks[] = {3, 0, 5, 20, 1, 2};
+    bool want[] = {true, true, true, true, false, true};
+    int n = 6, max_tokens = 4;
+    int32_t prompts[6][64];
+    pd_sampling_params sp = pd_sampling_defaults();
+    sp.temperature = 0.0f;
+    for (int i = 0; i < n; i++) {
+        make_prompt(prompts[i], lens[i], 500 + i);
+        if (lens[i] > 32) /* a greedy continuation after position 30: those tokens rank first */
+            assert_int_equal(reference(prompts[i], 30, &sp, lens[i] - 30, prompts[i] + 30), lens[i] - 30);
+        snprintf(o.r[i].id, 32, "plp-%d", i);
+        o.n++;
+        pd_sched_request r = {.request_id = o.r[i].id, .prompt_ids = prompts[i], .n_prompt = lens[i],
+                              .sampling = sp, .max_tokens = max_tokens, .ignore_eos = true,
+                              .want_prompt_logprobs = want[i], .prompt_top_logprobs = ks[i]};
+        assert_int_equal(pd_sched_add(s, &r, &err), PD_OK);
+    }
+    for (int guard = 0; guard < 10000; guard++)
+        if (pd_sched_step(s) == 0) break;
+    float *lg = malloc((size_t)64 * V * sizeof(float));
+    int checked_in_top = 0;
+    for (int i = 0; i < n; i++) {
+        req_out *r = &o.r[i];
+        assert_false(r->errored);
+        int32_t ref[64];
+        int k = reference(prompts[i], lens[i], &sp, max_tokens, ref);
+        assert_int_equal(r->n_out, k);
+        assert_memory_equal(r->out, ref, (size_t)k * sizeof(int32_t));
+        assert_false(r->plp_late);
+        assert_int_equal(r->plp_seen[0], 0);
+        for (int p = 1; p < lens[i]; p++) assert_int_equal(r->plp_seen[p], want[i] ? 1 : 0);
+        for (int p = lens[i]; p < MAXTOK; p++) assert_int_equal(r->plp_seen[p], 0);
+        if (!want[i] || lens[i] < 2) continue;
+        assert_int_equal(r->plp_k, ks[i]);
+        /* the reference: the whole prompt at once, every row */
+        pd_kv_cache *kv;
+        assert_int_equal(pd_kv_cache_init(g_m, 16, 64 / 16 + 2, &kv, &err), PD_OK);
+        pd_seq_kv sq = {0};
+        assert_int_equal(pd_seq_kv_reserve(kv, &sq, lens[i]), PD_OK);
+        pd_batch_seq b = {.kv = &sq, .tokens = prompts[i], .n_tokens = lens[i], .all_logits = true};
+        assert_int_equal(pd_model_forward(g_m, kv, &b, 1, lg, &err), PD_OK);
+        for (int p = 1; p < lens[i]; p++) {
+            const float *row = lg + (size_t)(p - 1) * V;
+            double mx = -INFINITY, sum = 0.0;
+            for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+            double lse = mx + log(sum);
+            double want_lp = (double)row[prompts[i][p]] - lse;
+            assert_true(fabs((double)r->plp[p] - want_lp) < 1e-4);
+            int rank = 0; /* tokens ahead of the prompt token */
+            for (int v = 0; v < V; v++)
+                rank += row[v] > row[prompts[i][p]] || (row[v] == row[prompts[i][p]] && v < prompts[i][p]);
+            bool own = false;
+            for (int j = 0; j < ks[i]; j++) {
+                int32_t t = r->plp_tid[p][j];
+                assert_true(t >= 0 && t < V);
+                assert_true(fabs((double)r->plp_tlp[p][j] - ((double)row[t] - lse)) < 1e-4);
+                if (j > 0) assert_true(r->plp_tlp[p][j] <= r->plp_tlp[p][j - 1]);
+                int ahead = 0; /* the j-th best has exactly j tokens ahead of it */
+                for (int v = 0; v < V; v++) ahead += row[v] > row[t] || (row[v] == row[t] && v < t);
+                assert_int_equal(ahead, j);
+                if (t == prompts[i][p]) {
+                    own = true;
+                    assert_true(r->plp_tlp[p][j] == r->plp[p]);
+                }
+            }
+            assert_int_equal(own, rank < ks[i]);
+            checked_in_top += own;
+        }
+        pd_seq_kv_release(kv, &sq);
+        free(sq.block_table);
+        pd_kv_cache_free(&kv);
+    }
+    free(lg);
+    assert_true(checked_in_top > 0); /* the own-token case was met */
+    pd_sched_stats st;
+    pd_sched_get_stats(s, &st);
+    assert_int_equal(st.free_blocks, cfg->num_blocks);
+    pd_sched_free(&s);
+}
+
+static void test_prompt_logprobs_chunked(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 3, .max_num_batched_tokens = 20, .chunked_prefill_size = 7,
+                           .block_size = 8, .num_blocks = 128};
+    run_prompt_logprobs(&cfg);
+}
+
+/* one chunk's rows a step for all of them; few blocks: preemption */
+static void test_prompt_logprobs_bounded_and_preempted(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 6, .max_num_batched_tokens = 128, .chunked_prefill_size = 64,
+                           .block_size = 4, .num_blocks = 22};
+    run_prompt_logprobs(&cfg);
+}
+
 int main(void) {
     const struct CMUnitTest t[] = {
         cmocka_unit_test(test_batched_greedy_equals_alone),
@@ -539,6 +670,8 @@ int main(void) {
         cmocka_unit_test(test_top_logprobs_raw_under_penalties),
         cmocka_unit_test(test_top_logprobs_batched),
         cmocka_unit_test(test_constrained_batch),
+        cmocka_unit_test(test_prompt_logprobs_chunked),
+        cmocka_unit_test(test_prompt_logprobs_bounded_and_preempted),
     };
     return cmocka_run_group_tests(t, setup, teardown);
 }
