@@ -307,6 +307,10 @@ typedef struct {
     int n_prompt;
     char *echo_text; /* completions with echo: the prompt as text */
     size_t echo_len;
+    bool echo_only;        /* completions: echo with max_tokens 0, the prompt alone (vLLM): the
+                              engine is asked for 1 token (max_tokens 1), which is dropped */
+    bool prompt_bos_added; /* the gateway put BOS before a text prompt (not in echo_text) */
+    bool prompt_from_ids;  /* the prompt came as token ids (echo_text is their decoding) */
     /* chat features (chat/pd_chat.h); all off for completions */
     bool parse_reasoning;       /* --reasoning-parser is not none */
     pd_chat_think_start think;  /* where the output starts, from the rendered prompt */

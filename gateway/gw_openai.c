@@ -612,6 +612,7 @@ static int tokenize(const pd_gw_config *cfg, gw_kind kind, const pd_tokenizer *t
     free(ids);
     out->prompt_ids = all;
     out->n_prompt = (int)n + extra;
+    out->prompt_bos_added = extra > 0;
     return 0;
 }
 
@@ -646,6 +647,7 @@ static int parse_prompt(const pd_gw_config *cfg, const pd_tokenizer *tok, const 
     if (json_is_array(p)) {
         if (parse_prompt_ids(p, cfg->vocab_size, &out->prompt_ids, &out->n_prompt, e))
             return -1;
+        out->prompt_from_ids = true;
         if (out->echo) {
             pd_err err;
             if (pd_tok_decode(tok, out->prompt_ids, (size_t)out->n_prompt, out->skip_special,
@@ -1067,7 +1069,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         max_key = "max_completion_tokens";
     if (get_int(root, max_key, &max_tokens, &explicit_max, e))
         return -1;
-    if (explicit_max && max_tokens < 1)
+    /* 0: completions with echo only (checked below), the prompt alone */
+    if (explicit_max && max_tokens < (kind == GW_KIND_COMPLETION ? 0 : 1))
         return fail(e, 400, max_key, "'%s' must be at least 1, got %lld", max_key,
                     (long long)max_tokens);
     if (kind == GW_KIND_CHAT && strcmp(max_key, "max_tokens") != 0) {
@@ -1101,6 +1104,15 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return -1;
     if (kind == GW_KIND_COMPLETION && get_bool(root, "echo", &out->echo, e))
         return -1;
+    if (explicit_max && max_tokens == 0) {
+        if (!out->echo)
+            return fail(e, 400, max_key, "'max_tokens' must be at least 1, got 0 (0 only with 'echo': true)");
+        if (min_tokens > 0)
+            return fail(e, 400, "min_tokens", "'min_tokens' (%lld) must not exceed max_tokens (0)",
+                        (long long)min_tokens);
+        out->echo_only = true;
+        max_tokens = 1; /* what the engine runs; the token is dropped */
+    }
     if (parse_logprobs(cfg, kind, root, out, e))
         return -1;
     if (parse_response_format(root, out, e))

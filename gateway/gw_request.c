@@ -46,7 +46,9 @@ typedef struct {
     int32_t id;
     float logprob;
     bool has;
-    int n_top; /* alternatives known for it, in the choice's top_ids / top_lps */
+    bool null_top; /* the first prompt token: top_logprobs null (nothing precedes it) */
+    int n_top;     /* alternatives known for it, in the choice's top_ids / top_lps */
+    int64_t off;   /* a prompt token: its text_offset; -1: the choice's running offset */
 } gw_tok_lp;
 
 typedef struct {
@@ -68,6 +70,13 @@ typedef struct {
     int32_t *top_ids; /* [cap_lp][r.logprobs]: the alternatives of lp[i] at i * r.logprobs */
     float *top_lps;
     size_t text_offset; /* completions logprobs: bytes of text before the next token */
+    /* completions with echo and logprobs: the prompt tokens' logprobs as they
+     * arrive (pd_gw_on_prompt_logprobs), [n_prompt], alternatives at
+     * i * r.logprobs; moved in front of ch->lp at the first token */
+    gw_tok_lp *plp;
+    int32_t *plp_top_ids;
+    float *plp_top_lps;
+    bool prompt_shown;
     /* chat: reasoning and tool calls (chat/pd_chat.h) */
     pd_gw_request *req;
     pd_chat_parser *cp;         /* the parsers of this choice's text, or NULL */
@@ -108,6 +117,7 @@ struct pd_gw_request {
 
 static void req_complete_cb(evutil_socket_t fd, short what, void *arg);
 static void req_ping_cb(evutil_socket_t fd, short what, void *arg);
+static void emit_prompt(pd_gw_request *req, gw_choice *ch);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -298,9 +308,13 @@ static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
         const gw_tok_lp *t = &ch->lp[i];
         json_array_append_new(tokens, token_json(req, t->id, NULL));
         json_array_append_new(tlp, t->has ? lp_json(t->logprob) : json_null());
-        json_array_append_new(top,
-                              completion_top_json(req, t, k ? ch->top_ids + (size_t)i * k : NULL,
-                                                  k ? ch->top_lps + (size_t)i * k : NULL));
+        json_array_append_new(top, t->null_top ? json_null()
+                                               : completion_top_json(req, t, k ? ch->top_ids + (size_t)i * k : NULL,
+                                                                     k ? ch->top_lps + (size_t)i * k : NULL));
+        if (t->off >= 0) { /* a prompt token: where it stands in the echoed text */
+            json_array_append_new(off, json_integer((json_int_t)t->off));
+            continue;
+        }
         json_array_append_new(off, json_integer((json_int_t)ch->text_offset));
         size_t blen = 0;
         pd_tok_token_bytes(req->srv->tok, t->id, &blen);
@@ -513,6 +527,7 @@ static bool feed_text(pd_gw_request *req, gw_choice *ch, const char *s, size_t l
 
 static void finish_choice(pd_gw_request *req, int i, const char *reason) {
     gw_choice *ch = &req->ch[i];
+    emit_prompt(req, ch); /* no token came (max_tokens 0, or a failure) */
     chat_finish(req, ch);
     if (ch->n_calls > 0 && strcmp(reason, "stop") == 0)
         reason = "tool_calls"; /* as vLLM: the output ended in tool calls */
@@ -576,7 +591,46 @@ static void keep_logprobs(pd_gw_request *req, gw_choice *ch, int32_t id, const f
         memcpy(ch->top_ids + (size_t)ch->n_lp * k, top_ids, (size_t)n_top * sizeof *top_ids);
         memcpy(ch->top_lps + (size_t)ch->n_lp * k, top_lps, (size_t)n_top * sizeof *top_lps);
     }
-    ch->lp[ch->n_lp++] = (gw_tok_lp){id, logprob ? *logprob : 0, logprob != NULL, n_top};
+    ch->lp[ch->n_lp++] = (gw_tok_lp){.id = id, .logprob = logprob ? *logprob : 0, .has = logprob != NULL,
+                                     .n_top = n_top, .off = -1};
+}
+
+/* Completions with echo and logprobs: the prompt tokens lead the choice's
+ * logprobs, once, before its first token (or at its end when none came):
+ * position 0 null (token_logprobs and top_logprobs, as vLLM / OpenAI), the
+ * others as reported. A streamed choice also gets the echoed text here (the
+ * response head left it out), in the chunk of its first token. text_offset
+ * of a prompt token: bytes of the echoed text before it, so a BOS the
+ * gateway added to a text prompt, and special tokens that the decoding of a
+ * token-id prompt skipped, take no bytes. */
+static void emit_prompt(pd_gw_request *req, gw_choice *ch) {
+    if (!ch->plp || ch->prompt_shown)
+        return;
+    ch->prompt_shown = true;
+    const gw_oai_req *r = &req->r;
+    size_t k = (size_t)r->logprobs, off = 0;
+    for (int i = 0; i < r->n_prompt; i++) {
+        const gw_tok_lp *t = &ch->plp[i];
+        keep_logprobs(req, ch, t->id, t->has ? &t->logprob : NULL, k ? ch->plp_top_ids + (size_t)i * k : NULL,
+                      k ? ch->plp_top_lps + (size_t)i * k : NULL, t->n_top);
+        gw_tok_lp *e = &ch->lp[ch->n_lp - 1];
+        e->null_top = i == 0;
+        e->off = (int64_t)off;
+        bool shown = !(i == 0 && r->prompt_bos_added) &&
+                     !(r->prompt_from_ids && r->skip_special && pd_tok_is_special(req->srv->tok, t->id));
+        size_t blen = 0;
+        pd_tok_token_bytes(req->srv->tok, t->id, &blen);
+        if (shown)
+            off += blen;
+    }
+    if (r->stream && r->echo_len)
+        evbuffer_add(ch->text, r->echo_text, r->echo_len);
+}
+
+/* Completions with echo and logprobs: the engine reports the prompt's
+ * logprobs (pd_gw_on_prompt_logprobs) and the response shows them. */
+static bool wants_prompt_logprobs(const gw_oai_req *r) {
+    return r->kind == GW_KIND_COMPLETION && r->echo && r->logprobs >= 0;
 }
 
 static bool bad_call(const pd_gw_request *req, int choice, const char *what) {
@@ -611,6 +665,13 @@ void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, con
     gw_choice *ch = &req->ch[choice];
     if (ch->finished)
         return; /* stopped by a stop string; the rest is discarded */
+    emit_prompt(req, ch);
+    if (req->r.echo_only) { /* max_tokens 0: the prompt alone; the engine's token is dropped */
+        req->in_cb = true;
+        finish_choice(req, choice, "length");
+        req->in_cb = false;
+        return;
+    }
     /* alternatives: what the request asked for, of what the engine knows */
     int n_top = top_ids && top_logprobs && k > 0 ? k : 0;
     if (n_top > req->r.logprobs)
@@ -648,6 +709,34 @@ void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, con
         send_choice_chunk(req, choice, false);
     }
     req->in_cb = false;
+}
+
+void pd_gw_on_prompt_logprobs(pd_gw_request *req, int choice, int first, int n, const float *logprobs,
+                              const int32_t *top_ids, const float *top_logprobs, int k) {
+    if (bad_call(req, choice, "on_prompt_logprobs"))
+        return;
+    gw_choice *ch = &req->ch[choice];
+    if (!ch->plp || ch->prompt_shown || ch->finished)
+        return; /* not asked for, or too late to show */
+    if (first < 1 || n < 1 || !logprobs || first > req->r.n_prompt - n) {
+        PD_LOGE(GW_MOD, "%s: prompt logprobs of positions %d + %d outside 1..%d", req->id, first, n,
+                req->r.n_prompt - 1);
+        return;
+    }
+    int want = req->r.logprobs;
+    int n_top = top_ids && top_logprobs && k > 0 ? (k < want ? k : want) : 0;
+    for (int i = 0; i < n; i++) {
+        size_t pos = (size_t)first + (size_t)i;
+        gw_tok_lp *t = &ch->plp[pos];
+        t->logprob = logprobs[i];
+        t->has = true;
+        t->n_top = n_top;
+        if (n_top) {
+            memcpy(ch->plp_top_ids + pos * (size_t)want, top_ids + (size_t)i * k, (size_t)n_top * sizeof *top_ids);
+            memcpy(ch->plp_top_lps + pos * (size_t)want, top_logprobs + (size_t)i * k,
+                   (size_t)n_top * sizeof *top_logprobs);
+        }
+    }
 }
 
 void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason) {
@@ -751,6 +840,9 @@ static void req_free(pd_gw_request *req) {
         free(req->ch[i].lp);
         free(req->ch[i].top_ids);
         free(req->ch[i].top_lps);
+        free(req->ch[i].plp);
+        free(req->ch[i].plp_top_ids);
+        free(req->ch[i].plp_top_lps);
         pd_chat_parser_free(&req->ch[i].cp);
         if (req->ch[i].reasoning)
             evbuffer_free(req->ch[i].reasoning);
@@ -917,7 +1009,7 @@ static void start_stream(pd_gw_request *req) {
         if (req->kind == GW_KIND_CHAT) {
             c = json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role", "assistant",
                           "content", "", "logprobs", "finish_reason");
-        } else if (req->r.echo && req->r.echo_len) {
+        } else if (req->r.echo && req->r.echo_len && !wants_prompt_logprobs(&req->r)) {
             c = json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
                           gw_json_text(req->r.echo_text, req->r.echo_len), "logprobs",
                           "finish_reason");
@@ -1014,6 +1106,16 @@ static void req_prepared(gw_job *job, void *ud) {
         req->ch[i].text_offset = r->echo ? r->echo_len : 0;
         req->ch[i].req = req;
         ok = req->ch[i].dt && req->ch[i].text && chat_init(req, &req->ch[i]);
+        if (ok && wants_prompt_logprobs(r)) {
+            gw_choice *ch = &req->ch[i];
+            size_t np = (size_t)r->n_prompt, k = (size_t)r->logprobs;
+            ch->plp = calloc(np, sizeof *ch->plp);
+            ch->plp_top_ids = k ? calloc(np * k, sizeof *ch->plp_top_ids) : NULL;
+            ch->plp_top_lps = k ? calloc(np * k, sizeof *ch->plp_top_lps) : NULL;
+            ok = ch->plp && (!k || (ch->plp_top_ids && ch->plp_top_lps));
+            for (size_t j = 0; ok && j < np; j++)
+                ch->plp[j] = (gw_tok_lp){.id = r->prompt_ids[j], .off = -1};
+        }
     }
     req->gp = (pd_gw_gen_params){
         .request_id = req->id,
@@ -1028,6 +1130,8 @@ static void req_prepared(gw_job *job, void *ud) {
         .n = r->n,
         .logprobs = r->logprobs,
         .json_schema = r->json_schema,
+        .prompt_logprobs = wants_prompt_logprobs(r),
+        .prompt_top_logprobs = wants_prompt_logprobs(r) ? r->logprobs : 0,
     };
     if (!ok) {
         respond_error(req, 500, "out of memory", NULL, 0);

@@ -130,6 +130,10 @@ typedef struct {
                      many top alternatives (0..max_logprobs; see pd_gw_on_tokens_top) */
     const char *json_schema; /* response_format: constrained decoding by this JSON Schema
                                 (canonical text, grammar/pd_grammar.h); NULL: none */
+    bool prompt_logprobs;    /* completions with echo and logprobs: the engine also reports
+                                the prompt tokens' logprobs (pd_gw_on_prompt_logprobs) */
+    int prompt_top_logprobs; /* with prompt_logprobs: alternatives wanted per prompt token
+                                (the request's logprobs) */
 } pd_gw_gen_params;
 
 /** The engine, as a table of functions over an opaque context (the style of
@@ -185,6 +189,19 @@ void pd_gw_on_tokens(pd_gw_request *req, int choice, const int32_t *ids, const f
  * for the call. */
 void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, const float *logprobs,
                          const int32_t *top_ids, const float *top_logprobs, int k, int n);
+
+/** Reports the logprobs of n prompt tokens of one choice, positions
+ * [first, first + n) of p->prompt_ids (first >= 1: position 0 has none and is
+ * rendered null): logprobs[i] is the log softmax of the model's raw logits
+ * after position first + i - 1, at the prompt token of position first + i
+ * (the definition of the generated tokens' logprobs); top_ids / top_logprobs
+ * the k most likely tokens at each position, row-major as in
+ * pd_gw_on_tokens_top (k = 0 or NULL: none). Any order of calls, each
+ * before the choice's first pd_gw_on_tokens*; what arrives later, or for a
+ * request without p->prompt_logprobs, or out of range, is ignored (logged).
+ * Borrowed for the call. */
+void pd_gw_on_prompt_logprobs(pd_gw_request *req, int choice, int first, int n, const float *logprobs,
+                              const int32_t *top_ids, const float *top_logprobs, int k);
 
 /** Ends one choice: finish_reason "stop" (EOS or a stop token id) or
  * "length" (max_tokens reached). Other strings are passed through and must

@@ -347,6 +347,8 @@ static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
     g.stop_token_ids = (int32_t *)p->stop_token_ids;
     g.n_stop_token_ids = (size_t)p->n_stop_token_ids;
     g.logprobs = p->logprobs;
+    g.prompt_logprobs = p->prompt_logprobs && !reserved;
+    g.prompt_top_logprobs = (uint32_t)(p->prompt_top_logprobs > 0 ? p->prompt_top_logprobs : 0);
     g.json_schema = p->json_schema ? (char *)p->json_schema : "";
     g.kv_reserved = reserved;
     g.prefill_replica_id = reserved && s->prefill ? s->prefill->id : "";
@@ -390,7 +392,10 @@ static bool dispatch(pd_router *r, gw_req *q) {
 
 static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_params *p) {
     pd_router *r = engine;
-    int cls = p->n_prompt > r->cfg.long_prompt_threshold ? CLASS_LONG : CLASS_SHORT;
+    /* prompt logprobs are computed by the decode replica while it prefills
+     * (docs/architecture.md): such requests take the short route, whatever
+     * their length */
+    int cls = p->n_prompt > r->cfg.long_prompt_threshold && !p->prompt_logprobs ? CLASS_LONG : CLASS_SHORT;
     class_state *c = &r->cls[cls];
     if (!pick(r, ROLE_DECODE)) {
         c->rejected_no_replica++;
@@ -675,6 +680,21 @@ static void on_tokens(pd_router *r, pd_msg *m) {
         snprintf(msg, sizeof msg, "replica %s: %s", s->decode ? s->decode->id : "?", t->error);
         fail_request(r, q, 500, msg);
         return;
+    }
+    if (t->n_prompt_logprobs > 0 && q->p->prompt_logprobs) {
+        int32_t *top_ids = NULL;
+        float *top_lps = NULL;
+        int k = top_flatten(t->prompt_top_logprobs, t->n_prompt_top_logprobs, t->n_prompt_logprobs,
+                            q->p->prompt_top_logprobs, &top_ids, &top_lps);
+        if (t->prompt_logprobs_start >= 1 && t->n_prompt_logprobs <= (size_t)q->p->n_prompt &&
+            t->prompt_logprobs_start <= (size_t)q->p->n_prompt - t->n_prompt_logprobs)
+            pd_gw_on_prompt_logprobs(q->gw, s->choice, (int)t->prompt_logprobs_start, (int)t->n_prompt_logprobs,
+                                     t->prompt_logprobs, top_ids, top_lps, k);
+        else
+            PD_LOGW(LOGM, "%s: prompt logprobs of positions %u + %zu outside the prompt (%d); dropped", s->rid,
+                    t->prompt_logprobs_start, t->n_prompt_logprobs, q->p->n_prompt);
+        free(top_ids);
+        free(top_lps);
     }
     if (t->n_ids > 0) {
         note_tokens(r, q, (int)t->n_ids);

@@ -24,12 +24,23 @@ Checks, per route and endpoint:
 - /tokenize and /detokenize (vLLM's) on the stack's gateway:
   detokenize(tokenize(x)) == x for plain text, count == len(tokens), the
   ids are the tokenizer.json vocabulary's and what a completion of the same
-  prompt counts as prompt_tokens (text and chat); 4xx error bodies; /version.
+  prompt counts as prompt_tokens (text and chat); 4xx error bodies; /version;
+- prompt logprobs (completions, echo + logprobs, as lm-evaluation-harness's
+  loglikelihood requests): a prompt longer than the threshold still takes
+  the short route (no KV moves); the first prompt token has null
+  token_logprobs and top_logprobs; every other equals log_softmax of the
+  logits `pdserve generate --dump-logits` gives after the tokens before it
+  (an independent prefill, no scheduler) within 1e-4; top_logprobs sorted,
+  their best the reference's best, holding the token's own logprob;
+  text_offset of a text prompt points at each token in the echoed text;
+  streamed == non-streamed, n = 2 choices agree; max_tokens 0 with echo
+  answers the prompt alone (with and without logprobs, streamed too);
+  max_tokens 0 without echo and logprobs outside 0..20 are 400s.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import json, os, random, time
+import json, math, os, random, struct, subprocess, tempfile, time
 
-from pdtest import (check, finish, free_port_pair, metric, metrics, pd_stack_flags, request, start_up, stop_up,
+from pdtest import (BIN, check, finish, free_port_pair, metric, metrics, pd_stack_flags, request, start_up, stop_up,
                     stream, tiny_model, wait_ready)
 
 CHUNK = 8
@@ -197,6 +208,128 @@ def check_tokenize(port, model):
     check(st == 200 and isinstance(json.loads(data).get("version"), str), f"GET /version: {st} {data!r}")
 
 
+def ref_logprobs(model, ids):
+    """log_softmax (in double) of the logits `pdserve generate --dump-logits`
+    gives after the prompt ids: the CLI's own prefill of the model."""
+    with tempfile.NamedTemporaryFile(suffix=".f32") as f:
+        subprocess.run([BIN, "generate", "--model", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "1",
+                        "--ids", "--ignore-eos", "--threads", "1", "--dump-logits", f.name],
+                       check=True, capture_output=True)
+        data = open(f.name, "rb").read()
+    row = struct.unpack(f"{len(data) // 4}f", data)
+    m = max(row)
+    lse = m + math.log(math.fsum(math.exp(x - m) for x in row))
+    return [x - lse for x in row]
+
+
+def stream_text(port, path, body):
+    return "".join(ch.get("text", "") for ev in stream(port, path, body).events for ch in ev.get("choices", []))
+
+
+def check_prompt_logprobs(port, model, rng):
+    m0 = metrics(port)
+    # longer than the threshold; the last 8 tokens greedy (the reference's
+    # best), so that tokens ranked in the top K are met too
+    ids = [rng.randrange(3, 120000) for _ in range(THRESHOLD)]
+    refs = [None]
+    for i in range(1, THRESHOLD + 8):
+        refs.append(ref_logprobs(model, ids[:i]))
+        if i == len(ids):
+            ids.append(max(range(len(refs[i])), key=lambda t: (refs[i][t], -t)))
+    n = len(ids)
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": K}
+    resp = post(port, "/v1/completions", body)
+    if not resp:
+        return
+    c = resp["choices"][0]
+    lp = c["logprobs"]
+    check(len(lp["tokens"]) == n + 1 and len(lp["token_logprobs"]) == n + 1 and len(lp["top_logprobs"]) == n + 1
+          and len(lp["text_offset"]) == n + 1, f"prompt logprobs: {n} prompt + 1 generated entries")
+    check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None,
+          "prompt logprobs: the first prompt token's are null")
+    worst, own_ranked = 0.0, 0
+    for i in range(1, n):
+        ref = refs[i]
+        got = lp["token_logprobs"][i]
+        worst = max(worst, abs(got - ref[ids[i]]))
+        d = lp["top_logprobs"][i]
+        w = f"prompt token {i}"
+        vals = list(d.values())
+        check_sorted(vals, w)
+        best = sorted(range(len(ref)), key=lambda t: (-ref[t], t))[:K]
+        check(abs(vals[0] - ref[best[0]]) < 1e-4, f"{w}: the best alternative {vals[0]} is the reference's "
+              f"{ref[best[0]]}", quiet_ok=True)
+        check(len(d) <= K + 1 and all(v >= ref[best[-1]] - 1e-4 or v == got for v in vals),
+              f"{w}: the alternatives are the reference's top {K} (+ the token itself): {d}", quiet_ok=True)
+        check(d.get(lp["tokens"][i]) == got, f"{w}: top_logprobs holds the token's own logprob {got}: {d}",
+              quiet_ok=True)
+        own_ranked += ids[i] in best
+    check(worst < 1e-4, f"prompt logprobs == log_softmax of the reference logits (worst {worst:.2e})")
+    check(own_ranked >= 8, f"prompt logprobs: {own_ranked} prompt tokens ranked in the top {K}, the greedy ones at least")
+    check(c["text"].startswith(resp["choices"][0]["text"][:0]) and lp["text_offset"][0] == 0,
+          "prompt logprobs: text_offset starts at 0")
+    check(stream_logprobs(port, "/v1/completions", body) == lp, "prompt logprobs: streamed == non-streamed")
+    check(stream_text(port, "/v1/completions", body) == c["text"], "prompt logprobs: streamed text == non-streamed")
+    two = post(port, "/v1/completions", dict(body, n=2, max_tokens=3))
+    if two:
+        # the two are prefilled in one batch: the same to float noise
+        a, b = (x["logprobs"] for x in two["choices"])
+        close = all(x is None and y is None and z is None or abs(x - y) < 1e-4 and abs(x - z) < 1e-4
+                    for x, y, z in zip(a["token_logprobs"][:n], b["token_logprobs"][:n], lp["token_logprobs"][:n]))
+        check(close and a["tokens"][:n] == b["tokens"][:n] == lp["tokens"][:n],
+              f"prompt logprobs: n = 2 choices agree ({a['token_logprobs'][:n]} {b['token_logprobs'][:n]})")
+    # ---- max_tokens 0 with echo: the prompt alone (vLLM) ----
+    z = post(port, "/v1/completions", dict(body, max_tokens=0))
+    if z:
+        zc = z["choices"][0]
+        check(zc["logprobs"]["token_logprobs"] == lp["token_logprobs"][:n]
+              and zc["logprobs"]["tokens"] == lp["tokens"][:n] and zc["logprobs"]["top_logprobs"] == lp["top_logprobs"][:n]
+              and zc["logprobs"]["text_offset"] == lp["text_offset"][:n],
+              "max_tokens 0 + echo + logprobs: the prompt's entries alone")
+        check(zc["finish_reason"] == "length" and z["usage"]["completion_tokens"] == 0
+              and z["usage"]["prompt_tokens"] == n, f"max_tokens 0: finish length, no completion tokens ({z['usage']})")
+        check(stream_logprobs(port, "/v1/completions", dict(body, max_tokens=0)) == zc["logprobs"]
+              and stream_text(port, "/v1/completions", dict(body, max_tokens=0)) == zc["text"],
+              "max_tokens 0: streamed == non-streamed")
+    text = "Hello world, this is a test of prompt logprobs."
+    plain = {"model": "tiny", "prompt": text, "max_tokens": 0, "echo": True}
+    # ---- text_offset: where each prompt token stands in the echoed text ----
+    t = post(port, "/v1/completions", dict(plain, max_tokens=2, logprobs=0, temperature=0, ignore_eos=True))
+    if t:
+        tl = t["choices"][0]["logprobs"]
+        out = t["choices"][0]["text"]
+        toks, offs = tl["tokens"], tl["text_offset"]
+        np_ = len(toks) - 2
+        check(out.startswith(text) and offs[0] == 0 and offs[1] == 0, "text prompt: BOS and the first token at 0")
+        ok = all(offs[i] == offs[i - 1] + len(toks[i - 1].encode()) for i in range(2, np_ + 1))
+        ok = ok and all(out.encode()[offs[i]:].startswith(toks[i].encode()) for i in range(1, np_ + 1))
+        check(ok and offs[np_] == len(text.encode()),
+              f"text prompt: text_offset points at each token in the text ({list(zip(toks, offs))})")
+        check(tl["token_logprobs"][0] is None and all(isinstance(v, float) for v in tl["token_logprobs"][1:]),
+              "text prompt, logprobs 0: every prompt token but BOS has a logprob")
+        check(all(d is not None and len(d) == 1 for d in tl["top_logprobs"][1:]),
+              "logprobs 0: top_logprobs the token alone", quiet_ok=True)
+    # ---- validation ----
+    for bad, param in ((dict(body, echo=False, max_tokens=0), "max_tokens"), (dict(body, logprobs=21), "logprobs"),
+                       (dict(body, logprobs=-1), "logprobs")):
+        st, _, data = request(port, "POST", "/v1/completions", bad, 60)
+        err = json.loads(data).get("error", {}) if data.startswith(b"{") else {}
+        check(st == 400 and err.get("param") == param, f"400 naming {param} ({st} {data[:160]!r})")
+    time.sleep(0.35)  # heartbeats carry the counters
+    moved = metric(metrics(port), "pdserve:kv_transfer_bytes_total") - metric(m0, "pdserve:kv_transfer_bytes_total")
+    check(moved == 0, f"prompt logprobs: prompts of {n} tokens (over the threshold {THRESHOLD}) took the short route")
+    m1 = metrics(port)
+    post(port, "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 1, "echo": True})
+    time.sleep(0.35)
+    moved = metric(metrics(port), "pdserve:kv_transfer_bytes_total") - metric(m1, "pdserve:kv_transfer_bytes_total")
+    check(moved > 0, "echo without logprobs: the long route as before")
+    z = post(port, "/v1/completions", plain)
+    if z:
+        check(z["choices"][0]["text"] == text and z["choices"][0]["logprobs"] is None,
+              "max_tokens 0 + echo, no logprobs: the prompt text alone")
+
+
+
 def main():
     _, model = tiny_model()
     port = free_port_pair()
@@ -260,6 +393,7 @@ def main():
                 check(moved == 0, "short route: no KV moved")
         check_logit_bias(port, model, routes)
         check_tokenize(port, model)
+        check_prompt_logprobs(port, model, rng)
         # ---- the two replicas agree: the decode replica's alternatives for
         # the 2nd token of a 12-token prompt (short route) are the prefill
         # replica's for the 1st token of that prompt + its 1st token (13
