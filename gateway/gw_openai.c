@@ -1115,6 +1115,12 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     }
     if (parse_logprobs(cfg, kind, root, out, e))
         return -1;
+    /* vLLM's prompt_logprobs extension: not implemented; refused rather than
+     * ignored (completions: echo + logprobs report the prompt's) */
+    if (field(root, "prompt_logprobs"))
+        return fail(e, 400, "prompt_logprobs",
+                    "'prompt_logprobs' is not supported; for the prompt tokens' logprobs use a completion "
+                    "with 'echo': true and 'logprobs'");
     if (parse_response_format(root, out, e))
         return -1;
 

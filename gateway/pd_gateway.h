@@ -198,8 +198,8 @@ void pd_gw_on_tokens_top(pd_gw_request *req, int choice, const int32_t *ids, con
  * the k most likely tokens at each position, row-major as in
  * pd_gw_on_tokens_top (k = 0 or NULL: none). Any order of calls, each
  * before the choice's first pd_gw_on_tokens*; what arrives later, or for a
- * request without p->prompt_logprobs, or out of range, is ignored (logged).
- * Borrowed for the call. */
+ * request without p->prompt_logprobs, or out of range, is ignored (logged);
+ * positions never reported are rendered null. Borrowed for the call. */
 void pd_gw_on_prompt_logprobs(pd_gw_request *req, int choice, int first, int n, const float *logprobs,
                               const int32_t *top_ids, const float *top_logprobs, int k);
 

@@ -92,6 +92,17 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":8,\"max_tokens\":16}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5000}", 400, "max_tokens"},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens"},
+    /* max_tokens 0: completions with echo only (the prompt alone) */
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0,\"echo\":true}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0,\"echo\":false}", 400, "max_tokens"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":-1,\"echo\":true}", 400, "max_tokens"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"max_tokens\":0,\"echo\":true,\"min_tokens\":1}", 400,
+     "min_tokens"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":0,\"echo\":true}", 400, "max_tokens"},
+    /* vLLM's prompt_logprobs: refused, not ignored */
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"prompt_logprobs\":1}", 400, "prompt_logprobs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"prompt_logprobs\":null}", 0, NULL},
     /* sampling */
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":-0.1}", 400, "temperature"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":2.01}", 400, "temperature"},
@@ -850,6 +861,25 @@ static void test_echo_ids(void **state) {
     gw_oai_req_clear(&r);
 }
 
+/* echo with max_tokens 0: the engine is asked for one token (dropped); the
+ * text prompt's BOS is flagged for text_offset; ids are flagged. */
+static void test_echo_only(void **state) {
+    const char *body = "{\"echo\":true,\"prompt\":\"hello\",\"max_tokens\":0,\"logprobs\":2}";
+    gw_oai_req r;
+    gw_oai_err e;
+    assert_int_equal(gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_true(r.echo && r.echo_only);
+    assert_int_equal(r.max_tokens, 1);
+    assert_int_equal(r.logprobs, 2);
+    assert_true(r.prompt_bos_added && !r.prompt_from_ids);
+    gw_oai_req_clear(&r);
+    body = "{\"echo\":true,\"prompt\":[5,6],\"max_tokens\":3}";
+    assert_int_equal(gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_true(r.echo && !r.echo_only && r.prompt_from_ids && !r.prompt_bos_added);
+    assert_int_equal(r.max_tokens, 3);
+    gw_oai_req_clear(&r);
+}
+
 /* ---- stop strings ------------------------------------------------------- */
 
 typedef struct {
@@ -946,6 +976,7 @@ int main(void) {
         cmocka_unit_test(test_length_bound_before_encoding),
         cmocka_unit_test(test_range_message_value),
         cmocka_unit_test(test_echo_ids),
+        cmocka_unit_test(test_echo_only),
         cmocka_unit_test(test_stop_hold_and_release),
         cmocka_unit_test(test_stop_across_pieces),
         cmocka_unit_test(test_stop_earliest_wins),
