@@ -54,6 +54,19 @@ static void check_ok(const gw_oai_req *r, gw_kind kind) {
     FZ_CHECK(fabsf(s->presence_penalty) <= 2 && fabsf(s->frequency_penalty) <= 2, "penalties");
     FZ_CHECK(isfinite(s->repetition_penalty) && s->repetition_penalty > 0,
              "repetition_penalty %g", s->repetition_penalty);
+    FZ_CHECK(s->n_logit_bias >= 0 && s->n_logit_bias <= PD_MAX_LOGIT_BIAS, "n_logit_bias %d", s->n_logit_bias);
+    for (int i = 0; i < s->n_logit_bias; i++) {
+        FZ_CHECK(s->logit_bias_ids[i] >= 0 && s->logit_bias_ids[i] < c->vocab_size, "logit_bias id %d",
+                 s->logit_bias_ids[i]);
+        FZ_CHECK(fabsf(s->logit_bias[i]) <= PD_MAX_LOGIT_BIAS_VALUE, "logit_bias %g", s->logit_bias[i]);
+    }
+    /* what the decode replica's sampler accepts (it refuses the request otherwise) */
+    pd_sampler *smp = NULL;
+    pd_err serr = {{0}};
+    FZ_CHECK(pd_sampler_init(s, c->vocab_size, r->prompt_ids, r->n_prompt, &smp, &serr) == PD_OK,
+             "sampler refuses: %s", serr.msg);
+    pd_sampler_free(&smp);
+    FZ_CHECK(!r->echo_only || (r->echo && kind == GW_KIND_COMPLETION), "max_tokens 0 without echo");
     FZ_CHECK(!r->include_usage || r->stream, "include_usage without stream");
     FZ_CHECK(!r->echo || kind == GW_KIND_COMPLETION, "echo on chat");
     FZ_CHECK(!r->echo || r->echo_text, "echo without text");
