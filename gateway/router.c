@@ -676,8 +676,11 @@ static void on_tokens(pd_router *r, pd_msg *m) {
     if (!s) return; /* aborted meanwhile */
     gw_req *q = s->parent;
     if (t->error && t->error[0]) {
+        /* named after the replica that sent it: a prefill replica reports
+         * its own failures (e.g. the KV transfer) of a long request */
+        gw_replica *from = replica_by_env(r, m->envelope, m->envelope_len);
         char msg[512];
-        snprintf(msg, sizeof msg, "replica %s: %s", s->decode ? s->decode->id : "?", t->error);
+        snprintf(msg, sizeof msg, "replica %s: %s", from ? from->id : s->decode ? s->decode->id : "?", t->error);
         fail_request(r, q, 500, msg);
         return;
     }

@@ -328,6 +328,39 @@ static int long_request_prefilling(fixture *f, char *rid, size_t n) {
     return fd;
 }
 
+/* A prefill replica that fails a long request (its KV transfer to a decode
+ * replica that died) sends Tokens{error}; the answer named the request's
+ * decode replica, which had reported nothing, so an operator looked in the
+ * wrong replica's log. It names the sender. */
+static void test_prefill_error_names_prefill(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    char rid[160];
+    int fd = long_request_prefilling(f, rid, sizeof rid);
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = rid;
+    t.finished = true;
+    t.error = "KV transfer to the decode replica failed";
+    assert_int_equal(pd_msg_send(f->prefill, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 500"));
+    assert_non_null(strstr(resp, "replica t-prefill: KV transfer to the decode replica failed"));
+    assert_null(strstr(resp, "t-decode"));
+    free(resp);
+    /* the same error from the decode replica names the decode replica */
+    fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
+    pd_msg m;
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    snprintf(rid, sizeof rid, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+    pd_msg_clear(&m);
+    t.request_id = rid;
+    t.error = "out of KV blocks";
+    assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+    resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "replica t-decode: out of KV blocks"));
+    free(resp);
+}
+
 /* The decode replica stalls (SIGSTOP) past its heartbeats while a prefill
  * replica writes into its reservation: the request fails, the prefill
  * replica is told to stop and answers KvComplete(aborted). That KvComplete
@@ -584,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_unregistered_decode_hears_leftovers),
         cmocka_unit_test(test_tokens_top_logprobs),
         cmocka_unit_test(test_long_waits_for_prefill_slot),
+        cmocka_unit_test(test_prefill_error_names_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
