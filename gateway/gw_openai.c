@@ -760,10 +760,11 @@ static int parse_logit_bias(const pd_gw_config *cfg, const json_t *root, gw_oai_
             return fail(e, 400, "logit_bias", "'logit_bias' of token %lld must be a number",
                         (long long)id);
         double d = json_number_value(v);
+        char got[32];
         if (!(d >= -PD_MAX_LOGIT_BIAS_VALUE && d <= PD_MAX_LOGIT_BIAS_VALUE))
             return fail(e, 400, "logit_bias",
-                        "'logit_bias' of token %lld must be in [-100, 100], got %g", (long long)id,
-                        d);
+                        "'logit_bias' of token %lld must be in [-100, 100], got %s", (long long)id,
+                        shortest(d, got, sizeof got));
         for (int i = 0; i < out->n_logit_bias; i++)
             if (out->logit_bias_ids[i] == (int32_t)id)
                 return fail(e, 400, "logit_bias", "'logit_bias' gives token %lld twice",

@@ -463,6 +463,20 @@ static void test_logit_bias(void **state) {
     if (!strstr(e.message, id) || !strstr(e.message, size))
         fail_msg("'%s' should name id %s and %s", e.message, id, size);
 
+    /* a bias just past the range is reported as given, not rounded into
+     * it ("got -100" for -100.0000001 read as a refused -100) */
+    static const char *const past[] = {"-100.0000001", "100.00000000001", "1e+300"};
+    for (size_t i = 0; i < sizeof past / sizeof *past; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":%s}}", past[i]);
+        assert_int_equal(
+            gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), -1);
+        assert_string_equal(e.param, "logit_bias");
+        char got[48];
+        snprintf(got, sizeof got, "got %s", past[i]);
+        if (!strstr(e.message, got))
+            fail_msg("'%s' should say '%s'", e.message, got);
+    }
+
     /* the limit: PD_MAX_LOGIT_BIAS entries are accepted, one more is not */
     for (int extra = 0; extra < 2; extra++) {
         json_t *lb = json_object();
