@@ -292,8 +292,9 @@ pd_status pd_kvx_peer_add_rkey(pd_kvx_peer *p, const void *blob, size_t len, pd_
         return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer already has a remote key",
                           p->agent->name);
     if (p->state != KVX_PEER_UP)
-        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer is %s", p->agent->name,
-                          p->state == KVX_PEER_FAILED ? p->fail_reason : "closing");
+        return pd_err_set(err, PD_ERR_INVALID, "kvx %s: peer %s%s", p->agent->name,
+                          p->state == KVX_PEER_FAILED ? "failed: " : "is closing",
+                          p->state == KVX_PEER_FAILED ? p->fail_reason : "");
     ucs_status_t s = ucp_ep_rkey_unpack(p->ep, rkey, &p->rkey);
     if (s != UCS_OK) {
         p->rkey = NULL;
@@ -337,8 +338,11 @@ void pd_kvx_peer_close(pd_kvx_peer **peer_p) {
 pd_status kvx_peer_usable(const pd_kvx_peer *p, pd_err *err) {
     if (p->state == KVX_PEER_UP)
         return PD_OK;
-    return pd_err_set(err, PD_ERR_IO, "kvx %s: peer %s", p->agent->name,
-                      p->state == KVX_PEER_FAILED ? p->fail_reason : "is closing");
+    /* "peer failed: <reason>": the reason is a sentence of its own
+     * ("peer process 12 exited"), not the end of this one */
+    return pd_err_set(err, PD_ERR_IO, "kvx %s: peer %s%s", p->agent->name,
+                      p->state == KVX_PEER_FAILED ? "failed: " : "is closing",
+                      p->state == KVX_PEER_FAILED ? p->fail_reason : "");
 }
 
 /* Request parameters for one piece of an op: completion into op (the
