@@ -356,7 +356,14 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         const char *pl = getenv("PD_CUDA_PDL");
         c->pdl = !(pl && !strcmp(pl, "0"));
         const char *mp = getenv("PD_MLA_PREFILL");
-        c->mla_prefill_gemm = mp && !strcmp(mp, "gemm");
+        c->mla_prefill_gemm = !(mp && !strcmp(mp, "kernel"));
+        c->mla_prefill_flash = !(mp && (!strcmp(mp, "kernel") || !strcmp(mp, "gemm")));
+        const char *sk = getenv("PD_CUDA_SKINNY"); /* 0: cuBLASLt for every GEMM (A/B runs, numerics checks) */
+        c->no_gemv = sk && !strcmp(sk, "0");
+        const char *gp = getenv("PD_CUDA_GEMM_PLANS");
+        c->gemm_exact_plans = gp && !strcmp(gp, "exact");
+        const char *mr = getenv("PD_MOE_ROWS");
+        c->moe_f32_rows = mr && !strcmp(mr, "f32");
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));
@@ -449,6 +456,7 @@ void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f) {
     c->no_gemv = !f->gemv;
     c->no_moe_device = !f->moe_device;
     c->mla_prefill_gemm = f->mla_prefill_gemm;
+    c->mla_prefill_flash = f->mla_prefill_flash;
     c->mla_prefill_chunk = f->mla_prefill_chunk > 0 ? f->mla_prefill_chunk : 0;
 }
 

@@ -75,6 +75,9 @@ typedef struct {
     bool pdl;                    /* skinny GEMMs by programmatic dependent launch (PD_CUDA_PDL=0: off) */
     bool mla_prefill_gemm;       /* expanded MLA through cuBLAS batched GEMMs (PD_MLA_PREFILL=gemm) */
     int mla_prefill_chunk;       /* its queries per chunk; 0: sized by CU_MLA_PREFILL_SCRATCH */
+    bool mla_prefill_flash;      /* expanded MLA by the fused kernel (mla_flash.cu; PD_MLA_PREFILL=flash) */
+    bool gemm_exact_plans;       /* PD_CUDA_GEMM_PLANS=exact: a cuBLASLt plan per exact M (gemm.cu plan_bucket) */
+    bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
@@ -200,7 +203,18 @@ cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);
+/* y[M×N] (+)= xb[M×K] · W^T with xb already bf16 (row stride K) and W
+ * bf16 [N×K]: the cuBLASLt path of cu_gemm_run without the rounding of x. */
+bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
+                      bool accumulate);
 cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
+/* Fused causal attention of prefill (mla_flash.cu): qb [n_q, nh, qd], kb
+ * [start_pos + n_q, nh, qd], vb [.., nh, dv] bf16 → out [n_q, nh, dv] fp32
+ * on c's stream; cu_mla_flash_ok says which dims it has (false: use the
+ * cuBLAS path); false (error recorded) on failure. */
+bool cu_mla_flash_ok(int qd, int dv);
+bool cu_mla_flash_run(cu_ctx *c, int nh, int qd, int dv, int n_q, int start_pos, float scale,
+                      const __nv_bfloat16 *qb, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, float *out);
 cudaError_t cu_silu_mul_launch(int rows, int inter, const float *gu, float *out, cudaStream_t s);
 void cu_gemm_plans_free(cu_ctx *c);
 

@@ -5,8 +5,15 @@
  * cuBLASLt is fastest at.
  *   bf16 weights: x is rounded to bf16 into scratch, then cuBLASLt bf16 ×
  *   bf16 → fp32 with fp32 accumulation (CUBLAS_COMPUTE_32F); the heuristic's
- *   choice is cached per (M, N, K, pointer alignments). When the heuristic
- *   offers nothing, cublasGemmEx with the same types.
+ *   choice is cached per (M bucket, N, K, pointer alignments): M is rounded
+ *   up to a bucket (plan_bucket) for the heuristic and the layouts take the
+ *   call's own M, so the prefill's per-expert GEMMs, whose row counts differ
+ *   at every layer, reuse a few plans instead of asking the heuristic
+ *   (tens of µs of host time each) for every call and evicting the dense
+ *   GEMMs' plans. An algorithm the heuristic chose for more rows runs fewer
+ *   (its tiles and split need no more workspace); should cuBLASLt refuse it
+ *   all the same, that call and the plan's later ones take cublasGemmEx.
+ *   When the heuristic offers nothing, cublasGemmEx with the same types.
  *   fp32 weights: cublasSgemm, CUBLAS_DEFAULT_MATH (no TF32).
  */
 #include "cuda_common.cuh"
@@ -21,6 +28,7 @@ struct cu_gemm_plan {
     unsigned al_a, al_b, al_c;
     cublasLtMatrixLayout_t a, b, cd;
     cublasLtMatmulAlgo_t algo;
+    int cur_m;  /* the rows the layouts b and cd hold now (the last call's M) */
     bool lt_ok; /* false: cublasGemmEx */
     bool used;
 };
@@ -51,9 +59,36 @@ void cu_gemm_plans_free(cu_ctx *c) {
     c->plans = NULL;
 }
 
-/* The cached plan for this shape and these alignments, made on first use. */
+static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsigned ab, unsigned ac);
+
+/* The rows a plan is made for: M itself up to 64 (cuBLASLt's small-M
+ * kernels depend on it), then multiples of 64 to 1024, of 256 to 8192, of
+ * 2048 beyond; exact with PD_CUDA_GEMM_PLANS=exact (A/B runs). */
+static int plan_bucket(const cu_ctx *c, int M) {
+    if (c->gemm_exact_plans || M <= 64)
+        return M;
+    int q = M <= 1024 ? 64 : M <= 8192 ? 256 : 2048;
+    long b = ((long)M + q - 1) / q * q;
+    return b > 0x7fffffffL ? M : (int)b;
+}
+
+/* The cached plan for this shape's bucket and these alignments, made on
+ * first use, its layouts set to M rows. */
 static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, const void *w, const void *xb, const void *y) {
     unsigned aa = ptr_align(w), ab = ptr_align(xb), ac = ptr_align(y);
+    cu_gemm_plan *p = plan_find(c, plan_bucket(c, M), N, K, aa, ab, ac);
+    if (p && p->cur_m != M) {
+        uint64_t m64 = (uint64_t)M;
+        if (!CU_BLAS_OK(c, cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &m64, sizeof m64)) ||
+            !CU_BLAS_OK(c, cublasLtMatrixLayoutSetAttribute(p->cd, CUBLASLT_MATRIX_LAYOUT_COLS, &m64, sizeof m64)))
+            return NULL;
+        p->cur_m = M;
+    }
+    return p;
+}
+
+/* The plan for exactly (M, N, K, alignments), the heuristic asked on first use. */
+static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsigned ab, unsigned ac) {
     if (!c->plans && !(c->plans = (cu_gemm_plan *)calloc(CU_MAX_PLANS, sizeof(cu_gemm_plan)))) {
         cu_fail(c, PD_ERR_NOMEM, "gemm: out of memory for plans");
         return NULL;
@@ -72,7 +107,7 @@ static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, const void *w, con
         plan_release(p);
     }
     memset(p, 0, sizeof *p);
-    p->M = M, p->N = N, p->K = K, p->al_a = aa, p->al_b = ab, p->al_c = ac;
+    p->M = M, p->N = N, p->K = K, p->al_a = aa, p->al_b = ab, p->al_c = ac, p->cur_m = M;
     if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K)))
         return NULL;
     if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K))) {
@@ -109,6 +144,30 @@ static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, const void *w, con
     return p;
 }
 
+bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
+                      bool accumulate) {
+    if (M == 0 || N == 0)
+        return true;
+    cu_gemm_plan *p = plan_get(c, M, N, K, w, xb, y);
+    if (!p)
+        return false;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (p->lt_ok) {
+        cublasStatus_t st = cublasLtMatmul(c->lt, c->mm_desc, &alpha, w, p->a, xb, p->b, &beta, y, p->cd, y, p->cd,
+                                           &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            return true;
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            return CU_BLAS_OK(c, st);
+        CU_LOGD("gemm %dx%dx%d: cuBLASLt refused the plan of %d rows (%s), using cublasGemmEx", M, N, K, p->M,
+                cublasGetStatusString(st));
+        p->lt_ok = false;
+    }
+    return CU_BLAS_OK(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, xb,
+                                      CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+}
+
 static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv_bfloat16 *w, float *y,
                       bool accumulate) {
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_GEMM_X, (size_t)M * K * sizeof(__nv_bfloat16));
@@ -116,16 +175,7 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
         return false;
     if (!CU_LAUNCHED(c, cu_f32_to_bf16_launch(x, xb, (size_t)M * K, c->stream), "gemm: f32_to_bf16"))
         return false;
-    cu_gemm_plan *p = plan_get(c, M, N, K, w, xb, y);
-    if (!p)
-        return false;
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    if (p->lt_ok)
-        return CU_BLAS_OK(c, cublasLtMatmul(c->lt, c->mm_desc, &alpha, w, p->a, xb, p->b, &beta, y, p->cd, y, p->cd,
-                                            &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream));
-    return CU_BLAS_OK(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, xb,
-                                      CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+    return cu_gemm_bf16_run(c, M, N, K, xb, w, y, accumulate);
 }
 
 /* ---- skinny GEMM: decode-sized batches ----------------------------------

@@ -7,7 +7,9 @@
  * [k_nope | v] = c_KV · W_kv_bᵀ  ([L, nh, dn + dv]), then k_mla_prefill:
  * one block per (query, head), keys in tiles of 128 with an online softmax;
  * or, for bf16 weights with mla_prefill_gemm, bf16 tensor-core GEMMs
- * through cuBLAS around an fp32 softmax (expanded_gemm_run).
+ * through cuBLAS around an fp32 softmax (expanded_gemm_run), or with
+ * mla_prefill_flash one fused kernel on the same bf16 operands
+ * (mla_flash.cu).
  *
  * Absorbed form (decode): q_lat = W_UKᵀ q_nope per head (k_mla_qlat), then
  * k_mla_decode reads the paged cache directly: a block takes 16 heads of one
@@ -787,10 +789,7 @@ static bool expanded_gemm_run(cu_ctx *c, const pd_mla_args *a, const float *kv, 
     const size_t nqb = (size_t)n_q * nh * qd, nkb = (size_t)L * nh * qd, nvb = (size_t)L * nh * dv;
     const size_t off_k = (nqb + 127) & ~(size_t)127, off_v = off_k + ((nkb + 127) & ~(size_t)127);
     __nv_bfloat16 *qkv = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_MLA_QKV16, (off_v + nvb) * sizeof(__nv_bfloat16));
-    const size_t h_stride = (size_t)qc * ld;
-    float *S = (float *)cu_scratch(c, CU_SCR_MLA_S, (size_t)nh * h_stride * sizeof(float));
-    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_MLA_P, (size_t)nh * h_stride * sizeof(__nv_bfloat16));
-    if (!qkv || !S || !P)
+    if (!qkv)
         return false;
     __nv_bfloat16 *qb = qkv, *kb = qkv + off_k, *vb = qkv + off_v;
     k_mla_pack_q<<<cu_blocks(nqb, 256, 8192), 256, 0, c->stream>>>(nqb, a->q, qb);
@@ -798,6 +797,13 @@ static bool expanded_gemm_run(cu_ctx *c, const pd_mla_args *a, const float *kv, 
         return false;
     k_mla_pack_kv<<<L, 256, 0, c->stream>>>(nh, dn, dr, dv, kv, kpe, kb, vb);
     if (!CU_LAUNCHED(c, cudaGetLastError(), "mla prefill: pack k, v"))
+        return false;
+    if (c->mla_prefill_flash && cu_mla_flash_ok(qd, dv)) /* fused: no scores in memory (mla_flash.cu) */
+        return cu_mla_flash_run(c, nh, qd, dv, n_q, a->start_pos, a->softmax_scale, qb, kb, vb, a->out);
+    const size_t h_stride = (size_t)qc * ld;
+    float *S = (float *)cu_scratch(c, CU_SCR_MLA_S, (size_t)nh * h_stride * sizeof(float));
+    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_MLA_P, (size_t)nh * h_stride * sizeof(__nv_bfloat16));
+    if (!S || !P)
         return false;
     const float one = 1.0f, zero = 0.0f;
     for (int i0 = 0; i0 < n_q; i0 += (int)qc) {
@@ -866,7 +872,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
             return;
         if (!cu_gemm_run(c, L, lat, a->kv_b, kv, false))
             return;
-        if (c->mla_prefill_gemm && c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+        if ((c->mla_prefill_gemm || c->mla_prefill_flash) && c->wfmt == PD_CUDA_WEIGHTS_BF16) {
             expanded_gemm_run(c, a, kv, kpe);
             return;
         }

@@ -219,6 +219,28 @@ static __global__ void k_moe_gather(int hidden, const int *__restrict__ src_row,
         d[k] = s[k];
 }
 
+/* xin[j] = bf16(x[src_row[j]]): the rows of bf16 experts rounded once,
+ * as cu_gemm_run would round them before each expert's GEMM. */
+static __global__ void k_moe_gather_bf16(int hidden, const int *__restrict__ src_row, const float *__restrict__ x,
+                                         __nv_bfloat16 *__restrict__ xin) {
+    const float *s = x + (size_t)src_row[blockIdx.x] * hidden;
+    __nv_bfloat16 *d = xin + (size_t)blockIdx.x * hidden;
+    for (int k = threadIdx.x; k < hidden; k += blockDim.x)
+        d[k] = __float2bfloat16_rn(s[k]);
+}
+
+/* act[r, i] = bf16(silu(gu[r, i]) · gu[r, I + i]): SwiGLU (elementwise.cu's
+ * k_silu_mul) with its result rounded for the down GEMM. */
+static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const float *__restrict__ gu,
+                                           __nv_bfloat16 *__restrict__ act) {
+    const size_t n = (size_t)rows * inter;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = k / inter, i = k - r * inter;
+        const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+        act[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+    }
+}
+
 /* out[r] += Σ_j tok_w[r, j] · y[tok_pos[r, j]] over the token's top_k
  * routed pairs, in expert order. */
 static __global__ void k_moe_combine(int hidden, int top_k, const int *__restrict__ tok_pos,
@@ -329,25 +351,49 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
                     e, gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
             ok = false;
         }
+    /* bf16 weights: the rows are rounded to bf16 once, by the gather and by
+     * SwiGLU, and every expert's GEMM reads them as they are (the same
+     * numbers as rounding before each GEMM, two launches instead of one per
+     * GEMM); PD_MOE_ROWS=f32 keeps the fp32 rows, for A/B runs */
+    const bool rows16 = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->moe_f32_rows;
+    const size_t esz = rows16 ? sizeof(__nv_bfloat16) : sizeof(float);
     int *didx = ok ? (int *)cu_scratch_upload(c, CU_SCR_MOE_IDX, hb, (size_t)n * 12) : NULL;
-    float *xin = ok ? (float *)cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * sizeof(float)) : NULL;
+    void *xin = ok ? cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * esz) : NULL;
     float *gu = ok ? (float *)cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * sizeof(float)) : NULL;
-    float *act = ok ? (float *)cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * sizeof(float)) : NULL;
+    void *act = ok ? cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * esz) : NULL;
     float *y = ok ? (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float)) : NULL;
     ok = didx && xin && gu && act && y;
     const int *d_src = didx, *d_pos = didx + n;
     const float *d_w = (const float *)(didx + 2 * n);
-    ok = ok && CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, xin, c->stream), "moe gather");
-    for (int e = 0; e <= max_e && ok; e++) {
-        int o = pl.off[e], m = pl.off[e + 1] - o;
-        if (m)
-            ok = cu_gemm_run(c, m, xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter, false);
+    if (ok && rows16) {
+        k_moe_gather_bf16<<<n_kept, 256, 0, c->stream>>>(hidden, d_src, x, (__nv_bfloat16 *)xin);
+        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe gather");
+    } else if (ok) {
+        ok = CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, (float *)xin, c->stream), "moe gather");
     }
-    ok = ok && CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, act, c->stream), "moe silu_mul");
     for (int e = 0; e <= max_e && ok; e++) {
         int o = pl.off[e], m = pl.off[e + 1] - o;
-        if (m)
-            ok = cu_gemm_run(c, m, act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
+        if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
+                                  (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter, false);
+        else if (m)
+            ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter,
+                             false);
+    }
+    if (ok && rows16) {
+        k_moe_silu_mul_bf16<<<cu_blocks((size_t)n_kept * inter, 256, 16384), 256, 0, c->stream>>>(
+            n_kept, inter, gu, (__nv_bfloat16 *)act);
+        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe silu_mul");
+    } else if (ok) {
+        ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, (float *)act, c->stream), "moe silu_mul");
+    }
+    for (int e = 0; e <= max_e && ok; e++) {
+        int o = pl.off[e], m = pl.off[e + 1] - o;
+        if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
+                                  (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden, false);
+        else if (m)
+            ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
     }
     if (ok)
         CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");

@@ -78,14 +78,17 @@ void *pd_backend_cuda_stream(pd_backend *be);
  * (moe_experts_ids on the GPU; else ids back to the host and moe_experts)
  * are on by default. mla_prefill_gemm (the expanded MLA attention of
  * prefill as bf16 tensor-core GEMMs through cuBLAS, scores and softmax in
- * fp32, for bf16 weights; else the fp32 one-block-per-query kernel) is off
- * by default until it has been checked on a GPU; PD_MLA_PREFILL=gemm
- * starts with it on. mla_prefill_chunk: its queries per chunk (0: as many
- * as CU_MLA_PREFILL_SCRATCH bytes of scores allow; tests set it small to
- * cover the chunk loop). */
+ * fp32, for bf16 weights; else the fp32 one-block-per-query kernel) and
+ * mla_prefill_flash (the same attention by one fused kernel that keeps the
+ * scores on chip, mla_flash.cu; q dim 192 and v dim 128, DeepSeek-V2/V3;
+ * other dims take the GEMMs) are on by default; PD_MLA_PREFILL=gemm starts
+ * with the GEMMs, =kernel with the fp32 kernel. mla_prefill_chunk: the
+ * GEMM path's queries per chunk (0: as many as CU_MLA_PREFILL_SCRATCH
+ * bytes of scores allow; tests set it small to cover the chunk loop). */
 typedef struct {
     bool graphs, gemv, moe_device, mla_prefill_gemm;
     int mla_prefill_chunk;
+    bool mla_prefill_flash;
 } pd_cuda_features;
 void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f);
 

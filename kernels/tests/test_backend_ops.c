@@ -25,12 +25,12 @@
 
 enum {
     OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
-    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_N
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_N
 };
 static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
                                      "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
                                      "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids",
-                                     "mla expanded (tensor-core GEMMs)"};
+                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)"};
 
 typedef struct {
     const char *name;
@@ -542,6 +542,13 @@ static void mla_ref(const mla_in *in, double *out) {
 static void test_mla(void **state) {
     suite *s = *state;
     BEGIN(s);
+#ifdef PD_HAVE_CUDA
+    /* "mla expanded" is the fp32 kernel; the GEMM path is its own op below */
+    if (s->cuda) {
+        pd_cuda_features f0 = {.graphs = true, .gemv = true, .moe_device = true, .mla_prefill_gemm = false};
+        pd_backend_cuda_set_features(s->be, &f0);
+    }
+#endif
     static const mla_cfg cfgs[] = {
         {4, 16, 8, 16, 32},      /* tiny */
         {20, 32, 16, 24, 64},    /* heads not a multiple of 16 */
@@ -549,7 +556,7 @@ static void test_mla(void **state) {
     };
     static const mla_case cases[] = {
         {1, 0, 16, false}, {1, 37, 5, false}, {7, 13, 1, false}, {33, 200, 16, false}, {1, 300, 64, false},
-        {1, 4000, 64, true}, {3, 1500, 7, true},
+        {1, 4000, 64, true}, {3, 1500, 7, true}, {150, 70, 16, true}, {200, 0, 16, true},
     };
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
         for (size_t ki = 0; ki < sizeof cases / sizeof cases[0]; ki++) {
@@ -607,6 +614,15 @@ static void test_mla(void **state) {
                         snprintf(sh2, sizeof sh2, "%s, chunk %d", shape, chunk);
                         check(s, OP_MLA_EXP_GEMM, sh2, nerr(got, want, no), s->tol_w);
                     }
+                /* the fused kernel, where it has the dims (q 192, v 128: DeepSeek-V2/V3) */
+                if (!absorbed && s->cuda && s->fmt == PD_CUDA_WEIGHTS_BF16 && c->dn + c->dr == 192 && c->dv == 128) {
+                    pd_cuda_features f = {.graphs = true, .gemv = true, .moe_device = true, .mla_prefill_flash = true};
+                    pd_backend_cuda_set_features(s->be, &f);
+                    run_mla(s, s->be, &in, false, got);
+                    f.mla_prefill_flash = false;
+                    pd_backend_cuda_set_features(s->be, &f);
+                    check(s, OP_MLA_EXP_FLASH, shape, nerr(got, want, no), s->tol_w);
+                }
 #endif
             }
             free(rd);

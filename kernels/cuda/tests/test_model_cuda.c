@@ -199,10 +199,15 @@ static void test_chunked_equals_oneshot(void **state) {
  * also when the batch shrinks and grows again and when a prefill chunk
  * joins a step. fp32 weights: every row within 1e-5. bf16 weights: a batch
  * of more than 4 rows rounds its activations to bf16 for cuBLASLt while a
- * sequence alone keeps them fp32 (the skinny GEMM), so an expert choice
- * can flip on a near tie and change a row completely (seen once on
- * tiny-v2, whose softmax routing over 8 experts in 2 groups ties easily):
- * rows over 5e-2 are counted, and more than a quarter of them fails. */
+ * sequence alone keeps them fp32 (the skinny GEMM): every row within 5e-2
+ * (worst seen 0.00144; with PD_CUDA_SKINNY=0 both take cuBLASLt and the rows
+ * are identical). An expert choice flipped by that rounding on a near tie
+ * would change a row completely and fail this. (Every row of tiny or
+ * tiny-v2 in bf16 failed here from session 1 to 4, which was taken for such
+ * ties; it was a decode graph recorded in an earlier test over a cache of
+ * another block size, replayed over this test's cache when cudaMalloc gave
+ * it the same address: graphs now also check the cache's id.
+ * PD_TEST_VERBOSE=1 prints every row's error.) */
 static void test_batched_decode(void **state) {
     tctx *t = *state;
     if (t->skip[0])
@@ -279,6 +284,9 @@ static void test_batched_decode(void **state) {
             worst = fmax(worst, d / mx);
             n_rows++;
             n_over += !(d / mx <= tol);
+            if (getenv("PD_TEST_VERBOSE"))
+                print_message("[ %s ] batched decode step %d (%d rows): sequence %d row %d: %.3g\n", t->f.preset, s, n,
+                              i, done[i], d / mx);
             done[i]++;
         }
     }
@@ -307,7 +315,7 @@ static void test_batched_decode(void **state) {
                   t->wfmt ? "f32" : "bf16", worst, n_over, n_rows, tol);
     free(alone);
     free(lg);
-    if (t->wfmt == 1 ? n_over > 0 : !isfinite(worst) || 4 * n_over > n_rows)
+    if (n_over > 0 || !isfinite(worst))
         fail_msg("batched decode differs from decoding alone: %d of %d rows over %.0e (worst %.3g)", n_over, n_rows,
                  tol, worst);
 }
