@@ -292,14 +292,15 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
 
 /* Replays the step's graph when one was recorded for this many sequences
  * over this cache and these buffers; true when it ran. */
-static bool graph_replay(pd_model_rank *rk, const float *cache, int n_seqs) {
+static bool graph_replay(pd_model_rank *rk, const pd_kv_cache *kv, int n_seqs) {
+    const float *cache = kv->rank_data[rk->rank];
     pd_fwd_ws *w = &rk->ws;
     pd_backend *be = rk->be;
     if (w->no_graphs || !be->ops->graph_begin || n_seqs > PD_FWD_MAX_GRAPH_SEQS)
         return false;
     if (!w->graphs[n_seqs].graph)
         return false;
-    if (w->graphs[n_seqs].cache == cache && w->graphs[n_seqs].gen == w->gen &&
+    if (w->graphs[n_seqs].cache == cache && w->graphs[n_seqs].kv_id == kv->id && w->graphs[n_seqs].gen == w->gen &&
         be->ops->graph_launch(be, w->graphs[n_seqs].graph) == PD_OK)
         return true;
     be->ops->graph_free(be, w->graphs[n_seqs].graph); /* stale: record it again */
@@ -323,6 +324,7 @@ static void graph_record(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, 
     }
     w->graphs[n_seqs].graph = g;
     w->graphs[n_seqs].cache = kv->rank_data[rk->rank];
+    w->graphs[n_seqs].kv_id = kv->id;
     w->graphs[n_seqs].gen = w->gen;
 }
 
@@ -375,7 +377,7 @@ static void step_on_rank(void *arg, int rank) {
     }
     be->ops->upload(be, w->args, w->hargs, (size_t)(blocks + nb - w->hargs) * sizeof(int32_t));
 
-    bool replayed = j->decode_only && graph_replay(rk, kv->rank_data[rank], n_seqs);
+    bool replayed = j->decode_only && graph_replay(rk, kv, n_seqs);
     if (!replayed)
         fwd_queue(m, rk, kv, seqs, n_seqs, j->T, j->n_out);
     if (rank == 0)

@@ -3,6 +3,7 @@
 #include "model_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension")
@@ -579,7 +580,9 @@ pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd
     if ((int64_t)num_blocks * m->cfg.num_hidden_layers * block_size > INT32_MAX)
         return pd_err_set(err, PD_ERR_LIMIT, "KV cache: %d blocks of %d tokens × %d layers is more than 2^31 rows",
                           num_blocks, block_size, m->cfg.num_hidden_layers);
+    static atomic_uint_fast64_t next_id = 1;
     pd_kv_cache *kv = pd_xcalloc(1, sizeof *kv);
+    kv->id = atomic_fetch_add(&next_id, 1);
     kv->m = m;
     kv->be = m->be;
     kv->block_size = block_size;

@@ -69,6 +69,7 @@ typedef struct {
     struct {
         void *graph;
         const void *cache; /* the KV cache it was recorded over */
+        uint64_t kv_id;    /* and that cache's pd_kv_cache.id (its geometry: a new cache can reuse the address) */
         uint64_t gen;
     } graphs[PD_FWD_MAX_GRAPH_SEQS + 1]; /* by number of sequences */
     bool no_graphs; /* recording a step failed once: never again */
@@ -131,6 +132,8 @@ struct pd_kv_cache {
     const pd_model *m;
     pd_backend *be; /* rank 0's */
     int block_size, num_blocks, n_layers, dim;
+    uint64_t id; /* unique in the process: recorded decode graphs bake block_size into their launches, so a
+                  * graph is replayed only over the cache it was recorded over (forward.c graph_replay) */
     float *data; /* rank 0's copy, backend memory: [num_blocks][n_layers][block_size][dim] */
     float *rank_data[PD_TP_MAX_RANKS]; /* every rank's copy; rank_data[0] == data */
     void *host_pool; /* host mirror for transfers, when data is not host memory */
