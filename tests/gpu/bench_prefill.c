@@ -3,16 +3,19 @@
  * rate").
  *
  *   bench_prefill MODEL_DIR [--prompts 1024,8192,32768,131072] [--chunk 8192]
- *                 [--kernel-max 8192]
+ *                 [--kernel-max 8192] [--variants gemm,flash,kernel] [--repeat N] [--profile]
  *
  * For every prompt length L: one sequence, L random token ids, prefilled in
  * chunks of --chunk tokens (the prefill replica's --chunked-prefill-size)
  * through pd_model_forward, timed on the host around the whole prompt (each
- * call returns after its logits have arrived). Two variants of the MLA
- * attention: the tensor-core GEMM path (pd_cuda_features.mla_prefill_gemm)
- * and, up to --kernel-max tokens, the fp32 kernel (the default before it),
- * so that each one's share is measured in the same run. The first prompt
- * runs once untimed first (scratch buffers grow, cuBLAS picks kernels).
+ * call returns after its logits have arrived). Variants of the MLA
+ * attention (--variants, a comma list, default all three): the tensor-core
+ * GEMM path (pd_cuda_features.mla_prefill_gemm), the fused kernel
+ * (mla_prefill_flash) and, up to --kernel-max tokens, the fp32 kernel (the
+ * first version's), so that each one's share is measured in the same run. One chunk of the longest prompt runs untimed first
+ * (scratch buffers grow, cuBLAS picks kernels); each prompt up to 32K runs
+ * --repeat times (default 3) and the median is printed. --profile (for a
+ * run under ncu): no ceiling, no warm-up, each prompt once.
  *
  * Model FLOPs of a prompt (what any implementation must do; multiply-add =
  * 2): every token through every projection (q or q_a/q_b, kv_a, kv_b, o),
@@ -160,7 +163,10 @@ out:
 
 int main(int argc, char **argv) {
     const char *dir = NULL;
-    int prompts[16] = {1024, 8192, 32768, 131072}, n_p = 4, chunk = 8192, kernel_max = 8192;
+    int prompts[16] = {1024, 8192, 32768, 131072}, n_p = 4, chunk = 8192, kernel_max = 8192, repeat = 3;
+    bool var_on[3] = {true, true, true}; /* gemm, flash, kernel */
+    static const char *var_names[3] = {"tensor-core GEMMs", "fused flash kernel", "fp32 kernel"};
+    bool profile = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--prompts") && i + 1 < argc)
             n_p = parse_list(argv[++i], prompts, 16);
@@ -168,15 +174,25 @@ int main(int argc, char **argv) {
             chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kernel-max") && i + 1 < argc)
             kernel_max = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile"))
+            profile = true;
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+            repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--variants") && i + 1 < argc) {
+            const char *v = argv[++i];
+            var_on[0] = strstr(v, "gemm") != NULL;
+            var_on[1] = strstr(v, "flash") != NULL;
+            var_on[2] = strstr(v, "kernel") != NULL;
+        }
         else
             dir = argv[i];
     }
     for (int i = 0; i < n_p; i++)
         if (prompts[i] < 1)
             dir = NULL;
-    if (!dir || chunk < 1 || n_p < 1) {
+    if (!dir || chunk < 1 || n_p < 1 || repeat < 1 || repeat > 15) {
         fprintf(stderr, "usage: bench_prefill MODEL_DIR [--prompts 1024,8192,32768,131072] [--chunk 8192] "
-                        "[--kernel-max 8192]\n");
+                        "[--kernel-max 8192] [--variants gemm,flash,kernel] [--repeat N (1..15)] [--profile]\n");
         return 2;
     }
     pd_err err = {{0}};
@@ -192,7 +208,9 @@ int main(int argc, char **argv) {
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tnow));
     printf("# bench_prefill %s: %s, %d SMs; model %s; chunks of %d tokens\n\n", date, prop.name,
            prop.multiProcessorCount, dir, chunk);
-    double peak = gemm_ceiling();
+    if (profile)
+        repeat = 1;
+    double peak = profile ? 1e15 : gemm_ceiling();
     printf("ceiling: bf16 GEMM 8192^3 (cublasGemmEx, fp32 accumulation): %.1f TFLOP/s\n", peak / 1e12);
 
     double t0 = now_s();
@@ -206,22 +224,38 @@ int main(int argc, char **argv) {
     float *logits = malloc((size_t)c->vocab_size * sizeof(float));
     pd_cuda_features f = {.graphs = true, .gemv = true, .moe_device = true, .mla_prefill_gemm = true};
     pd_backend_cuda_set_features(be, &f);
-    if (prefill_once(m, be, prompts[0] < chunk ? prompts[0] : chunk, chunk, logits) < 0)
+    int warm = 0;
+    for (int i = 0; i < n_p; i++)
+        if (prompts[i] > warm)
+            warm = prompts[i];
+    if (!profile && prefill_once(m, be, warm < chunk ? warm : chunk, chunk, logits) < 0)
         return 1;
     printf("| prompt tokens | attention | seconds | tok/s | model TFLOP | TFLOP/s | of the GEMM ceiling | recompute "
            "TFLOP |\n|---|---|---|---|---|---|---|---|\n");
     fflush(stdout);
     int rc = 0;
     for (int i = 0; i < n_p; i++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             int L = prompts[i];
-            if (v == 1 && L > kernel_max)
+            if (!var_on[v] || (v == 2 && L > kernel_max))
                 continue;
             f.mla_prefill_gemm = v == 0;
+            f.mla_prefill_flash = v == 1;
             pd_backend_cuda_set_features(be, &f);
             double rec, fl = prefill_flops(c, L, chunk, &rec);
-            double s = prefill_once(m, be, L, chunk, logits);
-            const char *name = v == 0 ? "tensor-core GEMMs" : "fp32 kernel";
+            double t[15];
+            int n_rep = L <= 32768 ? repeat : 1, n_ok = 0;
+            for (int r = 0; r < n_rep; r++) {
+                double sr = prefill_once(m, be, L, chunk, logits);
+                if (sr < 0) {
+                    n_ok = 0;
+                    break;
+                }
+                t[n_ok++] = sr;
+            }
+            qsort(t, n_ok, sizeof t[0], cmp_d);
+            double s = n_ok ? t[n_ok / 2] : -1;
+            const char *name = var_names[v];
             if (s < 0) {
                 printf("| %d | %s | failed | | | | | |\n", L, name);
                 rc = 1;

@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
             free(tok);
             pd_kv_cache_free(&kv);
         }
-    pd_cuda_features on = {true, true, true};
+    pd_cuda_features on = {true, true, true, true, 0};
     for (int r = 0; r < tp; r++)
         pd_backend_cuda_set_features(bes[r], &on);
     free(fill);

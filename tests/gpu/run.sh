@@ -25,14 +25,21 @@
 #             logits at TP 2 EP against TP 1 (cmp_logits.py); bench_step --tp 2 --ep (run ops too:
 #             test_backend_ops checks moe_ids_local and dropped pairs on CUDA) -> ep.log, ep-step.md
 #   prefill   (needs v2-lite: mkmodel starts first) bench_prefill on v2-lite: prompts of PREFILL_PROMPTS
-#             (default 1024,8192,32768,131072) in chunks of PREFILL_CHUNK (8192), tensor-core GEMM
-#             attention and (to 8K) the fp32 kernel, against the bf16 GEMM ceiling; then the
-#             transformers peer (peer_hf.py --prompts)                          -> prefill.md, prefill-peer.md
+#             (default 1024,8192,32768,131072) in chunks of PREFILL_CHUNK (8192), the attention variants
+#             PREFILL_VARIANTS (default gemm,flash,kernel; the fp32 kernel to 8K), against the bf16 GEMM
+#             ceiling; each setting of PREFILL_AB (e.g. "PD_CUDA_GEMM_PLANS=exact PD_MOE_ROWS=f32") at
+#             1K and 8K; then the transformers peer (peer_hf.py --prompts PREFILL_PEER_PROMPTS, default
+#             1024,8192,32768; none: skipped)                                   -> prefill.md, prefill-peer.md
+#   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
+#             the 4-layer model's 8K prefill summed by kernel (ncu_summary.py --last 0)  -> pprof.md
+#   v2ref     v2-lite cut to 4 layers: logits of pdserve generate --device cuda (each prefill attention:
+#             PD_MLA_PREFILL=kernel, gemm, flash) against transformers on the same weights (v2lite_ref.py) -> v2ref.log
 #   startup   (needs v2-lite) the disk's O_DIRECT read bandwidth, then a decode replica's start-up
 #             phases from a cold page cache (posix_fadvise DONTNEED) and warm (startup.py) -> startup.log
 #   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
 #             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
-# Environment: STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
+# Environment: MODEL_AB (settings test_model_cuda runs again with), SVC_SHAPES, SVC_CONCURRENCY,
+# SVC_REQUESTS (the service matrix), STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
 # flags in the tp step). NCCL_NVLS_ENABLE=0 is kept (NVLink multicast must stay off on shared hosts);
 # NCCL is found by ldconfig, else PD_NCCL_LIB is set to the first libnccl.so.2 on the disk.
 set -u
@@ -60,6 +67,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 echo "cuBLAS from $CUBLAS_DIR; $(nproc) cores; $(free -g | awk '/Mem/ {print $2}') GiB"
 V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
+# A warm machine keeps /tmp: a later call reuses the checkpoint an earlier one wrote.
+[ -e "$V2/config.json" ] && echo "v2-lite already in $V2" >"$O/mkmodel.log" ||
 case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "* | *" prefill "* | *" startup "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
@@ -70,7 +79,15 @@ for what in "$@"; do
     t0=$(date +%s)
     case $what in
     ops) timeout 300 "$C/bin/test_backend_ops" >"$O/ops.log" 2>&1 || rc=1; f=ops.log ;;
-    model) timeout 300 "$C/bin/test_model_cuda" >"$O/model.log" 2>&1 || rc=1; f=model.log ;;
+    model)
+        timeout 300 "$C/bin/test_model_cuda" >"$O/model.log" 2>&1 || rc=1
+        # the same with the first version's prefill attention, then with cuBLASLt for every GEMM: whether
+        # the bf16 batched-decode check's failures follow the arithmetic (near-tie routing) or a path
+        for ab in ${MODEL_AB:-}; do
+            echo "## $ab" >>"$O/model.log"
+            env "$ab" timeout 120 "$C/bin/test_model_cuda" 2>&1 | grep -E 'batched decode|FAILED|PASSED' >>"$O/model.log"
+        done
+        f=model.log ;;
     serving)
         PD_DEVICE=cuda PD_CUDA_WEIGHTS=f32 timeout 240 python3 tests/integration/test_serving.py >"$O/serving-f32.log" 2>&1 || rc=1
         PD_DEVICE=cuda timeout 240 python3 tests/integration/test_serving.py >"$O/serving-bf16.log" 2>&1 || rc=1
@@ -100,11 +117,42 @@ for what in "$@"; do
         wait "$MKPID" 2>/dev/null
         cat "$O/mkmodel.log"
         timeout 500 "$C/bin/bench_prefill" "$V2" --prompts "${PREFILL_PROMPTS:-1024,8192,32768,131072}" \
-            --chunk "${PREFILL_CHUNK:-8192}" >"$O/prefill.md" 2>"$O/prefill.err" || { rc=1; tail -5 "$O/prefill.err"; }
+            --chunk "${PREFILL_CHUNK:-8192}" --variants "${PREFILL_VARIANTS:-gemm,flash,kernel}" >"$O/prefill.md" 2>"$O/prefill.err" ||
+            { rc=1; tail -5 "$O/prefill.err"; }
+        # A/B in the same run: each setting switched back to the way before it
+        for ab in ${PREFILL_AB:-}; do
+            echo "## $ab" >>"$O/prefill.md"
+            env "$ab" timeout 200 "$C/bin/bench_prefill" "$V2" --prompts 1024,8192 --variants gemm 2>>"$O/prefill.err" |
+                grep '^| [0-9]' >>"$O/prefill.md" || rc=1
+        done
+        [ "${PREFILL_PEER_PROMPTS:-1024,8192,32768}" = none ] ||
         timeout 300 python3 tests/gpu/peer_hf.py "$V2" --prompts "${PREFILL_PEER_PROMPTS:-1024,8192,32768}" \
             --chunk "${PREFILL_CHUNK:-8192}" >"$O/prefill-peer.md" 2>"$O/prefill-peer.err" ||
             { rc=1; tail -5 "$O/prefill-peer.err"; }
-        cat "$O/prefill.md" "$O/prefill-peer.md"; f=prefill.md ;;
+        cat "$O/prefill.md" "$O/prefill-peer.md" 2>/dev/null; f=prefill.md ;;
+    pprof)
+        # v2-lite cut to 2 and 4 layers: an 8K prefill of each (the difference is two MoE layers), then
+        # ncu's kernel durations of the 4-layer model's 8K prefill summed by kernel
+        P=$O/pprof.md
+        : >"$P"
+        for nl in 2 4; do
+            [ -e "$PD_BUILD_DIR/v2l$nl/config.json" ] || "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --num-layers $nl \
+                --out "$PD_BUILD_DIR/v2l$nl" >/dev/null 2>&1 || rc=1
+            echo "## v2-lite, $nl layers" >>"$P"
+            timeout 120 "$C/bin/bench_prefill" "$PD_BUILD_DIR/v2l$nl" --prompts 1024,8192 --variants gemm,flash \
+                >>"$P" 2>>"$O/pprof.err" || rc=1
+        done
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then
+            timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+                "$C/bin/bench_prefill" "$PD_BUILD_DIR/v2l4" --prompts 8192 --variants gemm --profile \
+                >"$O/pprof.csv" 2>>"$O/pprof.err" || rc=1
+            python3 tests/gpu/ncu_summary.py "$O/pprof.csv" >>"$P" 2>&1 || rc=1
+            rm -f "$O/pprof.csv"
+        else
+            echo "no ncu" >>"$P"
+        fi
+        cat "$P"; tail -5 "$O/pprof.err"; f=pprof.md ;;
     prof)
         P=$O/prof.md
         : >"$P"
@@ -136,12 +184,14 @@ for what in "$@"; do
         "$C/bin/pdserve" up --model "$V2" --port 18000 --device cuda --num-kv-blocks 16384 >"$O/up.log" 2>&1 &
         UPPID=$!
         n=0
-        until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18000/v1/models', timeout=2)" >/dev/null 2>&1 || [ $n -ge 180 ]; do sleep 1; n=$((n + 1)); done
+        # /health answers 200 once a decode replica has registered (503 before)
+        until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18000/health', timeout=2)" >/dev/null 2>&1 || [ $n -ge 180 ]; do sleep 1; n=$((n + 1)); done
+        sleep 3 # the prefill replica registers at about the same time
         echo "service ready after $n s" >"$O/service.md"
         timeout 420 "$C/bin/pdserve" bench matrix --base-url http://127.0.0.1:18000 --model "$V2" --quiet \
-            --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests 4,16 --rounds 1 \
+            --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests ${SVC_REQUESTS:-4,16} --rounds 1 \
             --out "$PD_BUILD_DIR/svc" >>"$O/service.md" 2>&1 || rc=1
-        for m in "$PD_BUILD_DIR"/svc/*.md; do [ -e "$m" ] && cat "$m" >>"$O/service.md"; done
+        cat "$PD_BUILD_DIR/svc/rounds.csv" >>"$O/service.md" 2>/dev/null || echo "no rounds.csv" >>"$O/service.md"
         kill -INT $UPPID 2>/dev/null; sleep 3; kill -9 $UPPID 2>/dev/null
         cat "$O/service.md"; f=service.md ;;
     tp)
@@ -217,9 +267,14 @@ for what in "$@"; do
             cat "$O/ep-step.md"
         fi
         cat "$L"; f=ep.log ;;
+    v2ref)
+        [ -e "$PD_BUILD_DIR/v2l4/config.json" ] || "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --num-layers 4 \
+            --out "$PD_BUILD_DIR/v2l4" >/dev/null 2>&1 || rc=1
+        timeout 300 python3 tests/gpu/v2lite_ref.py "$PD_BUILD_DIR/v2l4" >"$O/v2ref.log" 2>&1 || rc=1
+        cat "$O/v2ref.log"; f=v2ref.log ;;
     startup)
         wait "$MKPID" 2>/dev/null
-        timeout 900 python3 tests/gpu/startup.py "$V2" >"$O/startup.log" 2>&1 || rc=1
+        timeout 540 python3 tests/gpu/startup.py "$V2" >"$O/startup.log" 2>&1 || rc=1
         cat "$O/startup.log"; f=startup.log ;;
     selfcheck)
         timeout 400 python3 tests/gpu/selfcheck.py >"$O/selfcheck.log" 2>&1 || rc=1
