@@ -277,9 +277,13 @@ typedef struct {
  *   num_blocks = floor((utilization × mem_total − (mem_total − mem_free) − reserve) / block_bytes),
  * at most max_blocks (the cache's own limit). As vLLM's
  * --gpu-memory-utilization, the fraction is of the whole device and covers
- * everything this replica holds — and, since it is measured as memory in
- * use, whatever other processes hold too (two replicas sharing a GPU each
- * take their own fraction: e.g. 0.45 and 0.45). Fills *plan. Errors:
+ * everything this replica holds — but, since it is measured as memory in
+ * use, whatever other processes hold counts too. Unlike vLLM's per-instance
+ * fraction, two replicas sharing a GPU therefore cannot each take 0.45: the
+ * one that plans second finds the first's weights and KV cache in use
+ * (seen on the H200 with `pdserve up --gpu-memory-utilization 0.3`: the
+ * prefill replica found 39.97 GiB in use and stopped). Known gap: the fix
+ * is counting this process's own device allocations. Fills *plan. Errors:
  * PD_ERR_INVALID (utilization outside (0, 1], mem_free > mem_total,
  * block_bytes 0), PD_ERR_NOMEM (no room for one block: err names the
  * budget, what is in use and the reserve). */

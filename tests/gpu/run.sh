@@ -32,6 +32,8 @@
 #             1024,8192,32768; none: skipped)                                   -> prefill.md, prefill-peer.md
 #   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
 #             the 4-layer model's 8K prefill summed by kernel (ncu_summary.py --last 0)  -> pprof.md
+#   plan      pdserve up on tiny with --gpu-memory-utilization 0.3 (the KV cache planned on the GPU), a short and a
+#             long completion                                                    -> plan.log
 #   v2ref     v2-lite cut to 4 layers: logits of pdserve generate --device cuda (each prefill attention:
 #             PD_MLA_PREFILL=kernel, gemm, flash) against transformers on the same weights (v2lite_ref.py) -> v2ref.log
 #   startup   (needs v2-lite) the disk's O_DIRECT read bandwidth, then a decode replica's start-up
@@ -267,6 +269,23 @@ for what in "$@"; do
             cat "$O/ep-step.md"
         fi
         cat "$L"; f=ep.log ;;
+    plan)
+        # the KV cache sized by --gpu-memory-utilization on a GPU (issue 6): pdserve up on tiny, both replicas
+        # planning their share of the one GPU, then one completion through the long route and one short
+        L=$O/plan.log
+        "$C/bin/pdserve" mkmodel --preset tiny --seed 1 --out "$PD_BUILD_DIR/plan-tiny" >/dev/null 2>&1 || rc=1
+        "$C/bin/pdserve" up --model "$PD_BUILD_DIR/plan-tiny" --port 18100 --device cuda --gpu-memory-utilization 0.3 \
+            --long-prompt-threshold 16 >"$PD_BUILD_DIR/plan-up.log" 2>&1 &
+        UPPID=$!
+        n=0
+        until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18100/health', timeout=2)" >/dev/null 2>&1 || [ $n -ge 60 ]; do sleep 1; n=$((n + 1)); done
+        sleep 2
+        for p in "Hello" "The capital of France is a city that many people visit every year because"; do
+            python3 -c "import json, sys, urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:18100/v1/completions', json.dumps({'model': sys.argv[2], 'prompt': sys.argv[1], 'max_tokens': 8}).encode(), {'Content-Type': 'application/json'}), timeout=60); print('completion:', r.status, json.load(r)['usage'])" "$p" "$PD_BUILD_DIR/plan-tiny" >>"$L" 2>&1 || rc=1
+        done
+        kill -INT $UPPID 2>/dev/null; sleep 3; kill -9 $UPPID 2>/dev/null
+        grep -E "memory plan|KV pool|kv_cache|rror|long prompts" "$PD_BUILD_DIR/plan-up.log" >>"$L"
+        cat "$L"; f=plan.log ;;
     v2ref)
         [ -e "$PD_BUILD_DIR/v2l4/config.json" ] || "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --num-layers 4 \
             --out "$PD_BUILD_DIR/v2l4" >/dev/null 2>&1 || rc=1
