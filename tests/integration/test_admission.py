@@ -5,8 +5,12 @@ on 127.0.0.1 with the tiny model:
 - a full class queue -> 429 with Retry-After, naming the limit;
 - --request-timeout: a queued request past its deadline fails with a clear error;
 - fairness: 16 long + 16 short prompts arriving together; the short
-  requests' TTFT p95 stays within 3x of the same 16 short requests alone
-  (the figures are printed for docs/benchmarks.md)."""
+  requests are not queued behind the long ones: their TTFT p95 stays under
+  half the long requests' median TTFT in the same burst (a server that
+  made short prompts wait for long prefills would give them the long
+  ones' TTFT). Compared within one burst, so a slow or busy machine slows
+  both sides alike; the ratio to the short burst alone is printed for
+  docs/benchmarks.md, not asserted (speed belongs in benchmarks)."""
 import http.client, json, os, subprocess, sys, threading, time
 
 from pdtest import BIN, check, failures, finish, free_port_pair, request, tiny_model
@@ -133,11 +137,11 @@ def main():
         long = [[7 + i] * 700 for i in range(16)]
         # warm-up
         ttft_stream(st.port, short[0], 4, [None], 0)
-        # Timing on a shared 2-core machine is noisy: up to 3 trials, each
-        # measuring the short burst alone (twice, mean p95) and then with the
-        # long burst; the property must hold in one of them. A server that
-        # starves short requests fails all three.
-        ratios = []
+        # up to 3 trials, each measuring the short burst alone (twice, mean
+        # p95, for the printed ratio) and then with the long burst; the
+        # property must hold in one of them. A server that starves short
+        # requests fails all three.
+        ratios, rel = [], []
         for trial in range(3):
             base95 = []
             for rep in range(2):
@@ -151,18 +155,25 @@ def main():
             th += [threading.Thread(target=ttft_stream, args=(st.port, short[i], 16, loaded, i)) for i in range(16)]
             for t in th: t.start()
             for t in th: t.join(180)
-            b95, l95, long95 = sum(base95) / 2, p95(loaded[:16]), p95(loaded[16:])
-            ratios.append(l95 / b95)
-            print(f"fairness trial {trial}: short TTFT p95 alone {b95 * 1000:.1f} ms, with 16 long {l95 * 1000:.1f} ms "
-                  f"(ratio {l95 / b95:.2f}); long TTFT p95 {long95 * 1000:.1f} ms", flush=True)
             check(all(x is not None for x in loaded), "every request of the burst got a first token")
-            if l95 <= 3 * b95:
+            if not all(x is not None for x in loaded):
                 break
-        if os.environ.get("PD_SANITIZED") == "1":
+            b95, l95, long95 = sum(base95) / 2, p95(loaded[:16]), p95(loaded[16:])
+            long50 = sorted(loaded[16:])[8]
+            ratios.append(l95 / b95)
+            rel.append(l95 / long50)
+            print(f"fairness trial {trial}: short TTFT p95 alone {b95 * 1000:.1f} ms, with 16 long {l95 * 1000:.1f} ms "
+                  f"(ratio {l95 / b95:.2f}); long TTFT p50 {long50 * 1000:.1f} ms, p95 {long95 * 1000:.1f} ms "
+                  f"(short p95 / long p50 {l95 / long50:.2f})", flush=True)
+            if l95 < 0.5 * long50:
+                break
+        if os.environ.get("PD_SANITIZED") == "1" and rel:
             # sanitizer builds run 2-10x slower and unevenly: report, do not judge timing there
-            print(f"(sanitized build: fairness ratios {[round(r, 2) for r in ratios]} reported, not asserted)")
+            print(f"(sanitized build: short p95 / long p50 {[round(r, 2) for r in rel]} reported, not asserted)")
         else:
-            check(min(ratios) <= 3, f"short TTFT p95 under load within 3x of unloaded ({[round(r, 2) for r in ratios]})")
+            check(bool(rel) and min(rel) < 0.5,
+                  f"short TTFT p95 under half the long requests' median TTFT in the same burst "
+                  f"(short p95 / long p50 per trial: {[round(r, 2) for r in rel]})")
     finally:
         st.stop()
     finish()
