@@ -58,18 +58,21 @@ bool pd_gpu_placement_plan(int n_visible, int n_replicas, int tp, int *first);
 #define PD_KV_PLAN_RESERVE_BYTES ((size_t)2 << 30)
 
 /** --gpu-memory-utilization: sizes the KV cache of a CUDA replica after its
- * weights are loaded. On every GPU of the replica (0 .. tp-1) it reads the
- * free memory (cudaMemGetInfo) and plans with pd_kv_plan_blocks (reserve
- * PD_KV_PLAN_RESERVE_BYTES, block_bytes a block, at most max_blocks); every
- * rank holds the whole latent cache, so the smallest plan wins. Logs the
- * plan: device memory, in use before the cache, the budget, the workspace
- * reserve, the cache in bytes, blocks and tokens (× block_size). Writes
+ * weights are loaded. On every GPU g of the replica (0 .. tp-1) it reads the
+ * free memory (cudaMemGetInfo) and what rank g's backend holds (bes[g],
+ * n_bes of them: device_bytes), and plans with pd_kv_plan_blocks (reserve
+ * PD_KV_PLAN_RESERVE_BYTES, block_bytes a block, at most max_blocks), so
+ * that memory other processes hold (another replica on the same GPU) does
+ * not count against this replica's fraction; every rank holds the whole
+ * latent cache, so the smallest plan wins. Logs the plan: device memory,
+ * this replica's and the others' memory, the free memory, the budget, the
+ * workspace reserve, the cache in bytes, blocks and tokens (× block_size). Writes
  * *num_blocks. Errors: PD_ERR_UNSUPPORTED (not a CUDA replica: the flag
  * sizes device memory only — a usage error), PD_ERR_NOMEM (no room for one
  * block on some GPU; err says how the memory is taken), PD_ERR_INVALID,
  * PD_ERR_IO (a CUDA query failed). */
-pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t block_bytes, int block_size,
-                                 int max_blocks, int *num_blocks, pd_err *err);
+pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, pd_backend *const *bes, int n_bes, double utilization,
+                                 size_t block_bytes, int block_size, int max_blocks, int *num_blocks, pd_err *err);
 
 /** KV blocks used when neither --num-kv-blocks nor --gpu-memory-utilization is given. */
 #define PD_KV_BLOCKS_DEFAULT 4096
@@ -88,8 +91,8 @@ pd_status pd_replica_kv_flags_check(const char *device, double utilization, int 
  * it, and a --num-kv-blocks given too overrides the plan (as vLLM's
  * --num-gpu-blocks-override; logged). Errors: PD_ERR_INVALID (utilization
  * outside (0, 1], a negative count), those of pd_replica_ops_plan_kv. */
-pd_status pd_replica_kv_blocks(pd_replica_ops *o, const pd_model_config *cfg, double utilization, int block_size,
-                               int *num_blocks, pd_err *err);
+pd_status pd_replica_kv_blocks(pd_replica_ops *o, pd_backend *const *bes, int n_bes, const pd_model_config *cfg,
+                               double utilization, int block_size, int *num_blocks, pd_err *err);
 
 /** Start-up self-checks, after the weights and the KV cache are in place
  * and before the replica registers: the all-reduce check on every rank of

@@ -145,7 +145,8 @@ int pd_replica_load(pd_replica *r) {
         return fail(r, 1, "%s", err.msg);
     pd_replica_phase(r, "load weights");
     r->num_blocks = a->num_blocks;
-    st = pd_replica_kv_blocks(r->ops, pd_model_config_of(r->m), a->gpu_mem_util, a->block_size, &r->num_blocks, &err);
+    st = pd_replica_kv_blocks(r->ops, r->bes, a->tp, pd_model_config_of(r->m), a->gpu_mem_util, a->block_size,
+                              &r->num_blocks, &err);
     if (st != PD_OK)
         return fail(r, st == PD_ERR_UNSUPPORTED || st == PD_ERR_INVALID ? 2 : 1, "%s", err.msg);
     return 0;

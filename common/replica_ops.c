@@ -106,8 +106,8 @@ void pd_replica_ops_render(pd_replica_ops *o, pd_strbuf *b) {
     pd_nvml_render(o->nvml, o->labels, b);
 }
 
-pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t block_bytes, int block_size,
-                                 int max_blocks, int *num_blocks, pd_err *err) {
+pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, pd_backend *const *bes, int n_bes, double utilization,
+                                 size_t block_bytes, int block_size, int max_blocks, int *num_blocks, pd_err *err) {
     if (o->n_gpus == 0)
         return pd_err_set(err, PD_ERR_UNSUPPORTED,
                           "--gpu-memory-utilization sizes the KV cache in GPU memory: this replica has no GPU "
@@ -119,9 +119,15 @@ pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t b
         pd_status st = pd_backend_cuda_device_info(g, true, &info, err);
         if (st != PD_OK)
             return st;
+        /* what this replica holds on GPU g: rank g's backend's count (the
+         * driver's context and libraries' internals are not in it; the
+         * workspace reserve covers them), at most what is in use */
+        size_t own = g < n_bes && bes && bes[g] && bes[g]->ops->device_bytes ? bes[g]->ops->device_bytes(bes[g]) : 0;
+        if (own > info.mem_total - info.mem_free)
+            own = info.mem_total - info.mem_free;
         pd_kv_plan p;
-        if ((st = pd_kv_plan_blocks(info.mem_total, info.mem_free, utilization, PD_KV_PLAN_RESERVE_BYTES, block_bytes,
-                                    max_blocks, &p, err)) != PD_OK) {
+        if ((st = pd_kv_plan_blocks(info.mem_total, info.mem_free, own, utilization, PD_KV_PLAN_RESERVE_BYTES,
+                                    block_bytes, max_blocks, &p, err)) != PD_OK) {
             char why[sizeof err->msg];
             snprintf(why, sizeof why, "%s", err->msg);
             return pd_err_set(err, st, "GPU %d: %s", g, why);
@@ -133,12 +139,14 @@ pd_status pd_replica_ops_plan_kv(pd_replica_ops *o, double utilization, size_t b
     }
     const double gib = 1073741824.0;
     PD_LOGI(o->module,
-            "%s: memory plan (--gpu-memory-utilization %.2f, GPU %d of %d the tightest): %.2f GiB device, %.2f GiB in use "
-            "before the KV cache (weights, contexts, other processes), budget %.2f GiB, workspace reserve %.2f GiB, "
-            "KV cache %.2f GiB = %d blocks × %d tokens = %lld tokens",
+            "%s: memory plan (--gpu-memory-utilization %.2f, GPU %d of %d the tightest): %.2f GiB device, %.2f GiB held "
+            "by this replica before the KV cache (weights, buffers), %.2f GiB by others (CUDA contexts, other "
+            "processes), %.2f GiB free; budget %.2f GiB, workspace reserve %.2f GiB, KV cache %.2f GiB = %d blocks × "
+            "%d tokens = %lld tokens%s",
             o->replica_id, utilization, best_gpu, o->n_gpus, best.mem_total / gib, best.mem_in_use / gib,
-            best.budget / gib, best.reserve / gib, best.kv_bytes / gib, best.num_blocks, block_size,
-            (long long)best.num_blocks * block_size);
+            best.mem_others / gib, best.mem_free / gib, best.budget / gib, best.reserve / gib, best.kv_bytes / gib,
+            best.num_blocks, block_size, (long long)best.num_blocks * block_size,
+            best.by_free ? " (limited by the free memory, not the budget)" : "");
     *num_blocks = best.num_blocks;
     return PD_OK;
 }
@@ -165,8 +173,8 @@ pd_status pd_replica_kv_flags_check(const char *device, double utilization, int 
     return PD_OK;
 }
 
-pd_status pd_replica_kv_blocks(pd_replica_ops *o, const pd_model_config *cfg, double utilization, int block_size,
-                               int *num_blocks, pd_err *err) {
+pd_status pd_replica_kv_blocks(pd_replica_ops *o, pd_backend *const *bes, int n_bes, const pd_model_config *cfg,
+                               double utilization, int block_size, int *num_blocks, pd_err *err) {
     if (*num_blocks < 0)
         return pd_err_set(err, PD_ERR_INVALID, "--num-kv-blocks %d must be positive", *num_blocks);
     if (utilization == 0.0) {
@@ -181,8 +189,9 @@ pd_status pd_replica_kv_blocks(pd_replica_ops *o, const pd_model_config *cfg, do
     /* the cache's own limit: token rows are int32 (pd_kv_cache_init) */
     const long long max_blocks = INT32_MAX / ((long long)cfg->num_hidden_layers * block_size);
     int planned = 0;
-    pd_status st = pd_replica_ops_plan_kv(o, utilization, pd_kv_cache_bytes_per_block(cfg, block_size), block_size,
-                                          (int)(max_blocks > INT32_MAX ? INT32_MAX : max_blocks), &planned, err);
+    pd_status st = pd_replica_ops_plan_kv(o, bes, n_bes, utilization, pd_kv_cache_bytes_per_block(cfg, block_size),
+                                          block_size, (int)(max_blocks > INT32_MAX ? INT32_MAX : max_blocks), &planned,
+                                          err);
     if (st != PD_OK)
         return st;
     if (*num_blocks > 0) {

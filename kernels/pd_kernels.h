@@ -178,6 +178,11 @@ typedef struct {
      * (CUDA: cudaSetDevice); a rank's thread calls it once before its first
      * operation. NULL where any thread will do. */
     void (*thread_bind)(pd_backend *be);
+    /** Device memory this backend has allocated and not freed (buffers,
+     * weights, scratch, workspace; not the driver's context or libraries'
+     * internals), bytes: what --gpu-memory-utilization charges to this
+     * replica. NULL where memory is host memory. */
+    size_t (*device_bytes)(pd_backend *be);
 } pd_backend_i;
 
 /* The largest tensor-parallel group: the GPUs of one host. */

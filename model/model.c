@@ -638,29 +638,36 @@ size_t pd_kv_cache_bytes_per_block(const pd_model_config *cfg, int block_size) {
            sizeof(float);
 }
 
-pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, double utilization, size_t reserve, size_t block_bytes,
-                            int max_blocks, pd_kv_plan *plan, pd_err *err) {
-    if (!(utilization > 0.0 && utilization <= 1.0) || mem_free > mem_total || block_bytes == 0 || max_blocks <= 0)
+pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, size_t own_in_use, double utilization, size_t reserve,
+                            size_t block_bytes, int max_blocks, pd_kv_plan *plan, pd_err *err) {
+    if (!(utilization > 0.0 && utilization <= 1.0) || mem_free > mem_total || own_in_use > mem_total - mem_free ||
+        block_bytes == 0 || max_blocks <= 0)
         return pd_err_set(err, PD_ERR_INVALID,
-                          "KV plan: utilization %g must be in (0, 1], free %zu <= total %zu bytes, block bytes %zu > 0",
-                          utilization, mem_free, mem_total, block_bytes);
+                          "KV plan: utilization %g must be in (0, 1], free %zu <= total %zu bytes, this replica's %zu <= "
+                          "in use, block bytes %zu > 0",
+                          utilization, mem_free, mem_total, own_in_use, block_bytes);
     memset(plan, 0, sizeof *plan);
     plan->mem_total = mem_total;
-    plan->mem_in_use = mem_total - mem_free;
+    plan->mem_free = mem_free;
+    plan->mem_in_use = own_in_use;
+    plan->mem_others = mem_total - mem_free - own_in_use;
     plan->budget = (size_t)(utilization * (double)mem_total);
     plan->reserve = reserve;
-    const size_t taken = plan->mem_in_use + reserve;
-    const size_t room = plan->budget > taken ? plan->budget - taken : 0;
-    size_t blocks = room / block_bytes;
+    const size_t taken = own_in_use + reserve;
+    const size_t by_budget = plan->budget > taken ? plan->budget - taken : 0;
+    const size_t by_free = mem_free > reserve ? mem_free - reserve : 0;
+    plan->by_free = by_free < by_budget;
+    size_t blocks = (plan->by_free ? by_free : by_budget) / block_bytes;
     if (blocks > (size_t)max_blocks)
         blocks = (size_t)max_blocks;
+    const double gib = 1073741824.0;
     if (blocks == 0)
         return pd_err_set(err, PD_ERR_NOMEM,
                           "--gpu-memory-utilization %.2f leaves no room for a KV block (%zu bytes): %.2f GiB allowed, "
-                          "%.2f GiB already in use (weights, CUDA contexts, other processes), %.2f GiB kept for the "
-                          "workspace",
-                          utilization, block_bytes, plan->budget / 1073741824.0, plan->mem_in_use / 1073741824.0,
-                          reserve / 1073741824.0);
+                          "%.2f GiB already in use by this replica (weights, buffers), %.2f GiB by others (CUDA "
+                          "contexts, other processes), %.2f GiB free, %.2f GiB kept for the workspace",
+                          utilization, block_bytes, plan->budget / gib, own_in_use / gib, plan->mem_others / gib,
+                          mem_free / gib, reserve / gib);
     plan->num_blocks = (int)blocks;
     plan->kv_bytes = blocks * block_bytes;
     return PD_OK;

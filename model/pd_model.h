@@ -265,30 +265,33 @@ size_t pd_kv_cache_bytes_per_block(const pd_model_config *cfg, int block_size);
  * fraction of it (vLLM's --gpu-memory-utilization): bytes. */
 typedef struct {
     size_t mem_total;  /* the device's memory */
-    size_t mem_in_use; /* in use when planning (total - free): the weights, CUDA contexts, other processes */
+    size_t mem_in_use; /* held by this replica when planning: its weights and buffers (the backend's count) */
+    size_t mem_others; /* held by everything else: CUDA contexts, other processes (total - free - mem_in_use) */
+    size_t mem_free;   /* free when planning */
     size_t budget;     /* utilization × mem_total: what this replica may occupy in all */
     size_t reserve;    /* kept out of the KV cache for the step workspace (scratch, graphs) */
     size_t kv_bytes;   /* num_blocks × block bytes */
     int num_blocks;
+    bool by_free;      /* the free memory, not the budget, limited the cache */
 } pd_kv_plan;
 
 /** Plans the KV cache from a fraction of a device's memory, after the
- * weights are loaded (so they count in mem_total - mem_free):
- *   num_blocks = floor((utilization × mem_total − (mem_total − mem_free) − reserve) / block_bytes),
- * at most max_blocks (the cache's own limit). As vLLM's
- * --gpu-memory-utilization, the fraction is of the whole device and covers
- * everything this replica holds — but, since it is measured as memory in
- * use, whatever other processes hold counts too. Unlike vLLM's per-instance
- * fraction, two replicas sharing a GPU therefore cannot each take 0.45: the
- * one that plans second finds the first's weights and KV cache in use
- * (seen on the H200 with `pdserve up --gpu-memory-utilization 0.3`: the
- * prefill replica found 39.97 GiB in use and stopped). Known gap: the fix
- * is counting this process's own device allocations. Fills *plan. Errors:
- * PD_ERR_INVALID (utilization outside (0, 1], mem_free > mem_total,
- * block_bytes 0), PD_ERR_NOMEM (no room for one block: err names the
- * budget, what is in use and the reserve). */
-pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, double utilization, size_t reserve, size_t block_bytes,
-                            int max_blocks, pd_kv_plan *plan, pd_err *err);
+ * weights are loaded. As vLLM's --gpu-memory-utilization (per instance, its
+ * docs: two instances on one GPU can each take 0.5), the fraction is of the
+ * whole device and covers what this replica holds (own_in_use: its weights
+ * and buffers, as its backend counts them), not what other processes hold;
+ * and the cache must fit in what is free:
+ *   room = min(utilization × mem_total − own_in_use − reserve, mem_free − reserve),
+ *   num_blocks = floor(room / block_bytes), at most max_blocks (the cache's
+ * own limit). Two replicas sharing a GPU can so take 0.45 each, in either
+ * order. (Until session 4 all memory in use counted, so the replica that
+ * planned second found the first's cache and stopped.) Fills *plan.
+ * Errors: PD_ERR_INVALID (utilization outside (0, 1], mem_free > mem_total,
+ * own_in_use > mem_total − mem_free, block_bytes 0), PD_ERR_NOMEM (no room
+ * for one block: err names the budget, this replica's memory, the others',
+ * the free memory and the reserve). */
+pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, size_t own_in_use, double utilization, size_t reserve,
+                            size_t block_bytes, int max_blocks, pd_kv_plan *plan, pd_err *err);
 
 /** Host memory laid out as the cache ([num_blocks][block bytes]), for
  * moving blocks between replicas (register it with the KV transfer): the

@@ -98,8 +98,10 @@ void *cu_scratch(cu_ctx *c, int slot, size_t bytes) {
     if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
         return NULL;
     c->scr_gen++;
-    if (c->scr[slot].p)
+    if (c->scr[slot].p) {
         cudaFree(c->scr[slot].p);
+        cu_count_free(c, c->scr[slot].bytes);
+    }
     c->scr[slot].p = NULL;
     c->scr[slot].bytes = 0;
     size_t want = (bytes + bytes / 4 + 255) & ~(size_t)255;
@@ -108,6 +110,7 @@ void *cu_scratch(cu_ctx *c, int slot, size_t bytes) {
         return NULL;
     c->scr[slot].p = p;
     c->scr[slot].bytes = want;
+    cu_count_alloc(c, want);
     return p;
 }
 
@@ -160,8 +163,11 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n) {
         cu_fail(c, PD_ERR_NOMEM, "out of host memory for weight tables");
         return NULL;
     }
-    if (!t->dev && !CU_OK(c, cudaMalloc((void **)&t->dev, (size_t)n * sizeof(void *))))
-        return NULL;
+    if (!t->dev) {
+        if (!CU_OK(c, cudaMalloc((void **)&t->dev, (size_t)n * sizeof(void *))))
+            return NULL;
+        cu_count_alloc(c, (size_t)n * sizeof(void *));
+    }
     for (int e = 0; e < n; e++)
         t->host[e] = w[e].data;
     if (!CU_OK(c, cudaMemcpyAsync((void *)t->dev, t->host, (size_t)n * sizeof(void *), cudaMemcpyHostToDevice,
@@ -268,6 +274,7 @@ static void cu_destroy(pd_backend *be) {
             cudaFree(c->scr[i].p);
     cu_gemm_plans_free(c);
     cudaFree(c->lt_ws);
+    free(c->allocs);
     cublasLtMatmulDescDestroy(c->mm_desc);
     cublasLtDestroy(c->lt);
     cublasDestroy(c->blas);
@@ -313,6 +320,7 @@ static const pd_backend_i cu_ops = {
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
     .thread_bind = cu_thread_bind,
+    .device_bytes = cu_device_bytes,
 };
 
 extern "C" {
@@ -402,6 +410,7 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         st = cu_err_set(err, PD_ERR_NOMEM, "cudaMalloc(cuBLASLt workspace): %s", cudaGetErrorString(e));
         goto err_destroy_desc;
     }
+    cu_count_alloc(c, c->lt_ws_bytes);
     be->ops = &cu_ops;
     be->ctx = c;
     be->n_threads = 0;

@@ -51,6 +51,11 @@ typedef struct {
 struct cu_gemm_plan; /* gemm.cu */
 
 typedef struct {
+    void *p;
+    size_t bytes;
+} cu_alloc_rec;
+
+typedef struct {
     int device, n_sm;
     size_t smem_optin; /* largest dynamic shared memory a block may ask for */
     pd_cuda_weights wfmt;
@@ -80,6 +85,9 @@ typedef struct {
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
+    size_t dev_bytes; /* device memory this backend holds: cu_alloc buffers, weights, scratch, tables, workspace */
+    cu_alloc_rec *allocs; /* cu_alloc's live buffers, for cu_free to subtract */
+    int n_allocs, cap_allocs;
     void *nccl_comm; /* this rank's ncclComm_t in a tensor-parallel group (comm.cu), else NULL */
     pd_status status; /* first error, sticky */
     char msg[512];
@@ -219,6 +227,10 @@ cudaError_t cu_silu_mul_launch(int rows, int inter, const float *gu, float *out,
 void cu_gemm_plans_free(cu_ctx *c);
 
 /* ---- the table's entries, one family per file ---- */
+/* c->dev_bytes bookkeeping (memory.cu): every cudaMalloc/cudaFree of the backend goes through these. */
+void cu_count_alloc(cu_ctx *c, size_t bytes);
+void cu_count_free(cu_ctx *c, size_t bytes);
+size_t cu_device_bytes(pd_backend *be);
 void *cu_alloc(pd_backend *be, size_t bytes);
 void cu_free(pd_backend *be, void *p);
 void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes);

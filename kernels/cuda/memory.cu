@@ -10,20 +10,52 @@
 /* Weights larger than this are converted in pieces, bounding the staging buffer. */
 #define CU_WCONV_CHUNK ((size_t)32 << 20) /* elements */
 
+/* The device memory the backend holds, counted at every cudaMalloc and
+ * cudaFree of its own (not the CUDA context's, cuBLAS's or NCCL's
+ * internals): what --gpu-memory-utilization charges to this replica
+ * (pd_kv_plan_blocks), so that other processes' memory does not. */
+void cu_count_alloc(cu_ctx *c, size_t bytes) {
+    c->dev_bytes += bytes;
+}
+
+void cu_count_free(cu_ctx *c, size_t bytes) {
+    c->dev_bytes = c->dev_bytes > bytes ? c->dev_bytes - bytes : 0;
+}
+
+size_t cu_device_bytes(pd_backend *be) {
+    return cu_of(be)->dev_bytes;
+}
+
 void *cu_alloc(pd_backend *be, size_t bytes) {
     cu_ctx *c = cu_of(be);
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    const size_t n = bytes ? bytes : 256;
+    cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess) {
         /* the caller learns of it by NULL, as from the CPU backend; nothing sticky */
         (void)cudaGetLastError();
         CU_LOGW("cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
         return NULL;
     }
-    if (!CU_OK(c, cudaMemsetAsync(p, 0, bytes ? bytes : 256, c->stream))) {
+    if (!CU_OK(c, cudaMemsetAsync(p, 0, n, c->stream))) {
         cudaFree(p);
         return NULL;
     }
+    /* remember the size for cu_free (a few dozen live buffers: a list will do) */
+    if (c->n_allocs == c->cap_allocs) {
+        int cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        cu_alloc_rec *a = (cu_alloc_rec *)realloc(c->allocs, (size_t)cap * sizeof *a);
+        if (!a) {
+            cudaFree(p);
+            CU_LOGW("cudaMalloc(%zu bytes): out of host memory for the allocation list", bytes);
+            return NULL;
+        }
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    c->allocs[c->n_allocs].p = p;
+    c->allocs[c->n_allocs++].bytes = n;
+    cu_count_alloc(c, n);
     return p;
 }
 
@@ -33,6 +65,12 @@ void cu_free(pd_backend *be, void *p) {
         return;
     CU_OK(c, cudaStreamSynchronize(c->stream)); /* queued work may still use p */
     CU_OK(c, cudaFree(p));
+    for (int i = c->n_allocs - 1; i >= 0; i--)
+        if (c->allocs[i].p == p) {
+            cu_count_free(c, c->allocs[i].bytes);
+            c->allocs[i] = c->allocs[--c->n_allocs];
+            break;
+        }
 }
 
 void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes) {
@@ -120,6 +158,7 @@ pd_status cu_weight_from_f32(pd_backend *be, const float *host, int rows, int co
     w_p->rows = rows;
     w_p->cols = cols;
     w_p->data = d;
+    cu_count_alloc(c, n ? n * esz : 256);
     return PD_OK;
 
 err_free:
@@ -127,11 +166,18 @@ err_free:
     return c->status;
 }
 
+/* The bytes cu_weight_from_f32 / cu_weight_alloc took for w. */
+static size_t weight_bytes(const cu_ctx *c, const pd_weight *w) {
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    return n ? n * (c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4) : 256;
+}
+
 void cu_weight_free(pd_backend *be, pd_weight *w) {
     cu_ctx *c = cu_of(be);
     if (w->data) {
         cudaStreamSynchronize(c->stream);
         CU_OK(c, cudaFree(w->data));
+        cu_count_free(c, weight_bytes(c, w));
     }
     w->data = NULL;
 }
@@ -176,6 +222,7 @@ pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p) {
     w_p->rows = rows;
     w_p->cols = cols;
     w_p->data = d;
+    cu_count_alloc(c, n ? n * esz : 256);
     return PD_OK;
 }
 
