@@ -191,8 +191,17 @@ typedef void (*pd_replica_render)(void *user, const Pdserve__Heartbeat *h, pd_st
  * --metrics-port). Restarts the heartbeat period. */
 void pd_replica_heartbeat(pd_replica *r, Pdserve__Heartbeat *h, pd_replica_render render, void *user);
 
-/** Sends a finished Tokens with error msg for request id to the gateway. */
-void pd_replica_send_error(pd_replica *r, const char *id, const char *msg);
+/** Sends a finished Tokens with error msg for request id to the gateway,
+ * asking it to answer with http_status (Tokens.error_status: 503 for a
+ * transient failure the client may retry, 400 for the request itself, 500
+ * or 0 for an internal error). */
+void pd_replica_send_error(pd_replica *r, const char *id, int http_status, const char *msg);
+/** The HTTP status a replica asks for when a request's admission failed
+ * with st: PD_ERR_INVALID and PD_ERR_LIMIT 400 (the request itself, e.g.
+ * more tokens than the KV cache can ever hold, as vLLM answers a prompt
+ * past the context), PD_ERR_NOMEM 503 (out of memory for now: retrying may
+ * succeed), anything else 500. */
+int pd_replica_error_status(pd_status st);
 
 /** The grammar vocabulary for response_format, loaded from the tokenizer
  * the first time it is asked for (a fraction of a second, once; logged);

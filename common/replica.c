@@ -315,11 +315,16 @@ void pd_replica_heartbeat(pd_replica *r, Pdserve__Heartbeat *h, pd_replica_rende
     r->last_heartbeat = pd_now_s();
 }
 
-void pd_replica_send_error(pd_replica *r, const char *id, const char *msg) {
+int pd_replica_error_status(pd_status st) {
+    return st == PD_ERR_INVALID || st == PD_ERR_LIMIT ? 400 : st == PD_ERR_NOMEM ? 503 : 500;
+}
+
+void pd_replica_send_error(pd_replica *r, const char *id, int http_status, const char *msg) {
     Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
     t.request_id = (char *)id;
     t.finished = true;
     t.error = (char *)msg;
+    t.error_status = http_status > 0 ? (uint32_t)http_status : 0;
     pd_msg_send(r->sock, NULL, 0, PD_MSG_TOKENS, &t.base);
 }
 

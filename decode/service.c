@@ -163,7 +163,12 @@ static void cb_error(void *u, const char *id, const char *msg) {
     snprintf(pend_get(u, id)->error, 256, "%s", msg);
 }
 
-static void send_error(decode_svc *d, const char *id, const char *msg) { pd_replica_send_error(&d->r, id, msg); }
+/* status: 503 when the prompt's KV cache did not arrive or was refused
+ * (transient: the gateway answers 503 with Retry-After), else by the
+ * failure (pd_replica_error_status). */
+static void send_error(decode_svc *d, const char *id, int status, const char *msg) {
+    pd_replica_send_error(&d->r, id, status, msg);
+}
 
 static void flush_tokens(decode_svc *d) {
     while (d->pend) {
@@ -297,7 +302,7 @@ static void expire_reservations(decode_svc *d) {
         if (pd_kvx_resv_get(d->resv, p->gen->request_id, p->resv, &state, NULL, NULL) == PD_OK &&
             state == PD_KVX_RESV_EXPIRED) {
             *pp = p->next;
-            send_error(d, p->gen->request_id, "the prompt's KV cache did not arrive in time");
+            send_error(d, p->gen->request_id, 503, "the prompt's KV cache did not arrive in time");
             parked_free(p); /* the table keeps its own copy of the block ids */
         } else {
             pp = &p->next;
@@ -315,7 +320,8 @@ static void handle(void *user, pd_msg *msg) {
         ensure_vocab(d, g);
         if (!g->kv_reserved) {
             pd_sched_request r = request_from(g);
-            if (pd_sched_add(d->sched, &r, &err) != PD_OK) send_error(d, g->request_id, err.msg);
+            pd_status st = pd_sched_add(d->sched, &r, &err);
+            if (st != PD_OK) send_error(d, g->request_id, pd_replica_error_status(st), err.msg);
             break;
         }
         /* long route: reserve blocks now, run when KvComplete arrives */
@@ -373,7 +379,7 @@ static void handle(void *user, pd_msg *msg) {
                 PD_LOGW(LOGM, "KvComplete for %s refused (%s): %s", k->request_id, pd_kvx_verdict_str(v), err.msg);
             if (p) {
                 pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
-                send_error(d, k->request_id, "the prompt's KV cache transfer was refused");
+                send_error(d, k->request_id, 503, "the prompt's KV cache transfer was refused");
                 parked_free(p); /* the table hands the blocks back (it copied their ids) */
             }
             break;
@@ -392,16 +398,17 @@ static void handle(void *user, pd_msg *msg) {
         pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
         if (pd_kv_cache_upload_blocks(pd_sched_kv(d->sched), p->blocks, p->n_blocks, &err) != PD_OK) {
             PD_LOGW(LOGM, "request %s: %s", k->request_id, err.msg);
-            send_error(d, k->request_id, err.msg);
+            send_error(d, k->request_id, 500, err.msg);
             pd_sched_free_blocks(d->sched, p->blocks, p->n_blocks);
             parked_free(p);
             break;
         }
         pd_sched_request r = request_from(p->gen);
-        if (pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob, &err) !=
-            PD_OK) {
+        pd_status st = pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob,
+                                              &err);
+        if (st != PD_OK) {
             PD_LOGW(LOGM, "%s", err.msg);
-            send_error(d, k->request_id, err.msg);
+            send_error(d, k->request_id, pd_replica_error_status(st), err.msg);
         }
         parked_free(p);
         break;

@@ -941,7 +941,8 @@ static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
     }
     if (req->st) {
         if (req->failed && !req->started) {
-            respond_error(req, req->err_status, req->err_msg, NULL, 0);
+            /* 503: a transient failure (a replica, a KV transfer): retry after a second */
+            respond_error(req, req->err_status, req->err_msg, NULL, req->err_status == 503 ? 1 : 0);
         } else if (req->failed) {
             /* after the 200: an in-band error event, then [DONE] */
             char *e = gw_error_json(req->err_status, req->err_msg, NULL);

@@ -681,7 +681,10 @@ static void on_tokens(pd_router *r, pd_msg *m) {
         gw_replica *from = replica_by_env(r, m->envelope, m->envelope_len);
         char msg[512];
         snprintf(msg, sizeof msg, "replica %s: %s", from ? from->id : s->decode ? s->decode->id : "?", t->error);
-        fail_request(r, q, 500, msg);
+        /* the status the replica asked for (Tokens.error_status): 503 for a
+         * transient failure, answered with Retry-After; 400 for the request */
+        const uint32_t es = t->error_status;
+        fail_request(r, q, es == 400 || es == 503 ? (int)es : 500, msg);
         return;
     }
     if (t->n_prompt_logprobs > 0 && q->p->prompt_logprobs) {

@@ -42,6 +42,7 @@ typedef struct {
     pd_kv_cache *kv;
     char *kv_host; /* host pool the puts read (r.kv_host) */
     int chunk;
+    bool fail_kv_transfer; /* --debug-fail-kv-transfer */
     job *jobs; /* FIFO */
     decode_peer *peers;
     uint64_t prefill_tokens_total, kv_bytes_sent;
@@ -101,7 +102,11 @@ static void send_heartbeat(prefill_svc *p) {
     pd_replica_heartbeat(&p->r, &h, render_metrics, p);
 }
 
-static void send_error(prefill_svc *p, const char *id, const char *msg) { pd_replica_send_error(&p->r, id, msg); }
+/* status: 503 when the KV transfer's peer or lease failed (transient: the
+ * gateway answers 503 with Retry-After), 500 for internal errors. */
+static void send_error(prefill_svc *p, const char *id, int status, const char *msg) {
+    pd_replica_send_error(&p->r, id, status, msg);
+}
 
 static void job_free(prefill_svc *p, job *j) {
     pd_seq_kv_release(p->kv, &j->kv);
@@ -145,7 +150,7 @@ static void on_flushed(void *user, uint64_t tag, pd_status st) {
     job *j = user;
     prefill_svc *p = (prefill_svc *)(uintptr_t)tag;
     if (st != PD_OK) {
-        if (!j->aborted) send_error(p, j->msg->request_id, "KV transfer to the decode replica failed");
+        if (!j->aborted) send_error(p, j->msg->request_id, 503, "KV transfer to the decode replica failed");
     } else {
         job_report(p, j);
     }
@@ -202,7 +207,12 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
     if (upto <= j->blocks_sent || j->aborted || j->failed) return;
     if (pd_now_s() > j->t_lease_end) {
         j->failed = true;
-        send_error(p, j->msg->request_id, "the KV reservation's lease ran out before the prefill finished");
+        send_error(p, j->msg->request_id, 503, "the KV reservation's lease ran out before the prefill finished");
+        return;
+    }
+    if (p->fail_kv_transfer) { /* testing: as if the decode replica's end had failed */
+        j->failed = true;
+        send_error(p, j->msg->request_id, 503, "KV transfer to the decode replica failed (--debug-fail-kv-transfer)");
         return;
     }
     size_t bb = pd_kv_cache_block_bytes(p->kv);
@@ -212,7 +222,7 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
      * when the cache is host memory) */
     if (pd_kv_cache_download_blocks(p->kv, j->kv.block_table + j->blocks_sent, n, &err) != PD_OK) {
         j->failed = true;
-        send_error(p, j->msg->request_id, err.msg);
+        send_error(p, j->msg->request_id, 500, err.msg);
         return;
     }
     pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
@@ -224,7 +234,7 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
     }
     if (pd_kvx_put_batch(j->dp->peer, iov, (size_t)n, (uint64_t)(uintptr_t)p, on_put_done, j, &err) != PD_OK) {
         j->failed = true;
-        send_error(p, j->msg->request_id, err.msg);
+        send_error(p, j->msg->request_id, 503, err.msg);
     } else {
         j->puts_inflight++;
         j->blocks_sent = upto;
@@ -238,7 +248,7 @@ static void start_flush(prefill_svc *p, job *j) {
     pd_err err = {{0}};
     j->flushing = true;
     if (!j->dp || pd_kvx_flush(j->dp->peer, (uint64_t)(uintptr_t)p, on_flushed, j, &err) != PD_OK) {
-        if (!j->aborted) send_error(p, j->msg->request_id, err.msg[0] ? err.msg : "KV flush failed");
+        if (!j->aborted) send_error(p, j->msg->request_id, 503, err.msg[0] ? err.msg : "KV flush failed");
         else if (!j->dp) job_report(p, j); /* nothing was written: the blocks are free to reuse */
         job_unlink(p, j);
         job_free(p, j);
@@ -258,13 +268,13 @@ static bool step(prefill_svc *p) {
         int need = (n_prompt + bs - 1) / bs;
         if ((int)m->n_block_ids < need) {
             j->failed = true;
-            send_error(p, m->request_id, "the decode replica reserved too few blocks for the prompt");
+            send_error(p, m->request_id, 500, "the decode replica reserved too few blocks for the prompt");
             return true;
         }
         j->dp = peer_for(p, j, &err);
         if (!j->dp) {
             j->failed = true;
-            send_error(p, m->request_id, err.msg[0] ? err.msg : "cannot reach the decode replica");
+            send_error(p, m->request_id, 503, err.msg[0] ? err.msg : "cannot reach the decode replica");
             return true;
         }
     }
@@ -274,7 +284,7 @@ static bool step(prefill_svc *p) {
     pd_batch_seq b = {.kv = &j->kv, .tokens = m->prompt_ids + j->done, .n_tokens = n};
     if (pd_model_forward(p->r.m, p->kv, &b, 1, p->logits, &err) != PD_OK) {
         j->failed = true;
-        send_error(p, m->request_id, err.msg);
+        send_error(p, m->request_id, 500, err.msg);
         return true;
     }
     j->done += n;
@@ -286,7 +296,7 @@ static bool step(prefill_svc *p) {
         pd_sampler *smp = NULL;
         if (pd_sampler_init(&sp, pd_model_config_of(p->r.m)->vocab_size, m->prompt_ids, n_prompt, &smp, &err) != PD_OK) {
             j->failed = true;
-            send_error(p, m->request_id, err.msg);
+            send_error(p, m->request_id, 500, err.msg);
             return true;
         }
         if (m->min_tokens > 0) { /* vLLM min_tokens: the first token cannot end the request */
@@ -299,7 +309,7 @@ static bool step(prefill_svc *p) {
         if (mask_first_token(p, m, &err) != PD_OK) {
             pd_sampler_free(&smp);
             j->failed = true;
-            send_error(p, m->request_id, err.msg);
+            send_error(p, m->request_id, 500, err.msg);
             return true;
         }
         /* the gateway allows at most PD_MAX_TOP_LOGPROBS alternatives */
@@ -346,7 +356,7 @@ static void handle(void *user, pd_msg *msg) {
     case PD_MSG_PREFILL: {
         Pdserve__Prefill *m = (Pdserve__Prefill *)msg->msg;
         if (m->n_prompt_ids == 0 || !m->decode_replica_id || !m->decode_replica_id[0]) {
-            send_error(p, m->request_id, "prefill request without a prompt or a decode replica");
+            send_error(p, m->request_id, 500, "prefill request without a prompt or a decode replica");
             break;
         }
         job *j = pd_xcalloc(1, sizeof *j);
@@ -376,7 +386,10 @@ static void handle(void *user, pd_msg *msg) {
 int pd_prefill_main(int argc, char **argv) {
     int chunk = 512;
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
+    bool fail_kv_transfer = false;
     const pd_flag own[] = {
+        {"debug-fail-kv-transfer", PD_FLAG_BOOL, &fail_kv_transfer,
+         "testing: every KV transfer fails as if the decode replica's end had (the request gets a 503)"},
         {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512)"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
@@ -388,7 +401,7 @@ int pd_prefill_main(int argc, char **argv) {
         fprintf(stderr, "pdserve prefill: --model is required and --chunked-prefill-size must be positive\n");
         return 2;
     }
-    prefill_svc p = {.chunk = chunk};
+    prefill_svc p = {.chunk = chunk, .fail_kv_transfer = fail_kv_transfer};
     pd_replica_init(&p.r, "prefill", &a);
     const char *replica_id = p.r.replica_id;
     pd_err err = {{0}};

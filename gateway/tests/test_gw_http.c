@@ -1135,11 +1135,27 @@ static void test_engine_errors(void **state) {
     gwt_script s = gwt_script_ids(ids, n);
     free(ids);
 
-    /* before any byte: the status the engine chose */
+    /* before any byte: the status the engine chose; a 503 (a replica's
+     * transient failure) says when to retry, a 500 does not */
     s.error_after = 0;
     s.error_status = 503;
     gwt_engine_set(&g_srv.engine, &s);
     check_error("/v1/completions", "{\"prompt\":\"x\"}", 503, NULL);
+    {
+        gwt_resp r5;
+        char ra5[16];
+        assert_int_equal(gwt_post(g_srv.port, "/v1/completions", "{\"prompt\":\"x\"}", &r5), 0);
+        assert_int_equal(r5.status, 503);
+        assert_string_equal(gwt_header(&r5, "Retry-After", ra5, sizeof ra5), "1");
+        gwt_resp_free(&r5);
+        s.error_status = 500;
+        gwt_engine_set(&g_srv.engine, &s);
+        assert_int_equal(gwt_post(g_srv.port, "/v1/completions", "{\"prompt\":\"x\"}", &r5), 0);
+        assert_int_equal(r5.status, 500);
+        assert_null(gwt_header(&r5, "Retry-After", ra5, sizeof ra5));
+        gwt_resp_free(&r5);
+        s.error_status = 503;
+    }
 
     /* after the 200: an error event, then [DONE] */
     s.error_after = 4;
