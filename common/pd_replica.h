@@ -143,8 +143,11 @@ int pd_replica_load(pd_replica *r);
  * replicas from host memory) with a new UCX agent named after the replica;
  * kv is borrowed and must outlive pd_replica_disconnect. advertise_rkey:
  * Register carries the pool's remote key (a decode replica's, which
- * prefill replicas write into). Logs the phase "register KV pool (UCX)".
- * Returns 0 or 1 ("KV transfer: ..." printed). */
+ * prefill replicas write into). With PD_KV_HOST_POOL=ucx such a pool of a
+ * device replica is allocated by UCX in shared memory instead and
+ * page-locked (pd_kv_cache_use_host_pool): same-host writers put into it
+ * directly (off by default until measured on a GPU host). Logs the phase
+ * "register KV pool (UCX)". Returns 0 or 1 ("KV transfer: ..." printed). */
 int pd_replica_kv_pool(pd_replica *r, pd_kv_cache *kv, bool advertise_rkey);
 
 /** Connects the control socket to --gateway, then runs the start-up

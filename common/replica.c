@@ -160,9 +160,27 @@ int pd_replica_kv_pool(pd_replica *r, pd_kv_cache *kv, bool advertise_rkey) {
      * detection would force TCP); same-host peers are watched by pidfd. */
     pd_kvx_config kc = {.name = r->replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
     size_t bytes = pd_kv_cache_block_bytes(kv) * (size_t)pd_kv_cache_num_blocks(kv);
-    if (!(r->kv_host = pd_kv_cache_host_pool(kv, &err)) || pd_kvx_agent_init(&kc, &r->agent, &err) != PD_OK ||
-        pd_kvx_register_pool(r->agent, r->kv_host, bytes, &r->pool, &err) != PD_OK)
+    /* PD_KV_HOST_POOL=ucx (a decode replica on a GPU; off by default until
+     * measured): the host pool prefill replicas write into is allocated by
+     * UCX in shared memory, so a writer on this host puts into it with one
+     * copy through a mapping instead of active messages this replica's
+     * thread must serve between decode steps (docs/benchmarks.md, KV
+     * transfer), and page-locked for the copies into the cache */
+    const char *hp = getenv("PD_KV_HOST_POOL");
+    const bool ucx_pool = advertise_rkey && hp && !strcmp(hp, "ucx") && r->bes[0]->ops->host_alloc;
+    if (pd_kvx_agent_init(&kc, &r->agent, &err) != PD_OK)
         return fail(r, 1, "KV transfer: %s", err.msg);
+    if (ucx_pool) {
+        if (pd_kvx_alloc_pool(r->agent, bytes, &r->pool, &err) != PD_OK ||
+            pd_kv_cache_use_host_pool(kv, pd_kvx_pool_base(r->pool), &err) != PD_OK)
+            return fail(r, 1, "KV transfer (PD_KV_HOST_POOL=ucx): %s", err.msg);
+        r->kv_host = pd_kvx_pool_base(r->pool);
+        PD_LOGI(r->role, "%s: KV host pool of %zu bytes allocated by UCX (shared memory) and page-locked",
+                r->replica_id, bytes);
+    } else if (!(r->kv_host = pd_kv_cache_host_pool(kv, &err)) ||
+               pd_kvx_register_pool(r->agent, r->kv_host, bytes, &r->pool, &err) != PD_OK) {
+        return fail(r, 1, "KV transfer: %s", err.msg);
+    }
     pd_replica_phase(r, "register KV pool (UCX)");
     return 0;
 }
@@ -365,6 +383,8 @@ pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s) {
 }
 
 void pd_replica_disconnect(pd_replica *r) {
+    if (r->kv)
+        pd_kv_cache_drop_host_pool(r->kv); /* unlocked before UCX unmaps it (PD_KV_HOST_POOL=ucx) */
     pd_kvx_pool_free(&r->pool);
     pd_kvx_agent_free(&r->agent);
     pd_hb_stop(&r->hb);

@@ -158,6 +158,12 @@ typedef struct {
      * memory is host memory, so nothing needs staging). NULL on failure. */
     void *(*host_alloc)(pd_backend *be, size_t bytes);
     void (*host_free)(pd_backend *be, void *p);
+    /** Page-locks host memory the caller allocated (CUDA: cudaHostRegister,
+     * portable to every device), so copies from and into it run as fast as
+     * from host_alloc's; host_unregister undoes it before the memory goes.
+     * Errors: PD_ERR_IO (the driver refused; logged). */
+    pd_status (*host_register)(pd_backend *be, void *p, size_t bytes);
+    void (*host_unregister)(pd_backend *be, void *p);
     /** Loading bf16 checkpoints without an fp32 copy: weight_alloc makes an
      * uninitialised [rows × cols] weight, weight_set_bf16 fills rows
      * [row0, row0 + n_rows) from host bf16 bits. */

@@ -613,7 +613,9 @@ void pd_kv_cache_free(pd_kv_cache **kv_p) {
     pd_kv_cache *kv = *kv_p;
     kv_job j = {.kv = kv};
     pd_tp_run(kv->m->team, kv->m->n_ranks, kv_free_on_rank, &j);
-    if (kv->host_pool)
+    if (kv->host_pool && kv->host_pool_borrowed)
+        pd_kv_cache_drop_host_pool(kv);
+    else if (kv->host_pool)
         kv->be->ops->host_free(kv->be, kv->host_pool);
     free(kv->free_list);
     free(kv);
@@ -692,6 +694,30 @@ void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err) {
             pd_err_set(err, PD_ERR_NOMEM, "KV cache: cannot allocate %zu bytes of page-locked host memory", bytes);
     }
     return kv->host_pool;
+}
+
+pd_status pd_kv_cache_use_host_pool(pd_kv_cache *kv, void *pool, pd_err *err) {
+    pd_backend *be = kv->be;
+    if (!pool || !be->ops->host_alloc || kv->host_pool)
+        return pd_err_set(err, PD_ERR_INVALID, "KV cache: %s", !pool ? "no memory given for the host pool"
+                                                               : !be->ops->host_alloc ? "the cache is host memory already"
+                                                                                      : "it has a host pool already");
+    if (!be->ops->host_register)
+        return pd_err_set(err, PD_ERR_UNSUPPORTED, "KV cache: this backend cannot page-lock memory it did not allocate");
+    size_t bytes = (size_t)kv->num_blocks * pd_kv_cache_block_bytes(kv);
+    if (be->ops->host_register(be, pool, bytes) != PD_OK)
+        return pd_err_set(err, PD_ERR_IO, "KV cache: cannot page-lock the %zu-byte host pool", bytes);
+    kv->host_pool = pool;
+    kv->host_pool_borrowed = true;
+    return PD_OK;
+}
+
+void pd_kv_cache_drop_host_pool(pd_kv_cache *kv) {
+    if (!kv || !kv->host_pool || !kv->host_pool_borrowed)
+        return;
+    kv->be->ops->host_unregister(kv->be, kv->host_pool);
+    kv->host_pool = NULL;
+    kv->host_pool_borrowed = false;
 }
 
 /* Rank `rank`'s part of moving blocks between the cache and the host pool.

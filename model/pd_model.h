@@ -299,6 +299,20 @@ pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, size_t own_in_use
  * page-locked mirror allocated on the first call and freed with the cache.
  * NULL when that allocation fails (err says so). */
 void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err);
+/** Makes pool, host memory the caller owns and keeps until
+ * pd_kv_cache_drop_host_pool (or the cache's free), laid out as the cache
+ * ([num_blocks][block bytes]), the cache's host pool instead of one
+ * pd_kv_cache_host_pool would allocate: e.g. a pool UCX allocated in shared
+ * memory, which a writer on the same host fills by one-sided puts. It is
+ * page-locked through the backend (host_register) so the copies into the
+ * cache run at pinned speed. Call it before pd_kv_cache_host_pool. Errors:
+ * PD_ERR_INVALID (pool NULL, the cache is host memory, a host pool exists),
+ * PD_ERR_UNSUPPORTED (the backend cannot page-lock foreign memory),
+ * PD_ERR_IO (page-locking failed). */
+pd_status pd_kv_cache_use_host_pool(pd_kv_cache *kv, void *pool, pd_err *err);
+/** Undoes pd_kv_cache_use_host_pool (unlocks the pages; the cache then has
+ * no host pool). A no-op without a borrowed pool. */
+void pd_kv_cache_drop_host_pool(pd_kv_cache *kv);
 /** Copy blocks from the cache to their slots of the host pool (before
  * sending them) and back (after receiving them); no-ops when the pool is
  * the cache. Errors: PD_ERR_INVALID (a block outside the cache, no pool). */

@@ -265,6 +265,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
 void cu_moe_ids_local(pd_backend *be, size_t n, int32_t *ids, int first, int count);
 void *cu_host_alloc(pd_backend *be, size_t bytes);
 void cu_host_free(pd_backend *be, void *p);
+pd_status cu_host_register(pd_backend *be, void *p, size_t bytes);
+void cu_host_unregister(pd_backend *be, void *p);
 pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p);
 pd_status cu_weight_set_bf16(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src);
 void cu_all_reduce_sum(pd_backend *be, float *x, size_t n);

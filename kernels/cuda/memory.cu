@@ -197,6 +197,25 @@ void *cu_host_alloc(pd_backend *be, size_t bytes) {
     return p;
 }
 
+pd_status cu_host_register(pd_backend *be, void *p, size_t bytes) {
+    (void)be;
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        CU_LOGW("cudaHostRegister(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return PD_ERR_IO;
+    }
+    return PD_OK;
+}
+
+void cu_host_unregister(pd_backend *be, void *p) {
+    cu_ctx *c = cu_of(be);
+    if (!p)
+        return;
+    CU_OK(c, cudaStreamSynchronize(c->stream)); /* a queued copy may still read it */
+    CU_OK(c, cudaHostUnregister(p));
+}
+
 void cu_host_free(pd_backend *be, void *p) {
     cu_ctx *c = cu_of(be);
     if (!p)
