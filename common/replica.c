@@ -95,6 +95,12 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
         return rc == 1 ? 0 : 2;
     pd_version_log(role);
     pd_err err = {{0}};
+    /* 0 stands for "not given" below: a given 0 is out of range like any other */
+    for (int i = 1; i < argc && a->gpu_mem_util == 0.0; i++)
+        if (!strcmp(argv[i], "--gpu-memory-utilization") || !strncmp(argv[i], "--gpu-memory-utilization=", 25)) {
+            fprintf(stderr, "pdserve %s: --gpu-memory-utilization 0 must be in (0, 1]\n", role);
+            return 2;
+        }
     if (pd_replica_kv_flags_check(a->device, a->gpu_mem_util, a->num_blocks, &err) != PD_OK) {
         fprintf(stderr, "pdserve %s: %s\n", role, err.msg);
         return 2;

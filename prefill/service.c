@@ -447,11 +447,12 @@ int pd_prefill_main(int argc, char **argv) {
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
 out:
-    while (p.jobs) {
-        job *j = p.jobs;
-        p.jobs = j->next;
-        job_free(&p, j);
-    }
+    /* Transfers may still be in flight: close the peers, then free the
+     * agent (pd_replica_disconnect), which gives every outstanding put and
+     * flush its callback, while the jobs those callbacks name still exist
+     * (freeing the jobs first crashed a SIGTERM'd replica in on_flushed and
+     * in the orphaned operations' send_error: found by helper-29); then the
+     * jobs no callback freed. */
     while (p.peers) {
         decode_peer *d = p.peers;
         p.peers = d->next;
@@ -459,6 +460,11 @@ out:
         free(d);
     }
     pd_replica_disconnect(&p.r);
+    while (p.jobs) {
+        job *j = p.jobs;
+        p.jobs = j->next;
+        job_free(&p, j);
+    }
     free(p.logits);
     pd_kv_cache_free(&p.kv);
     pd_replay_free(&g_replay);

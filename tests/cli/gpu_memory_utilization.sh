@@ -25,6 +25,8 @@ for role in decode prefill; do
     expect $role "runs on the CPU" --gpu-memory-utilization 0.5
     expect $role "must be in (0, 1]" --gpu-memory-utilization 1.5
     expect $role "must be in (0, 1]" --gpu-memory-utilization -0.2
+    expect $role "must be in (0, 1]" --gpu-memory-utilization 0
+    expect $role "must be in (0, 1]" --gpu-memory-utilization=0.0
     expect $role "needs a number" --gpu-memory-utilization half
     expect $role "--num-kv-blocks -3 must be positive" --num-kv-blocks -3
 done

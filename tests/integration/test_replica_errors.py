@@ -6,8 +6,9 @@ and an OpenAI error body naming the replica (streamed: an in-band error
 event with code 503, then [DONE]), and leaves the stack serving (the
 decode replica's reservation is handed back: more long requests than its
 cache could hold at once still get their 503, and short requests their
-text). Real processes on 127.0.0.1 with the tiny model."""
-import json, os, subprocess, time
+text). A prefill replica stopped (SIGTERM) with KV transfers in flight
+exits 0 and every request gets an answer. Real processes on 127.0.0.1 with the tiny model."""
+import json, os, subprocess, threading, time
 
 from pdtest import BIN, check, finish, free_port_pair, metric, metrics, request, stop_procs, tiny_model, wait_ready
 
@@ -63,6 +64,58 @@ def main():
             free_blocks = metric(metrics(port), "pdserve:kv_cache_free_blocks", replica="decode-0")
             time.sleep(0.2)
         check(free_blocks == 64, f"the decode replica's 64 KV blocks are free again ({free_blocks})")
+        # a prefill replica stopped (SIGTERM) while its KV transfers are in
+        # flight exits cleanly: its outstanding puts and flushes get their
+        # callbacks before its jobs go (it crashed in on_flushed before), and
+        # every request still gets an answer
+        procs[2].terminate()
+        procs[2].wait(15)
+        procs[1].terminate()  # a decode replica with room for many long prompts
+        procs[1].wait(15)
+        procs.append(subprocess.Popen([BIN, "decode", *common, "--replica-id", "decode-1", "--num-kv-blocks", "20000"],
+                                      stdout=log, stderr=log))
+
+        def alive(role, n, timeout=15):
+            """True once the gateway counts n live replicas of role (the stopped ones out of rotation)."""
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                if metric(metrics(port), "pdserve:replicas_alive", role=role) == n:
+                    return True
+                time.sleep(0.1)
+            return False
+
+        check(alive("prefill", 0) and alive("decode", 1), "the stopped replicas out of rotation, decode-1 in")
+        for rep in range(3):
+            pf = subprocess.Popen([BIN, "prefill", *common, "--replica-id", "prefill-0", "--num-kv-blocks", "8000"],
+                                  stdout=log, stderr=log)
+            procs.append(pf)
+            if not check(alive("prefill", 1), f"healthy prefill replica up ({rep})"):
+                break
+            out = [None] * 16
+
+            def one(i):
+                prompt = [(x * 7 + i) % 5000 + 10 for x in range(1000)]
+                try:
+                    out[i] = request(port, "POST", "/v1/completions",
+                                     {"model": "tiny", "prompt": prompt, "max_tokens": 2, "ignore_eos": True},
+                                     timeout=60)[0]
+                except OSError as e:
+                    out[i] = repr(e)
+
+            th = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+            for t in th:
+                t.start()
+            time.sleep(0.4 + 0.2 * rep)
+            pf.terminate()
+            try:
+                rc = pf.wait(20)
+            except subprocess.TimeoutExpired:
+                rc = "hung"
+            for t in th:
+                t.join(60)
+            check(rc == 0, f"prefill replica stopped mid-transfer exits 0 ({rc}), round {rep}")
+            check(all(x in (200, 503) for x in out), f"every request answered 200 or 503: {out}")
+            check(alive("prefill", 0), f"the stopped prefill replica out of rotation ({rep})")
     finally:
         stop_procs(procs)
         log.close()
