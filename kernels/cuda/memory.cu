@@ -208,20 +208,22 @@ pd_status cu_host_register(pd_backend *be, void *p, size_t bytes) {
     return PD_OK;
 }
 
-void cu_host_unregister(pd_backend *be, void *p) {
+/* Gives host memory back to the driver once no queued copy reads it:
+ * unregistered (the caller's memory) or freed (host_alloc's). */
+static void host_release(pd_backend *be, void *p, bool registered) {
     cu_ctx *c = cu_of(be);
     if (!p)
         return;
     CU_OK(c, cudaStreamSynchronize(c->stream)); /* a queued copy may still read it */
-    CU_OK(c, cudaHostUnregister(p));
+    CU_OK(c, registered ? cudaHostUnregister(p) : cudaFreeHost(p));
+}
+
+void cu_host_unregister(pd_backend *be, void *p) {
+    host_release(be, p, true);
 }
 
 void cu_host_free(pd_backend *be, void *p) {
-    cu_ctx *c = cu_of(be);
-    if (!p)
-        return;
-    CU_OK(c, cudaStreamSynchronize(c->stream)); /* a queued copy may still read it */
-    CU_OK(c, cudaFreeHost(p));
+    host_release(be, p, false);
 }
 
 pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p) {
