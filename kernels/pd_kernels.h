@@ -69,6 +69,47 @@ typedef struct {
     float *out;            /* [n_seqs, n_heads * v_dim] */
 } pd_mla_decode_args;
 
+/** The most top logprobs sample_rows reports for a row (OpenAI's
+ * top_logprobs limit; model/pd_model.h PD_MAX_TOP_LOGPROBS equals it). */
+#define PD_SAMPLE_MAX_TOP 20
+
+/* pd_sample_tok.flags */
+#define PD_SAMPLE_MASKED 1u /* the token cannot be sampled: its logit is -inf from step 1 on */
+#define PD_SAMPLE_SEEN 2u   /* in the prompt or the output: the repetition penalty applies */
+
+/** One token of a row's sparse adjustments (sample_rows). A row lists each
+ * token at most once. */
+typedef struct {
+    int32_t id;    /* in [0, vocab) */
+    uint32_t flags; /* PD_SAMPLE_* */
+    int32_t count; /* occurrences in the output so far (frequency and presence penalties) */
+    float bias;    /* logit_bias, 0 when none */
+} pd_sample_tok;
+
+/** One row to sample (sample_rows); the meanings of pd_sampling_params
+ * (model/pd_model.h). */
+typedef struct {
+    int32_t row;       /* which row of the logits */
+    float temperature; /* < 1e-5: greedy */
+    int32_t top_k;     /* <= 0 or >= vocab: off */
+    float top_p;       /* in (0, 1]; 1: off */
+    float min_p;       /* in [0, 1]; 0: off */
+    float repetition_penalty, frequency_penalty, presence_penalty;
+    double u;          /* the row's uniform draw in [0, 1) (its request's generator) */
+    int32_t n_top;     /* top logprobs wanted, 0 .. PD_SAMPLE_MAX_TOP */
+    int32_t want_logprob; /* nonzero: the sampled token's logprob */
+    int32_t tok_off, n_tok; /* its entries: toks[tok_off, tok_off + n_tok) */
+} pd_sample_row;
+
+/** What sample_rows gives back for one row. */
+typedef struct {
+    int32_t token;
+    float logprob; /* of token, when asked (else 0) */
+    int32_t n_top; /* how many of top_ids / top_logprobs hold values */
+    int32_t top_ids[PD_SAMPLE_MAX_TOP];
+    float top_logprobs[PD_SAMPLE_MAX_TOP];
+} pd_sample_out;
+
 typedef struct pd_backend pd_backend;
 
 /** The operation table. ctx is the backend's own state. Every pointer
@@ -189,6 +230,42 @@ typedef struct {
      * internals), bytes: what --gpu-memory-utilization charges to this
      * replica. NULL where memory is host memory. */
     size_t (*device_bytes)(pd_backend *be);
+    /** Samples one token from each of n rows of logits, where they are
+     * (rows[i].row of logits [.. × vocab], backend memory), so only the
+     * results cross to the host; the order and meanings of model/sampler.c
+     * (vLLM's sampler) with one difference, the order of the final draw.
+     * For each row, with l its logits (modified in place):
+     *   1. l[t] = -inf for every listed token flagged PD_SAMPLE_MASKED;
+     *   2. logprobs of l as it stands (log softmax, the normaliser in
+     *      double): the n_top best tokens (logit descending, ties to the
+     *      lower id) and, at the end, the sampled token's;
+     *   3. logit_bias: l[t] += bias; 4. penalties on listed tokens: the
+     *      repetition penalty on those flagged PD_SAMPLE_SEEN (positive l
+     *      divided, others multiplied), then with count > 0
+     *      l -= frequency_penalty * count and l -= presence_penalty;
+     *   5. temperature < 1e-5: the argmax of l (ties to the lower id; every
+     *      logit -inf: token 0); otherwise l / temperature (NaN: -inf) and,
+     *      if its max is not finite, the argmax of that;
+     *   6. top-k: the top_k best of l / temperature (descending, ties to the
+     *      lower id); weights w = expf(l / temperature - max) of those;
+     *   7. top-p: the fewest of those, best weight first (ties to the lower
+     *      id), whose weights sum (double) to at least top_p of theirs;
+     *   8. min-p: of those, the ones with w >= min_p;
+     *   9. the draw: the survivors with w > 0 in id order, the first whose
+     *      running sum of w (double) exceeds u times their sum; when
+     *      rounding leaves none, the last of them; when none has w > 0, the
+     *      argmax of step 5.
+     * (model/sampler.c draws in the order its selection leaves the
+     * candidates, so the same u can give another token there; the
+     * distribution is the same.) toks [n_toks], rows [n] and out [n] are host
+     * memory; the call returns when out is filled. Errors (the backend's
+     * status, as every op): PD_ERR_INVALID (a row or token outside the
+     * logits, n_top outside [0, PD_SAMPLE_MAX_TOP]). The CPU backend's is
+     * the reference; the model samples through this op only where logits
+     * are not host memory (host_alloc is set), and through model/sampler.c
+     * elsewhere. */
+    void (*sample_rows)(pd_backend *be, int n, int vocab, float *logits, const pd_sample_row *rows,
+                        const pd_sample_tok *toks, int n_toks, pd_sample_out *out);
 } pd_backend_i;
 
 /* The largest tensor-parallel group: the GPUs of one host. */
