@@ -49,6 +49,10 @@ struct pd_sched {
     uint64_t prefill_tokens_total, generation_tokens_total;
     float *logits;
     int logits_rows;
+    /* sampling where the logits are (pd_model_samples_on_device): the
+     * rows' listed tokens, kept between steps */
+    pd_sample_tok *stoks;
+    int cap_stoks;
 };
 
 static const pd_model_config *mcfg(const pd_sched *s) {
@@ -104,6 +108,7 @@ void pd_sched_free(pd_sched **s_p) {
     }
     pd_kv_cache_free(&s->kv);
     free(s->logits);
+    free(s->stoks);
     free(s);
     *s_p = NULL;
 }
@@ -352,6 +357,25 @@ static void report_prompt_logprobs(pd_sched *s, seq *q, int p0, int n, const flo
     free(tlp);
 }
 
+/* Samples row lg (host logits) of q: min_tokens' masks, the grammar's
+ * "only EOS is left" (gram_ok 1 and complete: gram_eos restored), then the
+ * request's sampler with its logprobs: those of the logits as they stand
+ * here (the model's, min_tokens and grammar masks applied, before
+ * penalties and temperature; the top ones by a bounded selection). */
+static int32_t sample_on_host(pd_sched *s, seq *q, float *lg, int gram_ok, float gram_eos, float *lp,
+                              int32_t *top_id, float *top_lp, int *n_top) {
+    const pd_model_config *c = mcfg(s);
+    if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
+        if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
+        for (int k = 0; k < q->n_stop; k++)
+            if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
+    }
+    if (q->gs && gram_ok == 1 && pd_grammar_state_is_complete(q->gs))
+        lg[c->eos_token_id] = gram_eos; /* only EOS is left: it wins over min_tokens */
+    return pd_sampler_sample_top(q->smp, lg, q->want_logprobs ? lp : NULL, q->top_logprobs, top_id, top_lp,
+                                 n_top);
+}
+
 int pd_sched_step(pd_sched *s) {
     const pd_model_config *c = mcfg(s);
     int max_seqs = s->cfg.max_num_seqs;
@@ -425,9 +449,53 @@ int pd_sched_step(pd_sched *s) {
     }
     for (int i = 0; i < nb; i++)
         bseq[i]->in_batch = false;
+    /* Rows sampled where the logits are: every row to sample that needs no
+     * host pass over the whole row (a grammar mask). The host gets those
+     * rows' tokens and logprobs, and the logits of the other rows it reads:
+     * grammar rows and prompt logprobs. */
+    pd_fwd_out out = {.logits = s->logits};
+    int *dev_of = NULL; /* batch row -> its sample row, or -1 */
+    if (pd_model_samples_on_device(s->m)) {
+        uint8_t *dl = pd_xcalloc(rows, 1);
+        pd_sample_row *srow = pd_xmalloc((size_t)nb * sizeof *srow);
+        dev_of = pd_xmalloc((size_t)nb * sizeof *dev_of);
+        int n_toks = 0, n_dev = 0;
+        for (int i = 0; i < nb; i++) {
+            seq *q = bseq[i];
+            dev_of[i] = -1;
+            if (batch[i].all_logits)
+                memset(dl + row[i] + 1 - batch[i].n_tokens, 1, (size_t)batch[i].n_tokens);
+            if (q->state == SEQ_WAITING && !sample[i])
+                continue;
+            if (q->gs || batch[i].all_logits) {
+                dl[row[i]] = 1;
+                continue;
+            }
+            int32_t *masked = NULL;
+            int n_masked = 0;
+            if (q->n_generated < q->min_tokens) { /* vLLM min_tokens, as sample_on_host */
+                masked = pd_xmalloc((size_t)(1 + q->n_stop) * sizeof *masked);
+                if (!q->ignore_eos) masked[n_masked++] = c->eos_token_id;
+                for (int k = 0; k < q->n_stop; k++) masked[n_masked++] = q->stop_ids[k];
+            }
+            srow[n_dev].row = (int32_t)row[i];
+            pd_sampler_device_row(q->smp, masked, n_masked, q->want_logprobs, q->top_logprobs, &srow[n_dev],
+                                  &s->stoks, &n_toks, &s->cap_stoks);
+            free(masked);
+            dev_of[i] = n_dev++;
+        }
+        out = (pd_fwd_out){.logits = s->logits, .download_row = dl, .n_sample = n_dev, .sample = srow,
+                           .toks = s->stoks, .n_toks = n_toks,
+                           .sampled = pd_xmalloc((size_t)(n_dev > 0 ? n_dev : 1) * sizeof(pd_sample_out))};
+    }
     pd_err err = {{0}};
     int processed = s->cfg.max_num_batched_tokens - budget;
-    if (pd_model_forward(s->m, s->kv, batch, nb, s->logits, &err) != PD_OK) {
+    pd_status fst = pd_model_forward_ex(s->m, s->kv, batch, nb, &out, &err);
+    free((void *)out.download_row);
+    free((void *)out.sample);
+    if (fst != PD_OK) {
+        free(out.sampled);
+        free(dev_of);
         for (int i = 0; i < nb; i++) {
             seq *q = bseq[i];
             seq_unlink(s, q);
@@ -474,22 +542,22 @@ int pd_sched_step(pd_sched *s) {
             q->state = SEQ_RUNNING;
             q->admit_order = ++s->admit_counter;
         }
-        float *lg = s->logits + row[i] * c->vocab_size;
-        if (q->n_generated < q->min_tokens) { /* vLLM min_tokens: EOS and stop ids cannot be sampled yet */
-            if (!q->ignore_eos) lg[c->eos_token_id] = -INFINITY;
-            for (int k = 0; k < q->n_stop; k++)
-                if (q->stop_ids[k] >= 0 && q->stop_ids[k] < c->vocab_size) lg[q->stop_ids[k]] = -INFINITY;
-        }
-        if (q->gs && gram_ok[i] == 1 && pd_grammar_state_is_complete(q->gs))
-            lg[c->eos_token_id] = gram_eos[i]; /* only EOS is left: it wins over min_tokens */
-        /* logprobs (and the top ones, by a bounded selection) of the
-         * logits as they stand here: the model's, min_tokens and grammar
-         * masks applied, before penalties and temperature */
         float lp = 0.0f, top_lp[PD_MAX_TOP_LOGPROBS];
         int32_t top_id[PD_MAX_TOP_LOGPROBS];
         int n_top = 0;
-        int32_t t = pd_sampler_sample_top(q->smp, lg, q->want_logprobs ? &lp : NULL, q->top_logprobs, top_id,
-                                          top_lp, &n_top);
+        int32_t t;
+        if (dev_of && dev_of[i] >= 0) { /* sampled on the device */
+            const pd_sample_out *so = &out.sampled[dev_of[i]];
+            t = so->token;
+            lp = so->logprob;
+            n_top = so->n_top;
+            memcpy(top_id, so->top_ids, (size_t)n_top * sizeof *top_id);
+            memcpy(top_lp, so->top_logprobs, (size_t)n_top * sizeof *top_lp);
+            pd_sampler_accept(q->smp, t);
+        } else {
+            t = sample_on_host(s, q, s->logits + row[i] * c->vocab_size, gram_ok ? gram_ok[i] : 0,
+                               gram_eos ? gram_eos[i] : 0.0f, &lp, top_id, top_lp, &n_top);
+        }
         if (q->replay) /* testing: the scripted output */
             t = q->n_generated < q->n_replay ? q->replay[q->n_generated] : c->eos_token_id;
         s->generation_tokens_total++;
@@ -509,6 +577,8 @@ int pd_sched_step(pd_sched *s) {
     }
     free(gram_ok);
     free(gram_eos);
+    free(out.sampled);
+    free(dev_of);
     free(batch);
     free(bseq);
     free(sample);

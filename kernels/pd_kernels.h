@@ -258,7 +258,8 @@ typedef struct {
      * (model/sampler.c draws in the order its selection leaves the
      * candidates, so the same u can give another token there; the
      * distribution is the same.) toks [n_toks], rows [n] and out [n] are host
-     * memory; the call returns when out is filled. Errors (the backend's
+     * memory; the call returns when out is filled (a failed call leaves
+     * every out[i].token -1). Errors (the backend's
      * status, as every op): PD_ERR_INVALID (a row or token outside the
      * logits, n_top outside [0, PD_SAMPLE_MAX_TOP]). The CPU backend's is
      * the reference; the model samples through this op only where logits

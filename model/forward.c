@@ -35,6 +35,7 @@
  */
 #include "model_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void mlp_forward(pd_backend *be, const pd_mlp_weights *w, int T, const float *h, float *gu, float *act,
@@ -328,6 +329,27 @@ static void graph_record(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, 
     w->graphs[n_seqs].gen = w->gen;
 }
 
+/* Rank 0's end of a step: the output rows asked for to the host, in runs of
+ * consecutive rows, then the rows sampled where they are. */
+static void step_outputs(const pd_model *m, pd_model_rank *rk, int n_out, const pd_fwd_out *o) {
+    pd_backend *be = rk->be;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    for (int r = 0; r < n_out;) {
+        if (o->download_row && !o->download_row[r]) {
+            r++;
+            continue;
+        }
+        int e = r + 1;
+        while (e < n_out && (!o->download_row || o->download_row[e]))
+            e++;
+        be->ops->download(be, o->logits + (size_t)r * V, rk->ws.logits + (size_t)r * V,
+                          (size_t)(e - r) * V * sizeof(float));
+        r = e;
+    }
+    if (o->n_sample > 0)
+        be->ops->sample_rows(be, o->n_sample, (int)V, rk->ws.logits, o->sample, o->toks, o->n_toks, o->sampled);
+}
+
 /* One step, as every rank runs it (each on its own thread). */
 typedef struct {
     const pd_model *m;
@@ -335,7 +357,7 @@ typedef struct {
     const pd_batch_seq *seqs;
     int n_seqs, T, n_out, n_blocks;
     bool decode_only;
-    float *logits; /* host, rank 0 writes it */
+    const pd_fwd_out *out; /* rank 0 fills it */
     pd_status status[PD_TP_MAX_RANKS]; /* of reserve_on_rank */
     pd_err err[PD_TP_MAX_RANKS];
 } step_job;
@@ -381,12 +403,27 @@ static void step_on_rank(void *arg, int rank) {
     if (!replayed)
         fwd_queue(m, rk, kv, seqs, n_seqs, j->T, j->n_out);
     if (rank == 0)
-        be->ops->download(be, j->logits, w->logits, (size_t)j->n_out * m->cfg.vocab_size * sizeof(float));
+        step_outputs(m, rk, j->n_out, j->out);
     if (j->decode_only && !replayed)
         graph_record(m, rk, kv, seqs, n_seqs);
 }
 
+bool pd_model_samples_on_device(const pd_model *m) {
+    const pd_backend_i *ops = m->ranks[0].be->ops;
+    const char *env = getenv("PD_SAMPLE_ON_DEVICE");
+    if (env && strcmp(env, "0") == 0)
+        return false;
+    if (env && strcmp(env, "1") == 0)
+        return ops->sample_rows != NULL; /* the CPU backend's reference too: tests */
+    return ops->sample_rows && ops->host_alloc;
+}
+
 pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, float *logits, pd_err *err) {
+    return pd_model_forward_ex(m, kv, seqs, n_seqs, &(pd_fwd_out){.logits = logits}, err);
+}
+
+pd_status pd_model_forward_ex(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, const pd_fwd_out *out,
+                              pd_err *err) {
     const pd_model_config *c = &m->cfg;
     int T = 0, n_out = 0, n_blocks = 0;
     bool decode_only = n_seqs > 0;
@@ -418,8 +455,13 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
         else
             decode_only = false;
     }
+    if (out->n_sample > 0 && !m->ranks[0].be->ops->sample_rows)
+        return pd_err_set(err, PD_ERR_INVALID, "the %s backend does not sample", m->ranks[0].be->ops->name);
+    for (int i = 0; i < out->n_sample; i++)
+        if (out->sample[i].row < 0 || out->sample[i].row >= n_out)
+            return pd_err_set(err, PD_ERR_INVALID, "sample row %d: output row %d of %d", i, out->sample[i].row, n_out);
     step_job *j = &(step_job){.m = m, .kv = kv, .seqs = seqs, .n_seqs = n_seqs, .T = T, .n_out = n_out,
-                              .n_blocks = n_blocks, .decode_only = decode_only, .logits = logits};
+                              .n_blocks = n_blocks, .decode_only = decode_only, .out = out};
     /* Buffers first, on every rank, and the step only when every rank has
      * them: a rank that stopped halfway would leave the others waiting in
      * all_reduce_sum. */
@@ -435,5 +477,9 @@ pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int
     pd_tp_run(m->team, m->n_ranks, step_on_rank, j);
     for (int s = 0; s < n_seqs; s++)
         seqs[s].kv->num_tokens += seqs[s].n_tokens;
+    for (int i = 0; i < out->n_sample; i++)
+        if (out->sampled[i].token < 0 || out->sampled[i].token >= c->vocab_size)
+            return pd_err_set(err, PD_ERR_IO, "sampling on the %s backend failed (row %d; the log says why)",
+                              m->ranks[0].be->ops->name, out->sample[i].row);
     return PD_OK;
 }

@@ -356,6 +356,41 @@ typedef struct {
 pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs,
                            float *logits, pd_err *err);
 
+/** Where pd_model_forward_ex leaves a step's output rows (n_out rows in
+ * batch order, as pd_model_forward counts them). */
+typedef struct {
+    /** HOST [n_out × vocab_size]: the rows download_row asks for (the
+     * others are left as they were). */
+    float *logits;
+    /** [n_out], nonzero: download that row; NULL: every row. */
+    const uint8_t *download_row;
+    /** Rows sampled where the logits are (kernels/ sample_rows: rows[i].row
+     * is an output row); sampled[i] receives row i's token and logprobs. */
+    int n_sample;
+    const pd_sample_row *sample;
+    const pd_sample_tok *toks;
+    int n_toks;
+    pd_sample_out *sampled;
+} pd_fwd_out;
+
+/** pd_model_forward with the output rows' destinations chosen: some rows
+ * downloaded, some sampled on the device (only the tokens and logprobs
+ * cross to the host), the rest left on the device. Use it with n_sample > 0
+ * only where pd_model_samples_on_device says so. Errors: pd_model_forward's;
+ * PD_ERR_INVALID (a sample row outside n_out); PD_ERR_IO (the device's
+ * sampling failed: the backend logged why; the step's KV is written and
+ * each num_tokens advanced, as after a successful step). */
+pd_status pd_model_forward_ex(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, const pd_fwd_out *out,
+                              pd_err *err);
+
+/** Whether this model samples where its logits are: its backend has
+ * sample_rows and its memory is not host memory (so the logits would
+ * otherwise cross to the host). PD_SAMPLE_ON_DEVICE=0 says no (A/B runs);
+ * =1 says yes wherever the backend has sample_rows, the CPU backend's
+ * reference too (tests). The CPU backend otherwise samples through
+ * pd_sampler. */
+bool pd_model_samples_on_device(const pd_model *m);
+
 /* ------------------------------------------------------------------ */
 /* sampler                                                             */
 /* ------------------------------------------------------------------ */
@@ -437,6 +472,21 @@ int pd_logprobs_row(const float *logits, int vocab_size, int32_t token, float *l
 /** Records an externally chosen token (e.g. the first token sampled by a
  * prefill replica) so penalties stay consistent. */
 void pd_sampler_accept(pd_sampler *s, int32_t token);
+/** This sampler's next draw as a row of the sample_rows op (kernels/), for
+ * sampling where the logits are (pd_model_forward_ex): fills row's
+ * parameters (all but row->row) and its uniform draw u, taken from the
+ * request's generator only when the row is not greedy, as
+ * pd_sampler_sample_top would take it; appends to *toks_p (grown with
+ * realloc; *n_toks_p entries in room for *cap_toks_p; the caller owns and
+ * frees it) one entry for each token the row lists, each once: logit_bias,
+ * the tokens the penalties touch (prompt and output), and masked[0,
+ * n_masked) (ids the caller forbids, e.g. min_tokens' EOS and stop ids;
+ * ids outside the vocabulary are skipped). top_logprobs is clamped to [0,
+ * PD_MAX_TOP_LOGPROBS]. After the draw, give the token to
+ * pd_sampler_accept. */
+void pd_sampler_device_row(pd_sampler *s, const int32_t *masked, int n_masked, bool want_logprob,
+                           int top_logprobs, pd_sample_row *row, pd_sample_tok **toks_p, int *n_toks_p,
+                           int *cap_toks_p);
 
 /* ------------------------------------------------------------------ */
 /* checkpoint verification (pdserve verify, --verify-checkpoint)       */

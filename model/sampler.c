@@ -626,6 +626,72 @@ int pd_logprobs_row(const float *logits, int vocab_size, int32_t token, float *l
     return k;
 }
 
+static_assert(PD_MAX_TOP_LOGPROBS == PD_SAMPLE_MAX_TOP, "the device sampler reports as many top logprobs");
+
+/* The entry of token t among toks[base, *n) (linear: masks are few), else
+ * a new zeroed one at the end. */
+static pd_sample_tok *device_entry(pd_sample_tok *toks, int base, int *n, int32_t t) {
+    for (int i = base; i < *n; i++)
+        if (toks[i].id == t)
+            return &toks[i];
+    toks[*n] = (pd_sample_tok){.id = t};
+    return &toks[(*n)++];
+}
+
+void pd_sampler_device_row(pd_sampler *s, const int32_t *masked, int n_masked, bool want_logprob,
+                           int top_logprobs, pd_sample_row *row, pd_sample_tok **toks_p, int *n_toks_p,
+                           int *cap_toks_p) {
+    const pd_sampling_params *p = &s->p;
+    int k = top_logprobs < 0 ? 0 : top_logprobs > PD_MAX_TOP_LOGPROBS ? PD_MAX_TOP_LOGPROBS : top_logprobs;
+    int base = *n_toks_p;
+    int need = base + s->n_bias + (s->penalties_on ? s->n_seen : 0) + (n_masked > 0 ? n_masked : 0);
+    if (need > *cap_toks_p) {
+        int cap = *cap_toks_p ? *cap_toks_p : 256;
+        while (cap < need)
+            cap *= 2;
+        *toks_p = realloc(*toks_p, (size_t)cap * sizeof **toks_p);
+        PD_ASSERT(*toks_p);
+        *cap_toks_p = cap;
+    }
+    pd_sample_tok *toks = *toks_p;
+    int n = base;
+    /* logit_bias first: its ids are sorted, so a penalised token finds its
+     * entry by binary search */
+    for (int i = 0; i < s->n_bias; i++)
+        toks[n++] = (pd_sample_tok){.id = s->bias_ids[i], .bias = s->bias[i]};
+    for (int i = 0; s->penalties_on && i < s->n_seen; i++) {
+        int32_t t = s->seen[i];
+        int lo = 0, hi = s->n_bias;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (s->bias_ids[mid] < t)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        pd_sample_tok *e;
+        if (lo < s->n_bias && s->bias_ids[lo] == t) {
+            e = &toks[base + lo];
+        } else {
+            e = &toks[n++];
+            *e = (pd_sample_tok){.id = t};
+        }
+        e->flags |= PD_SAMPLE_SEEN;
+        e->count = s->out_count[t];
+    }
+    for (int i = 0; i < n_masked; i++)
+        if (masked[i] >= 0 && masked[i] < s->vocab_size)
+            device_entry(toks, base, &n, masked[i])->flags |= PD_SAMPLE_MASKED;
+    *n_toks_p = n;
+    *row = (pd_sample_row){
+        .row = row->row, .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+        .min_p = p->min_p, .repetition_penalty = p->repetition_penalty,
+        .frequency_penalty = p->frequency_penalty, .presence_penalty = p->presence_penalty,
+        .u = p->temperature < SAMPLING_EPS ? 0.0 : pd_rng_uniform(&s->rng), .n_top = k,
+        .want_logprob = want_logprob ? 1 : 0, .tok_off = base, .n_tok = n - base,
+    };
+}
+
 int32_t pd_sampler_sample(pd_sampler *s, float *logits, float *logprob_p) {
     return pd_sampler_sample_top(s, logits, logprob_p, 0, NULL, NULL, NULL);
 }

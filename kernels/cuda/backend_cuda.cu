@@ -323,6 +323,7 @@ static const pd_backend_i cu_ops = {
     .graph_free = cu_graph_free,
     .thread_bind = cu_thread_bind,
     .device_bytes = cu_device_bytes,
+    .sample_rows = cu_sample_rows,
 };
 
 extern "C" {

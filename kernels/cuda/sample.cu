@@ -1,0 +1,577 @@
+/* Sampling where the logits are (the sample_rows op; its numbered steps are
+ * in kernels/pd_kernels.h, the meanings those of model/sampler.c, i.e.
+ * vLLM's sampler: vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py).
+ *
+ * One block of SP_THREADS per row. Thread t owns the contiguous run of ids
+ * [t·C, (t+1)·C), C = ceil(vocab / SP_THREADS), and every pass walks its
+ * run in id order, so "ties to the lower id" and "the first survivor in id
+ * order" come from a per-thread count and one exclusive scan over threads,
+ * never from a sort. Nothing of the row is kept between passes: each pass
+ * reads it again (from L2: a 100K-token row is 400 KB).
+ *
+ * Thresholds by radix selection on the bits of a float, 8 bits a pass from
+ * the top: top-k and the top logprobs by counts (the k-th largest logit),
+ * top-p by mass (the weight at which the heaviest weights first hold
+ * top_p of the mass). A selection gives a threshold τ and how many of the
+ * ids exactly at τ to keep (the lowest ids among them).
+ */
+#include "cuda_common.cuh"
+
+#include <math.h>
+
+#define SP_THREADS 1024
+#define SP_WARPS (SP_THREADS / 32)
+#define SP_EPS 1e-5f /* vLLM's _SAMPLING_EPS: temperatures below are greedy */
+
+typedef struct {
+    double d[SP_WARPS];
+    float f[SP_WARPS];
+    int i[SP_WARPS];
+    unsigned hist[256];
+    double mass[256];
+    unsigned sel_prefix;
+    int sel_rest;
+    double sel_need;
+    int sel_all;
+    int n_top;
+    int top_id[PD_SAMPLE_MAX_TOP];
+    float top_l[PD_SAMPLE_MAX_TOP];
+    int chosen_entry;
+} sp_smem;
+
+/* A float's bits as an unsigned that orders like the float (NaN as -inf). */
+__device__ __forceinline__ unsigned sp_key(float v) {
+    if (isnan(v))
+        v = -INFINITY;
+    unsigned b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ double sp_sum_d(sp_smem *sm, double v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sm->d[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < SP_WARPS; w++)
+        t += sm->d[w];
+    return t;
+}
+
+__device__ float sp_max_f(sp_smem *sm, float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sm->f[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int w = 0; w < SP_WARPS; w++)
+        t = fmaxf(t, sm->f[w]);
+    return t;
+}
+
+/* Exclusive prefix over threads (thread order = id order) and the total. */
+__device__ int sp_scan_i(sp_smem *sm, int v, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    __syncthreads();
+    if (lane == 31)
+        sm->i[warp] = x;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < SP_WARPS; w++) {
+        before += w < warp ? sm->i[w] : 0;
+        all += sm->i[w];
+    }
+    *total = all;
+    return before + x - v;
+}
+
+__device__ double sp_scan_d(sp_smem *sm, double v, double *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        double y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    __syncthreads();
+    if (lane == 31)
+        sm->d[warp] = x;
+    __syncthreads();
+    double before = 0.0, all = 0.0;
+    for (int w = 0; w < SP_WARPS; w++) {
+        before += w < warp ? sm->d[w] : 0.0;
+        all += sm->d[w];
+    }
+    *total = all;
+    return before + (x - v);
+}
+
+/* The lowest id holding the largest value among this thread's candidates
+ * (val > -inf... as `>` from -inf: NaN never wins; id -1: none). */
+__device__ int sp_argmax(sp_smem *sm, float v, int id) {
+    float bv = v;
+    int bi = id;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        bool take = oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi));
+        bv = take ? ov : bv;
+        bi = take ? oi : bi;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        sm->f[threadIdx.x >> 5] = bv;
+        sm->i[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    float rv = -INFINITY;
+    int ri = -1;
+    for (int w = 0; w < SP_WARPS; w++) {
+        float ov = sm->f[w];
+        int oi = sm->i[w];
+        if (oi >= 0 && (ri < 0 || ov > rv || (ov == rv && oi < ri))) {
+            rv = ov;
+            ri = oi;
+        }
+    }
+    return ri;
+}
+
+/* Per-pass view of one row: the logits l (steps 1-4 already written), the
+ * temperature and the thresholds chosen so far; keep() says whether id i
+ * survives top-k and top-p, counting ties in id order as it goes (a pass
+ * must visit the thread's ids in order and call keep() on each). */
+typedef struct {
+    const float *l;
+    float t, max; /* l / t, as model/sampler.c divides (not a reciprocal) */
+    /* top-k: key > k_tau, or key == k_tau among the first k_rest such */
+    bool k_on;
+    unsigned k_tau;
+    int k_rest, k_seen; /* k_seen: ties at k_tau before this thread's next id */
+    /* top-p on top-k's survivors: weight bits > p_tau, or == p_tau among the first p_rest */
+    bool p_on;
+    unsigned p_tau;
+    int p_rest, p_seen;
+    float min_p; /* 0: off */
+} sp_view;
+
+__device__ __forceinline__ float sp_scaled(const sp_view *v, int i) {
+    float s = v->l[i] / v->t;
+    return isnan(s) ? -INFINITY : s;
+}
+
+/* Survives top-k (and top-p when p_on); w receives its weight. Updates
+ * the tie counters: call once per id, in order. */
+__device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, float *w) {
+    const float s = sp_scaled(v, i);
+    if (v->k_on) {
+        const unsigned key = sp_key(s);
+        if (key < v->k_tau)
+            return false;
+        if (key == v->k_tau && v->k_seen++ >= v->k_rest)
+            return false;
+    }
+    *w = expf(s - v->max);
+    if (v->p_on) {
+        const unsigned wb = __float_as_uint(*w);
+        if (wb < v->p_tau)
+            return false;
+        if (wb == v->p_tau && v->p_seen++ >= v->p_rest)
+            return false;
+    }
+    return true;
+}
+
+/* Radix selection by counts: the key of the k-th largest among the ids for
+ * which key_of gives a value (all ids here), and how many ids at that key to
+ * keep. KEY(i) is evaluated per id; every thread calls it. */
+template <typename KeyF>
+__device__ void sp_select_count(sp_smem *sm, int lo, int hi, int k, KeyF key_of, unsigned *tau, int *rest) {
+    unsigned prefix = 0, mask = 0;
+    int want = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = threadIdx.x; d < 256; d += SP_THREADS)
+            sm->hist[d] = 0;
+        __syncthreads();
+        for (int i = lo; i < hi; i++) {
+            const unsigned key = key_of(i);
+            if ((key & mask) == prefix)
+                atomicAdd(&sm->hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, d = 255;
+            for (; d > 0 && cum + (int)sm->hist[d] < want; d--)
+                cum += (int)sm->hist[d];
+            sm->sel_prefix = prefix | ((unsigned)d << shift);
+            sm->sel_rest = want - cum;
+        }
+        __syncthreads();
+        prefix = sm->sel_prefix;
+        want = sm->sel_rest;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    *tau = prefix;
+    *rest = want;
+}
+
+/* One row: steps 1-9 of pd_kernels.h's sample_rows. */
+static __global__ void __launch_bounds__(SP_THREADS)
+    k_sample(int vocab, float *logits, const pd_sample_row *__restrict__ rows, const pd_sample_tok *__restrict__ toks,
+             float *raw_e, pd_sample_out *out) {
+    __shared__ sp_smem sm;
+    const pd_sample_row R = rows[blockIdx.x];
+    float *l = logits + (size_t)R.row * vocab;
+    const pd_sample_tok *tk = toks + R.tok_off;
+    float *rawk = raw_e + R.tok_off;
+    const int tid = threadIdx.x;
+    const int C = (vocab + SP_THREADS - 1) / SP_THREADS;
+    const int lo = min(tid * C, vocab), hi = min(lo + C, vocab);
+    pd_sample_out *o = out + blockIdx.x;
+
+    /* 1. masks */
+    for (int e = tid; e < R.n_tok; e += SP_THREADS)
+        if (tk[e].flags & PD_SAMPLE_MASKED)
+            l[tk[e].id] = -INFINITY;
+    __syncthreads();
+
+    /* 2. logprobs of l as it stands: the normaliser, then the n_top best */
+    float lmax = -INFINITY;
+    double lse = 0.0;
+    if (R.want_logprob || R.n_top > 0) {
+        float m = -INFINITY;
+        for (int i = lo; i < hi; i++)
+            m = l[i] > m ? l[i] : m;
+        lmax = sp_max_f(&sm, m);
+        double s = 0.0;
+        if (lmax != -INFINITY)
+            for (int i = lo; i < hi; i++)
+                s += exp((double)l[i] - (double)lmax);
+        s = sp_sum_d(&sm, s);
+        lse = lmax == -INFINITY ? 0.0 : log(s);
+    }
+    const int n_top = min(R.n_top, vocab);
+    if (n_top > 0) {
+        unsigned tau;
+        int rest;
+        sp_select_count(&sm, lo, hi, n_top, [&](int i) { return sp_key(l[i]); }, &tau, &rest);
+        /* ties at tau before this thread's run */
+        int mine = 0, all;
+        for (int i = lo; i < hi; i++)
+            mine += sp_key(l[i]) == tau;
+        int seen = sp_scan_i(&sm, mine, &all);
+        if (tid == 0)
+            sm.n_top = 0;
+        __syncthreads();
+        for (int i = lo; i < hi; i++) {
+            const unsigned key = sp_key(l[i]);
+            if (key > tau || (key == tau && seen++ < rest)) {
+                int slot = atomicAdd(&sm.n_top, 1);
+                sm.top_id[slot] = i;
+                sm.top_l[slot] = l[i];
+            }
+        }
+        __syncthreads();
+        if (tid == 0) { /* best first, ties to the lower id */
+            const int n = sm.n_top;
+            for (int a = 1; a < n; a++) {
+                int id = sm.top_id[a];
+                float v = sm.top_l[a];
+                int b = a;
+                for (; b > 0 && (sp_key(v) > sp_key(sm.top_l[b - 1]) ||
+                                 (sp_key(v) == sp_key(sm.top_l[b - 1]) && id < sm.top_id[b - 1]));
+                     b--) {
+                    sm.top_id[b] = sm.top_id[b - 1];
+                    sm.top_l[b] = sm.top_l[b - 1];
+                }
+                sm.top_id[b] = id;
+                sm.top_l[b] = v;
+            }
+            o->n_top = n;
+            for (int a = 0; a < n; a++) {
+                o->top_ids[a] = sm.top_id[a];
+                o->top_logprobs[a] = lmax == -INFINITY ? -INFINITY
+                                                       : (float)((double)sm.top_l[a] - (double)lmax - lse);
+            }
+        }
+    } else if (tid == 0) {
+        o->n_top = 0;
+    }
+    __syncthreads();
+
+    /* 3, 4. logit_bias and penalties on the listed tokens (their raw
+     * logits kept for the sampled token's logprob) */
+    for (int e = tid; e < R.n_tok; e += SP_THREADS) {
+        const pd_sample_tok t = tk[e];
+        float v = l[t.id];
+        rawk[e] = v;
+        v += t.bias;
+        if ((t.flags & PD_SAMPLE_SEEN) && R.repetition_penalty != 1.0f)
+            v = v > 0.0f ? v / R.repetition_penalty : v * R.repetition_penalty;
+        if (t.count > 0) {
+            v -= R.frequency_penalty * (float)t.count;
+            v -= R.presence_penalty;
+        }
+        l[t.id] = v;
+    }
+    __syncthreads();
+
+    /* 5. greedy, or the scaled logits' max */
+    int token = -1;
+    if (R.temperature < SP_EPS) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int i = lo; i < hi; i++)
+            if (l[i] > bv) {
+                bv = l[i];
+                bi = i;
+            }
+        token = sp_argmax(&sm, bv, bi);
+        token = token < 0 ? 0 : token;
+    } else {
+        sp_view v = {};
+        v.l = l;
+        v.t = R.temperature;
+        float m = -INFINITY;
+        for (int i = lo; i < hi; i++)
+            m = fmaxf(m, sp_scaled(&v, i));
+        v.max = sp_max_f(&sm, m);
+        float bv = -INFINITY; /* the argmax of the scaled logits: steps 5 and 9's fallback */
+        int bi = -1;
+        for (int i = lo; i < hi; i++) {
+            const float s = sp_scaled(&v, i);
+            if (s > bv) {
+                bv = s;
+                bi = i;
+            }
+        }
+        const int amax = sp_argmax(&sm, bv, bi);
+        if (!isfinite(v.max)) {
+            token = amax < 0 ? 0 : amax;
+        } else {
+            /* 6. top-k */
+            if (R.top_k > 0 && R.top_k < vocab) {
+                int rest;
+                sp_select_count(&sm, lo, hi, R.top_k, [&](int i) { return sp_key(sp_scaled(&v, i)); }, &v.k_tau,
+                                &rest);
+                v.k_rest = rest;
+                int mine = 0, all;
+                for (int i = lo; i < hi; i++)
+                    mine += sp_key(sp_scaled(&v, i)) == v.k_tau;
+                v.k_on = true;
+                v.k_seen = sp_scan_i(&sm, mine, &all);
+            }
+            const int k_seen0 = v.k_seen;
+            /* 7. top-p over top-k's survivors, by mass */
+            if (R.top_p < 1.0f) {
+                double s = 0.0;
+                v.k_seen = k_seen0;
+                for (int i = lo; i < hi; i++) {
+                    float w;
+                    if (sp_keep_kp(&v, i, &w))
+                        s += w;
+                }
+                const double total = sp_sum_d(&sm, s);
+                double need = (double)R.top_p * total;
+                unsigned prefix = 0, mask = 0;
+                bool all_kept = false;
+                for (int shift = 24; shift >= 0 && !all_kept; shift -= 8) {
+                    for (int d = tid; d < 256; d += SP_THREADS)
+                        sm.mass[d] = 0.0;
+                    __syncthreads();
+                    v.k_seen = k_seen0;
+                    for (int i = lo; i < hi; i++) {
+                        float w;
+                        if (sp_keep_kp(&v, i, &w)) {
+                            const unsigned wb = __float_as_uint(w);
+                            if ((wb & mask) == prefix)
+                                atomicAdd(&sm.mass[(wb >> shift) & 255u], (double)w);
+                        }
+                    }
+                    __syncthreads();
+                    if (tid == 0) {
+                        double cum = 0.0;
+                        int d = 255;
+                        for (; d >= 0 && cum + sm.mass[d] < need; d--)
+                            cum += sm.mass[d];
+                        sm.sel_all = 0;
+                        if (d < 0 && shift == 24) {
+                            sm.sel_all = 1; /* rounding kept need out of reach: keep them all */
+                        } else if (d < 0) {
+                            /* this pass's sums fell short of the last pass's by
+                             * rounding: the lightest digit that has mass, all of it */
+                            for (d = 0; d < 255 && sm.mass[d] == 0.0; d++)
+                                ;
+                            cum = need - sm.mass[d];
+                        }
+                        sm.sel_prefix = prefix | ((unsigned)max(d, 0) << shift);
+                        sm.sel_need = need - cum;
+                    }
+                    __syncthreads();
+                    all_kept = sm.sel_all;
+                    prefix = sm.sel_prefix;
+                    need = sm.sel_need;
+                    mask |= 255u << shift;
+                    __syncthreads();
+                }
+                if (!all_kept) {
+                    /* the ties at the threshold weight, lowest ids first, until need is met */
+                    const float wt = __uint_as_float(prefix);
+                    int rest = 0;
+                    for (double acc = 0.0; acc < need && wt > 0.0f && rest < vocab; rest++)
+                        acc += (double)wt;
+                    rest = max(rest, 1);
+                    int mine = 0, all;
+                    v.k_seen = k_seen0;
+                    for (int i = lo; i < hi; i++) {
+                        float w;
+                        if (sp_keep_kp(&v, i, &w))
+                            mine += __float_as_uint(w) == prefix;
+                    }
+                    v.p_on = true;
+                    v.p_tau = prefix;
+                    v.p_rest = rest;
+                    v.p_seen = sp_scan_i(&sm, mine, &all);
+                }
+            }
+            const int p_seen0 = v.p_seen;
+            /* 8, 9. min-p, then the draw in id order */
+            double s = 0.0;
+            int last = -1;
+            v.k_seen = k_seen0;
+            v.p_seen = p_seen0;
+            for (int i = lo; i < hi; i++) {
+                float w;
+                if (sp_keep_kp(&v, i, &w) && w >= R.min_p && w > 0.0f) {
+                    s += w;
+                    last = i;
+                }
+            }
+            double total;
+            const double before = sp_scan_d(&sm, s, &total);
+            const double target = R.u * total;
+            if (tid == 0)
+                sm.i[0] = -1;
+            __syncthreads();
+            /* the thread whose run holds the crossing walks it again with
+             * the same additions in the same order as s, so it crosses */
+            const double rem = target - before;
+            if (rem >= 0.0 && rem < s) {
+                double cum = 0.0;
+                v.k_seen = k_seen0;
+                v.p_seen = p_seen0;
+                for (int i = lo; i < hi; i++) {
+                    float w;
+                    if (sp_keep_kp(&v, i, &w) && w >= R.min_p && w > 0.0f) {
+                        cum += w;
+                        if (cum > rem) {
+                            sm.i[0] = i;
+                            break;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+            token = sm.i[0];
+            if (token < 0) { /* none crossed: the last survivor, else the argmax */
+                __syncthreads();
+                int lst = last;
+                for (int o2 = 16; o2 > 0; o2 >>= 1)
+                    lst = max(lst, __shfl_xor_sync(0xffffffffu, lst, o2));
+                if ((tid & 31) == 0)
+                    sm.i[tid >> 5] = lst;
+                __syncthreads();
+                lst = -1;
+                for (int w = 0; w < SP_WARPS; w++)
+                    lst = max(lst, sm.i[w]);
+                token = lst >= 0 ? lst : (amax < 0 ? 0 : amax);
+            }
+        }
+    }
+
+    /* the sampled token's logprob, from its logit before steps 3-4 */
+    if (R.want_logprob) {
+        if (tid == 0)
+            sm.chosen_entry = -1;
+        __syncthreads();
+        for (int e = tid; e < R.n_tok; e += SP_THREADS)
+            if (tk[e].id == token)
+                sm.chosen_entry = e;
+        __syncthreads();
+        if (tid == 0) {
+            const float raw = sm.chosen_entry >= 0 ? rawk[sm.chosen_entry] : l[token];
+            o->logprob = lmax == -INFINITY ? -INFINITY : (float)((double)raw - (double)lmax - lse);
+        }
+    } else if (tid == 0) {
+        o->logprob = 0.0f;
+    }
+    if (tid == 0)
+        o->token = token;
+}
+
+/* Section sizes in the one scratch buffer, 256-byte aligned. */
+static size_t sp_round(size_t b) {
+    return (b + 255) & ~(size_t)255;
+}
+
+void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sample_row *rows,
+                    const pd_sample_tok *toks, int n_toks, pd_sample_out *out) {
+    cu_ctx *c = cu_of(be);
+    for (int r = 0; r < n && out; r++) /* what a failed call leaves: no token */
+        out[r].token = -1;
+    if (c->status != PD_OK || n == 0)
+        return;
+    if (n < 0 || vocab <= 0 || !logits || !rows || !out || n_toks < 0 || (n_toks > 0 && !toks)) {
+        cu_fail(c, PD_ERR_INVALID, "sample_rows: %d rows, vocab %d, %d listed tokens", n, vocab, n_toks);
+        return;
+    }
+    for (int r = 0; r < n; r++) {
+        const pd_sample_row *R = &rows[r];
+        if (R->row < 0 || R->n_top < 0 || R->n_top > PD_SAMPLE_MAX_TOP || R->tok_off < 0 || R->n_tok < 0 ||
+            R->tok_off > n_toks || R->n_tok > n_toks - R->tok_off) {
+            cu_fail(c, PD_ERR_INVALID, "sample_rows: row %d (logits row %d, n_top %d, tokens [%d, +%d) of %d)", r,
+                    R->row, R->n_top, R->tok_off, R->n_tok, n_toks);
+            return;
+        }
+        for (int e = R->tok_off; e < R->tok_off + R->n_tok; e++)
+            if (toks[e].id < 0 || toks[e].id >= vocab) {
+                cu_fail(c, PD_ERR_INVALID, "sample_rows: row %d lists token %d outside the vocabulary (%d)", r,
+                        (int)toks[e].id, vocab);
+                return;
+            }
+    }
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "sample_rows: not while recording a graph (it waits for its results)");
+        return;
+    }
+    const size_t b_rows = sp_round((size_t)n * sizeof *rows), b_toks = sp_round((size_t)n_toks * sizeof *toks);
+    const size_t b_raw = sp_round((size_t)n_toks * sizeof(float)), b_out = sp_round((size_t)n * sizeof *out);
+    char *d = (char *)cu_scratch(c, CU_SCR_SAMPLE, b_rows + b_toks + b_raw + b_out);
+    if (!d)
+        return;
+    pd_sample_row *d_rows = (pd_sample_row *)d;
+    pd_sample_tok *d_toks = (pd_sample_tok *)(d + b_rows);
+    float *d_raw = (float *)(d + b_rows + b_toks);
+    pd_sample_out *d_out = (pd_sample_out *)(d + b_rows + b_toks + b_raw);
+    if (!CU_OK(c, cudaMemcpyAsync(d_rows, rows, (size_t)n * sizeof *rows, cudaMemcpyHostToDevice, c->stream)))
+        return;
+    if (n_toks > 0 &&
+        !CU_OK(c, cudaMemcpyAsync(d_toks, toks, (size_t)n_toks * sizeof *toks, cudaMemcpyHostToDevice, c->stream)))
+        return;
+    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, d_out);
+    if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows"))
+        return;
+    if (CU_OK(c, cudaMemcpyAsync(out, d_out, (size_t)n * sizeof *out, cudaMemcpyDeviceToHost, c->stream)))
+        CU_OK(c, cudaStreamSynchronize(c->stream));
+}
