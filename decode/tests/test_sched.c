@@ -123,6 +123,30 @@ static void make_prompt(int32_t *p, int n, uint64_t seed) {
     for (int i = 0; i < n; i++) p[i] = 3 + (int32_t)(pd_rng_next(&r) % 120000);
 }
 
+/* One step of the reference: the forward pass, then the next token drawn
+ * the way the scheduler draws it: through sample_rows where the model
+ * samples on the device (PD_SAMPLE_ON_DEVICE=1 runs this file on the CPU
+ * backend's reference op), else by the host sampler. */
+static int32_t ref_step(pd_kv_cache *kv, pd_batch_seq *b, pd_sampler *smp, float *lg) {
+    pd_err err = {{0}};
+    if (!pd_model_samples_on_device(g_m)) {
+        assert_int_equal(pd_model_forward(g_m, kv, b, 1, lg, &err), PD_OK);
+        return pd_sampler_sample(smp, lg, NULL);
+    }
+    pd_sample_tok *toks = NULL;
+    int n_toks = 0, cap = 0;
+    pd_sample_row row = {.row = 0};
+    pd_sample_out so;
+    pd_sampler_device_row(smp, NULL, 0, false, 0, &row, &toks, &n_toks, &cap);
+    pd_fwd_out o = {.logits = lg, .download_row = (const uint8_t[]){0}, .n_sample = 1, .sample = &row,
+                    .toks = toks, .n_toks = n_toks, .sampled = &so};
+    if (b->all_logits) fail_msg("ref_step: one row only");
+    assert_int_equal(pd_model_forward_ex(g_m, kv, b, 1, &o, &err), PD_OK);
+    pd_sampler_accept(smp, so.token);
+    free(toks);
+    return so.token;
+}
+
 /* one sequence alone, no scheduler: prefill then decode */
 static int reference(const int32_t *prompt, int n, const pd_sampling_params *sp, int max_tokens, int32_t *out) {
     pd_err err = {{0}};
@@ -135,15 +159,15 @@ static int reference(const int32_t *prompt, int n, const pd_sampling_params *sp,
     pd_seq_kv s = {0};
     assert_int_equal(pd_seq_kv_reserve(kv, &s, n), PD_OK);
     pd_batch_seq b = {.kv = &s, .tokens = prompt, .n_tokens = n};
-    assert_int_equal(pd_model_forward(g_m, kv, &b, 1, lg, &err), PD_OK);
+    int32_t next = ref_step(kv, &b, smp, lg);
     int k = 0;
     for (; k < max_tokens; k++) {
-        out[k] = pd_sampler_sample(smp, lg, NULL);
+        out[k] = next;
         if (out[k] == pd_model_config_of(g_m)->eos_token_id) { k++; break; }
         if (k + 1 == max_tokens) { k++; break; }
         assert_int_equal(pd_seq_kv_reserve(kv, &s, 1), PD_OK);
         pd_batch_seq d = {.kv = &s, .tokens = &out[k], .n_tokens = 1};
-        assert_int_equal(pd_model_forward(g_m, kv, &d, 1, lg, &err), PD_OK);
+        next = ref_step(kv, &d, smp, lg);
     }
     pd_seq_kv_release(kv, &s);
     free(s.block_table);

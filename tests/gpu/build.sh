@@ -9,6 +9,7 @@
 #   bin/bench_cuda        GEMM and MLA against the copy and GEMM ceilings (tests/gpu/bench_cuda.c)
 #   bin/bench_step        decode steps of a whole model (tests/gpu/bench_step.c)
 #   bin/bench_prefill     prefill of whole prompts against the GEMM ceiling (tests/gpu/bench_prefill.c)
+#   bin/bench_sample      sampling on the GPU against download + host sampler (tests/gpu/bench_sample.c)
 #   lib/                  the shared libraries those binaries need that a bare CUDA image lacks
 #                         (jansson, OpenBLAS, ZeroMQ, UCX, cmocka, ...; not libcuda, cuBLAS or glibc)
 #
@@ -58,12 +59,15 @@ LINK=$(sed -e 's|^.*-o test_model_cuda||' -e 's|[^ ]*libcmocka[^ ]*||' \
 cc -O2 -std=gnu11 -c -o "$B/bench_prefill.o" "$SRC/tests/gpu/bench_prefill.c" -I"$SRC/common" -I"$SRC/kernels" \
     -I"$SRC/model" -I/usr/local/cuda/include
 (cd "$B" && eval "c++ -o bench_prefill bench_prefill.o $LINK")
+cc -O2 -std=gnu11 -c -o "$B/bench_sample.o" "$SRC/tests/gpu/bench_sample.c" -I"$SRC/common" -I"$SRC/kernels" \
+    -I"$SRC/model" -I/usr/local/cuda/include
+(cd "$B" && eval "c++ -o bench_sample bench_sample.o $LINK")
 
 STAGE=$B/carry
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 cp "$B/test_backend_ops" "$B/test_all_reduce" "$B/test_model_cuda" "$B/pdserve" "$B/bench_cuda" "$B/bench_step" \
-    "$B/bench_prefill" "$STAGE/bin/"
+    "$B/bench_prefill" "$B/bench_sample" "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
 for bin in "$STAGE"/bin/*; do
     ldd "$bin" | awk '/=> \// {print $3}'

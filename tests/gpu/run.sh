@@ -32,6 +32,7 @@
 #             1024,8192,32768; none: skipped)                                   -> prefill.md, prefill-peer.md
 #   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
 #             the 4-layer model's 8K prefill summed by kernel (ncu_summary.py --last 0)  -> pprof.md
+#   sample    bench_sample: sample_rows on the GPU against download + host sampler, vocab 102400 -> sample.md
 #   plan      pdserve up on tiny with --gpu-memory-utilization 0.3 (the KV cache planned on the GPU), a short and a
 #             long completion                                                    -> plan.log
 #   v2ref     v2-lite cut to 4 layers: logits of pdserve generate --device cuda (each prefill attention:
@@ -107,6 +108,7 @@ for what in "$@"; do
         done
         f=generate.log ;;
     bench) timeout 300 "$C/bin/bench_cuda" >"$O/bench.md" 2>&1 || rc=1; f=bench.md ;;
+    sample) timeout 300 "$C/bin/bench_sample" ${SAMPLE_ARGS:-} >"$O/sample.md" 2>&1 || rc=1; cat "$O/sample.md"; f=sample.md ;;
     v2lite)
         wait "$MKPID"
         cat "$O/mkmodel.log"; du -sh "$V2"
