@@ -110,6 +110,23 @@ typedef struct {
     float top_logprobs[PD_SAMPLE_MAX_TOP];
 } pd_sample_out;
 
+/** Arguments of the attention prologue of rows new tokens (mla_prep), all
+ * backend memory: what transformers' DeepseekV3Attention.forward does
+ * between kv_a_proj_with_mqa and the attention (DeepSeek-V2 §2.1.2-2.1.3). */
+typedef struct {
+    int rows, n_heads, qk_nope_dim, qk_rope_dim, kv_lora_rank;
+    float *q;   /* [rows, n_heads, qk_nope_dim + qk_rope_dim], row stride n_heads * (dn + dr) */
+    float *ckv; /* [rows, kv_lora_rank + qk_rope_dim]: c_KV | k_pe */
+    const float *kv_norm; /* [kv_lora_rank] */
+    float eps;
+    const int32_t *pos;     /* [rows] */
+    const float *inv_freq;  /* [qk_rope_dim / 2] */
+    float mscale;           /* YaRN's attention factor on cos and sin */
+    float *cache;           /* as kv_store's */
+    const int32_t *slots;   /* [rows] */
+    size_t slot_offset;
+} pd_mla_prep_args;
+
 typedef struct pd_backend pd_backend;
 
 /** The operation table. ctx is the backend's own state. Every pointer
@@ -185,6 +202,19 @@ typedef struct {
      * expert ids to this rank's: an id in [first, first + count) becomes
      * id - first, any other -1 (dropped by moe_experts_ids). */
     void (*moe_ids_local)(pd_backend *be, size_t n, int32_t *ids, int first, int count);
+
+    /** Optional fused step ops (NULL: the model calls the ops they stand
+     * for; where set, equal to those up to fp32 rounding). mla_prep: for
+     * each row, c_KV = RMSNorm(c_KV) · kv_norm, rope on k_pe and on every
+     * head's q_pe at pos[r] (rope_pos's layout), then the row's c_KV | k_pe
+     * to its cache slot (kv_store): rmsnorm, rope_pos twice and kv_store in
+     * one pass. */
+    void (*mla_prep)(pd_backend *be, const pd_mla_prep_args *a);
+    /** x += y, then h = RMSNorm(x) · w (rows × dim, row stride dim both):
+     * add and rmsnorm in one pass (the residual add at the end of a layer
+     * and the next one's input norm). */
+    void (*add_rmsnorm)(pd_backend *be, int rows, int dim, float *x, const float *y, const float *w, float eps,
+                        float *h);
 
     /* ---- tensor parallelism (pd_backend_init_tp) ---- */
     /** x[0..n) = the sum over every rank of the group of that rank's x[0..n),

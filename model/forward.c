@@ -180,11 +180,22 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
     float *x = w->x, *h = w->h, *q = w->q, *ckv = w->ckv, *attn = w->attn;
     float *cache = kv->rank_data[rk->rank];
 
+    /* fused ops where the backend has them (PD_FUSED_OPS=0: the separate
+     * ones, for A/B runs) */
+    const char *fenv = getenv("PD_FUSED_OPS");
+    const bool fused = !(fenv && strcmp(fenv, "0") == 0);
+    const bool fuse_prep = fused && be->ops->mla_prep, fuse_add_norm = fused && be->ops->add_rmsnorm;
+    const float *pending = NULL; /* the last layer's MoE output, not yet added to x */
+
     be->ops->embed_ids(be, T, H, ids, &rk->embed, x);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const pd_layer_weights *L = &rk->layers[l];
         /* ---- attention ---- */
-        be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
+        if (pending)
+            be->ops->add_rmsnorm(be, T, H, x, pending, L->input_norm, c->rms_norm_eps, h);
+        else
+            be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
+        pending = NULL;
         if (c->q_lora_rank > 0) {
             be->ops->gemm(be, T, h, &L->q_a, w->qa, false);
             be->ops->rmsnorm(be, T, c->q_lora_rank, w->qa, c->q_lora_rank, L->q_a_norm, c->rms_norm_eps, w->qa,
@@ -193,12 +204,22 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
         } else {
             be->ops->gemm(be, T, h, &L->q, q, false);
         }
-        be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, rk->inv_freq_b, m->rope_mscale);
         be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
-        be->ops->rmsnorm(be, T, kvr, ckv, D, L->kv_a_norm, c->rms_norm_eps, ckv, D);
-        be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, rk->inv_freq_b, m->rope_mscale);
-        /* the new tokens' (c_KV, k_pe) into their cache slots */
-        be->ops->kv_store(be, T, D, ckv, D, cache, slots, (size_t)l * kv->block_size);
+        if (fuse_prep) {
+            pd_mla_prep_args pa = {
+                .rows = T, .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .kv_lora_rank = kvr, .q = q,
+                .ckv = ckv, .kv_norm = L->kv_a_norm, .eps = c->rms_norm_eps, .pos = pos,
+                .inv_freq = rk->inv_freq_b, .mscale = m->rope_mscale, .cache = cache, .slots = slots,
+                .slot_offset = (size_t)l * kv->block_size,
+            };
+            be->ops->mla_prep(be, &pa);
+        } else {
+            be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, rk->inv_freq_b, m->rope_mscale);
+            be->ops->rmsnorm(be, T, kvr, ckv, D, L->kv_a_norm, c->rms_norm_eps, ckv, D);
+            be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, rk->inv_freq_b, m->rope_mscale);
+            /* the new tokens' (c_KV, k_pe) into their cache slots */
+            be->ops->kv_store(be, T, D, ckv, D, cache, slots, (size_t)l * kv->block_size);
+        }
         for (int s = 0, t = 0; s < n_seqs;) {
             if (seqs[s].n_tokens == 1) { /* a run of decode tokens: one batched call */
                 int s0 = s;
@@ -269,13 +290,19 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
                                  L->experts_gate_up, L->experts_down, mo);
         if (tp)
             add_reduced(rk, T, H, x, mo);
+        else if (c->n_shared_experts > 0 && fuse_add_norm)
+            pending = mo; /* added by the next norm of x */
         else if (c->n_shared_experts > 0)
             be->ops->add(be, (size_t)T * H, x, mo);
     }
+    if (pending && (rk->rank != 0 || n_out != T)) /* no norm of every row of x follows */
+        be->ops->add(be, (size_t)T * H, x, pending);
     if (rk->rank != 0)
         return; /* x is the same on every rank: rank 0 alone computes the logits */
     /* ---- final norm and lm_head on the rows asked for ---- */
-    if (n_out == T) { /* every row (decode steps; all_logits) */
+    if (n_out == T && pending) { /* every row (decode steps; all_logits) */
+        be->ops->add_rmsnorm(be, T, H, x, pending, rk->final_norm, c->rms_norm_eps, w->hl);
+    } else if (n_out == T) {
         be->ops->rmsnorm(be, T, H, x, H, rk->final_norm, c->rms_norm_eps, w->hl, H);
     } else {
         int r = 0;
