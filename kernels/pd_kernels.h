@@ -210,6 +210,10 @@ typedef struct {
      * to its cache slot (kv_store): rmsnorm, rope_pos twice and kv_store in
      * one pass. */
     void (*mla_prep)(pd_backend *be, const pd_mla_prep_args *a);
+    /** act[M × I] = silu(x · W_gate^T) ⊙ (x · W_up^T), w [2I × K] (gate rows
+     * then up rows, as gemm's gate_up): gemm into gu [M × 2I] (scratch the
+     * op may leave unused) and silu_mul in one pass where it can. */
+    void (*gemm_swiglu)(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act);
     /** x += y, then h = RMSNorm(x) · w (rows × dim, row stride dim both):
      * add and rmsnorm in one pass (the residual add at the end of a layer
      * and the next one's input norm). */

@@ -40,8 +40,13 @@
 
 static void mlp_forward(pd_backend *be, const pd_mlp_weights *w, int T, const float *h, float *gu, float *act,
                         float *out, bool accumulate) {
-    be->ops->gemm(be, T, h, &w->gate_up, gu, false);
-    be->ops->silu_mul(be, T, w->inter, gu, act);
+    const char *fenv = getenv("PD_FUSED_OPS");
+    if (be->ops->gemm_swiglu && !(fenv && strcmp(fenv, "0") == 0)) {
+        be->ops->gemm_swiglu(be, T, h, &w->gate_up, gu, act);
+    } else {
+        be->ops->gemm(be, T, h, &w->gate_up, gu, false);
+        be->ops->silu_mul(be, T, w->inter, gu, act);
+    }
     be->ops->gemm(be, T, act, &w->down, out, accumulate);
 }
 

@@ -311,6 +311,7 @@ static const pd_backend_i cu_ops = {
     .moe_experts_ids = cu_moe_experts_ids,
     .moe_ids_local = cu_moe_ids_local,
     .mla_prep = cu_mla_prep,
+    .gemm_swiglu = cu_gemm_swiglu,
     .add_rmsnorm = cu_add_rmsnorm,
     .all_reduce_sum = cu_all_reduce_sum,
     .host_alloc = cu_host_alloc,

@@ -271,6 +271,7 @@ void cu_host_unregister(pd_backend *be, void *p);
 pd_status cu_weight_alloc(pd_backend *be, int rows, int cols, pd_weight *w_p);
 pd_status cu_weight_set_bf16(pd_backend *be, pd_weight *w, int row0, int n_rows, const uint16_t *src);
 void cu_all_reduce_sum(pd_backend *be, float *x, size_t n);
+void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act);
 void cu_mla_prep(pd_backend *be, const pd_mla_prep_args *a);
 void cu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const float *y, const float *w, float eps, float *h);
 void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sample_row *rows,

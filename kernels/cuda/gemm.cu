@@ -403,6 +403,26 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
                                      K, &beta, y, N));
 }
 
+void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || M == 0)
+        return;
+    if (M < 0 || !w || w->rows <= 0 || w->rows % 2 || w->cols <= 0 || !x || !gu || !act || !w->data) {
+        cu_fail(c, PD_ERR_INVALID, "gemm_swiglu: M %d, weight [%d, %d]", M, w ? w->rows : -1, w ? w->cols : -1);
+        return;
+    }
+    const int I = w->rows / 2, K = w->cols;
+    if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K)) { /* the skinny GEMM's SwiGLU epilogue */
+        CU_LAUNCHED(c,
+                    cu_gemv_launch(c->wfmt, true, 1, I, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, act, I,
+                                   false, c->pdl, c->stream),
+                    "gemm_swiglu");
+        return;
+    }
+    if (cu_gemm_run(c, M, x, w, gu, false))
+        CU_LAUNCHED(c, cu_silu_mul_launch(M, I, gu, act, c->stream), "gemm_swiglu: silu_mul");
+}
+
 void cu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
     cu_ctx *c = cu_of(be);
     if (c->status != PD_OK)
