@@ -382,6 +382,243 @@ static void cpu_moe_ids_local(pd_backend *be, size_t n, int32_t *ids, int first,
         ids[i] = ids[i] >= first && ids[i] - first < count ? ids[i] - first : -1;
 }
 
+/* ---- sampling (sample_rows) ---- */
+
+/* Highest of v[0, n), ties to the lowest id; NaN never wins; every value
+ * -inf: 0. */
+static int32_t sample_argmax(const float *v, int n) {
+    int32_t best = 0;
+    float best_v = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (v[i] > best_v) {
+            best_v = v[i];
+            best = i;
+        }
+    return best;
+}
+
+/* A token and the value it is ranked by (sample_rows steps 6 and 7). */
+typedef struct {
+    float key;
+    int32_t id;
+} sample_rank;
+
+/* qsort order: larger key first, then lower id (a strict total order). */
+static int sample_rank_cmp(const void *a, const void *b) {
+    const sample_rank *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key > y->key ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* sample_rows' arguments as pd_kernels.h states their ranges. The row index
+ * is only checked for sign: the buffer's row count is not passed. */
+static bool sample_args_ok(int n, int vocab, const pd_sample_row *rows, const pd_sample_tok *toks,
+                           int n_toks, const pd_sample_out *out) {
+    if (n < 0 || vocab <= 0 || n_toks < 0 || (n > 0 && (!rows || !out)) || (n_toks > 0 && !toks)) {
+        PD_LOGE("kernels", "sample_rows: %d rows, vocab %d, %d tokens", n, vocab, n_toks);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        const pd_sample_row *r = &rows[i];
+        if (r->row < 0 || r->n_top < 0 || r->n_top > PD_SAMPLE_MAX_TOP || r->tok_off < 0 ||
+            r->n_tok < 0 || r->tok_off > n_toks - r->n_tok) {
+            PD_LOGE(
+                "kernels",
+                "sample_rows: row %d: logits row %d, n_top %d (0 .. %d), tokens [%d, +%d) of %d", i,
+                r->row, r->n_top, PD_SAMPLE_MAX_TOP, r->tok_off, r->n_tok, n_toks);
+            return false;
+        }
+        for (int j = r->tok_off; j < r->tok_off + r->n_tok; j++)
+            if (toks[j].id < 0 || toks[j].id >= vocab) {
+                PD_LOGE("kernels", "sample_rows: row %d: token %d outside the vocabulary [0, %d)",
+                        i, toks[j].id, vocab);
+                return false;
+            }
+    }
+    return true;
+}
+
+/* One row of sample_rows, the numbered steps of pd_kernels.h. l [vocab] is
+ * the row (modified in place: masks, bias, penalties); scratch: scaled and
+ * w [vocab], rank [vocab], keep [vocab], masked [vocab] (when a logprob is
+ * wanted). */
+static void sample_row(int vocab, float *l, const pd_sample_row *r, const pd_sample_tok *tok,
+                       pd_sample_out *out, float *scaled, float *w, sample_rank *rank, bool *keep,
+                       float *masked) {
+    memset(out, 0, sizeof *out);
+
+    /* 1. masks */
+    for (int j = 0; j < r->n_tok; j++)
+        if (tok[j].flags & PD_SAMPLE_MASKED)
+            l[tok[j].id] = -INFINITY;
+
+    /* 2. log softmax of l as it stands: max, then the log of a double sum
+     * (model/sampler.c sampler_log_norm); logprob = l - max - lse */
+    float lmax = -INFINITY;
+    double lse = 0.0;
+    int k_top = r->n_top < vocab ? r->n_top : vocab;
+    if (k_top > 0 || r->want_logprob) {
+        for (int i = 0; i < vocab; i++)
+            if (l[i] > lmax)
+                lmax = l[i];
+        if (lmax != -INFINITY) {
+            double sum = 0.0;
+            for (int i = 0; i < vocab; i++)
+                sum += exp((double)l[i] - lmax);
+            lse = log(sum);
+        }
+    }
+    if (k_top > 0) {
+        /* the k_top best by (logit descending, lower id first): an insertion
+         * into the list of the best so far, tokens visited in id order */
+        int n_list = 0;
+        for (int i = 0; i < vocab; i++) {
+            if (n_list == k_top && !(l[i] > l[out->top_ids[n_list - 1]]))
+                continue;
+            int j = n_list < k_top ? n_list++ : k_top - 1;
+            for (; j > 0 && l[i] > l[out->top_ids[j - 1]]; j--)
+                out->top_ids[j] = out->top_ids[j - 1];
+            out->top_ids[j] = i;
+        }
+        for (int j = 0; j < k_top; j++)
+            out->top_logprobs[j] =
+                lmax == -INFINITY ? -INFINITY : (float)((double)l[out->top_ids[j]] - lmax - lse);
+        out->n_top = k_top;
+    }
+    if (r->want_logprob)
+        memcpy(masked, l, (size_t)vocab * sizeof *l);
+
+    /* 3. logit_bias; 4. penalties (repetition on seen tokens, then frequency
+     * and presence on those in the output) */
+    for (int j = 0; j < r->n_tok; j++)
+        l[tok[j].id] += tok[j].bias;
+    for (int j = 0; j < r->n_tok; j++) {
+        float v = l[tok[j].id];
+        if (tok[j].flags & PD_SAMPLE_SEEN)
+            v = v > 0.0f ? v / r->repetition_penalty : v * r->repetition_penalty;
+        if (tok[j].count > 0) {
+            v -= r->frequency_penalty * (float)tok[j].count;
+            v -= r->presence_penalty;
+        }
+        l[tok[j].id] = v;
+    }
+
+    int32_t token;
+    if (r->temperature < 1e-5f) {
+        /* 5. greedy */
+        token = sample_argmax(l, vocab);
+    } else {
+        /* 5. temperature, into scratch: the row stays biased and penalised */
+        float max = -INFINITY;
+        for (int i = 0; i < vocab; i++) {
+            float v = l[i] / r->temperature;
+            scaled[i] = isnan(v) ? -INFINITY : v;
+            if (scaled[i] > max)
+                max = scaled[i];
+        }
+        token = sample_argmax(scaled, vocab);
+        if (isfinite(max)) {
+            /* 6. top-k by (scaled descending, lower id first) */
+            int n_cand = vocab;
+            for (int i = 0; i < vocab; i++)
+                rank[i] = (sample_rank){.key = scaled[i], .id = i};
+            if (r->top_k > 0 && r->top_k < vocab) {
+                qsort(rank, (size_t)vocab, sizeof *rank, sample_rank_cmp);
+                n_cand = r->top_k;
+            }
+            for (int i = 0; i < vocab; i++) {
+                keep[i] = false;
+                w[i] = 0.0f;
+            }
+            for (int c = 0; c < n_cand; c++) {
+                keep[rank[c].id] = true;
+                w[rank[c].id] = expf(scaled[rank[c].id] - max);
+            }
+            /* 7. top-p: the fewest by (weight descending, lower id first)
+             * whose double sum reaches top_p of the candidates' */
+            if (r->top_p < 1.0f) {
+                double total = 0.0;
+                int m = 0;
+                for (int i = 0; i < vocab; i++)
+                    if (keep[i]) {
+                        total += w[i];
+                        rank[m++] = (sample_rank){.key = w[i], .id = i};
+                    }
+                qsort(rank, (size_t)m, sizeof *rank, sample_rank_cmp);
+                double need = (double)r->top_p * total, cum = 0.0;
+                int c = 0;
+                while (c < m && cum < need)
+                    cum += rank[c++].key;
+                /* the rest are dropped (none when rounding leaves need out of reach) */
+                for (; c < m; c++)
+                    keep[rank[c].id] = false;
+            }
+            /* 8. min-p: w >= min_p (the best token has w = 1) */
+            if (r->min_p > 0.0f)
+                for (int i = 0; i < vocab; i++)
+                    if (keep[i] && !(w[i] >= r->min_p))
+                        keep[i] = false;
+            /* 9. the draw: inverse CDF over the survivors with w > 0, in id order */
+            double total = 0.0;
+            for (int i = 0; i < vocab; i++)
+                if (keep[i] && w[i] > 0.0f)
+                    total += w[i];
+            double target = r->u * total, cum = 0.0;
+            int32_t last = -1;
+            for (int i = 0; i < vocab; i++) {
+                if (!keep[i] || !(w[i] > 0.0f))
+                    continue;
+                last = i;
+                cum += w[i];
+                if (cum > target)
+                    break;
+            }
+            if (last >= 0) /* the first past the target, else (rounding) the last survivor */
+                token = last;
+        }
+    }
+    out->token = token;
+    if (r->want_logprob)
+        out->logprob = lmax == -INFINITY ? -INFINITY : (float)((double)masked[token] - lmax - lse);
+}
+
+/* Sampling where the logits are (pd_kernels.h sample_rows, whose numbered
+ * steps the code follows): vLLM's sampler order and meanings
+ * (vllm/model_executor/layers/sampler.py: logit_bias, penalties,
+ * temperature, top-k, top-p, min-p, one draw), as model/sampler.c, with the
+ * final draw over the survivors in id order. The reference for the other
+ * backends, so written for reading, not speed: the filters sort the row
+ * (qsort, O(vocab log vocab) per row). Every argument is checked before any
+ * row is touched; the CPU backend has no status to keep an error in, so a
+ * bad argument is logged, the logits are left as they are and every out[i]
+ * gets token -1, logprob NaN and no top logprobs. */
+static void cpu_sample_rows(pd_backend *be, int n, int vocab, float *logits,
+                            const pd_sample_row *rows, const pd_sample_tok *toks, int n_toks,
+                            pd_sample_out *out) {
+    (void)be;
+    if (!sample_args_ok(n, vocab, rows, toks, n_toks, out)) {
+        for (int i = 0; out && i < n; i++)
+            out[i] = (pd_sample_out){.token = -1, .logprob = NAN, .n_top = 0};
+        return;
+    }
+    if (n == 0)
+        return;
+    float *scaled = pd_xmalloc((size_t)vocab * sizeof *scaled);
+    float *w = pd_xmalloc((size_t)vocab * sizeof *w);
+    float *masked = pd_xmalloc((size_t)vocab * sizeof *masked);
+    sample_rank *rank = pd_xmalloc((size_t)vocab * sizeof *rank);
+    bool *keep = pd_xmalloc((size_t)vocab * sizeof *keep);
+    for (int i = 0; i < n; i++)
+        sample_row(vocab, logits + (size_t)rows[i].row * vocab, &rows[i], toks + rows[i].tok_off,
+                   &out[i], scaled, w, rank, keep, masked);
+    free(keep);
+    free(rank);
+    free(masked);
+    free(w);
+    free(scaled);
+}
+
 /* ---- tensor parallelism: the ranks of a group are threads of this
  * process, so the communicator is a barrier and a table of the buffers the
  * ranks are reducing ---- */
@@ -461,6 +698,7 @@ static const pd_backend_i cpu_ops = {
     .moe_experts_ids = cpu_moe_experts_ids,
     .moe_ids_local = cpu_moe_ids_local,
     .all_reduce_sum = cpu_all_reduce_sum,
+    .sample_rows = cpu_sample_rows,
 };
 
 pd_status pd_backend_cpu_init(int n_threads, pd_backend **be_p) {

@@ -6,7 +6,10 @@
  * Outputs are poisoned with NaN before each run, so an element nobody wrote
  * fails. Without a GPU, or in a build without CUDA, the CUDA groups are
  * skipped and say why; the CPU group always runs. At the end of each group
- * the worst error per operation is printed. */
+ * the worst error per operation is printed. sample_rows is compared on its
+ * tokens and top ids exactly and its logprobs within 1e-5 absolute, and on
+ * every backend checked against properties computed in the test itself
+ * (argmax, survivor sets, model/sampler.c's logprobs, draw frequencies). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,18 +22,19 @@
 #include <string.h>
 
 #include "pd_kernels.h"
+#include "pd_model.h" /* pd_logprobs_row: model/sampler.c's logprobs, the reference for sample_rows' */
 #ifdef PD_HAVE_CUDA
 #include "cuda/pd_cuda.h"
 #endif
 
 enum {
     OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
-    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_N
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_SAMPLE, OP_N
 };
 static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
                                      "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
                                      "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids",
-                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)"};
+                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)", "sample_rows"};
 
 typedef struct {
     const char *name;
@@ -1241,6 +1245,553 @@ static void test_moe_experts_ids(void **state) {
     END(s);
 }
 
+/* ---- sample_rows ------------------------------------------------------ */
+
+/* Rows to sample in one call: logits [n_buf × vocab] (host; buffer row 0 is
+ * NaN and no row names it, so a wrong row index shows), rows [n], toks
+ * [n_toks]. */
+typedef struct {
+    int vocab, n_buf, n, n_toks;
+    float *logits;
+    pd_sample_row *rows;
+    pd_sample_tok *toks;
+} sample_batch;
+
+static void batch_init(sample_batch *b, int vocab) {
+    *b = (sample_batch){.vocab = vocab, .n_buf = 1, .logits = nans((size_t)vocab)};
+}
+
+static void batch_free(sample_batch *b) {
+    free(b->logits);
+    free(b->rows);
+    free(b->toks);
+}
+
+/* Appends a row sampling its own copy of logits [vocab], with toks [n_tok]. */
+static void batch_add(sample_batch *b, const float *logits, pd_sample_row r,
+                      const pd_sample_tok *toks, int n_tok) {
+    b->logits = realloc(b->logits, (size_t)(b->n_buf + 1) * b->vocab * sizeof(float));
+    b->rows = realloc(b->rows, (size_t)(b->n + 1) * sizeof *b->rows);
+    b->toks = realloc(b->toks, (size_t)(b->n_toks + n_tok + 1) * sizeof *b->toks);
+    assert_true(b->logits && b->rows && b->toks);
+    memcpy(b->logits + (size_t)b->n_buf * b->vocab, logits, (size_t)b->vocab * sizeof(float));
+    if (n_tok > 0)
+        memcpy(b->toks + b->n_toks, toks, (size_t)n_tok * sizeof *toks);
+    r.row = b->n_buf++;
+    r.tok_off = b->n_toks;
+    r.n_tok = n_tok;
+    b->n_toks += n_tok;
+    b->rows[b->n++] = r;
+}
+
+/* Runs sample_rows on backend b: out [n]; after [n_buf × vocab] (may be
+ * NULL) the logits as the call left them. */
+static void run_sample(suite *s, pd_backend *b, const sample_batch *in, pd_sample_out *out,
+                       float *after) {
+    size_t n_logits = (size_t)in->n_buf * in->vocab;
+    float *d = put(b, in->logits, n_logits * sizeof(float));
+    for (int i = 0; i < in->n; i++)
+        out[i] = (pd_sample_out){.token = -7, .logprob = NAN, .n_top = -7};
+    b->ops->sample_rows(b, in->n, in->vocab, d, in->rows, in->toks, in->n_toks, out);
+    backend_ok(s, b);
+    if (after)
+        get(s, b, after, d, n_logits);
+    b->ops->free(b, d);
+}
+
+/* |a - b|, 0 when both are the same infinity. */
+static double lp_diff(float a, float b) {
+    if (a == b)
+        return 0.0;
+    return isfinite(a) && isfinite(b) ? fabs((double)a - b) : INFINITY;
+}
+
+/* Steps 1, 3 and 4 of sample_rows, written out for the test: masked = raw
+ * with the masked tokens at -inf; adj = masked, biased and penalised. */
+static void sample_adjust_ref(int V, const float *raw, const pd_sample_row *r,
+                              const pd_sample_tok *toks, float *masked, float *adj) {
+    memcpy(masked, raw, (size_t)V * sizeof(float));
+    for (int j = 0; j < r->n_tok; j++)
+        if (toks[j].flags & PD_SAMPLE_MASKED)
+            masked[toks[j].id] = -INFINITY;
+    memcpy(adj, masked, (size_t)V * sizeof(float));
+    for (int j = 0; j < r->n_tok; j++) {
+        const pd_sample_tok *t = &toks[j];
+        float v = adj[t->id] + t->bias;
+        if (t->flags & PD_SAMPLE_SEEN)
+            v = v > 0.0f ? v / r->repetition_penalty : v * r->repetition_penalty;
+        if (t->count > 0)
+            v = v - r->frequency_penalty * (float)t->count - r->presence_penalty;
+        adj[t->id] = v;
+    }
+}
+
+static int32_t argmax_ref(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best] || (isnan(v[best]) && !isnan(v[i])))
+            best = i;
+    return best;
+}
+
+typedef struct {
+    float key;
+    int32_t id;
+} ranked;
+
+static int ranked_cmp(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1;
+    return x->id < y->id ? -1 : 1;
+}
+
+/* Steps 5-8 of sample_rows for the test: keep [V] the survivors, w [V] their
+ * weights; returns the argmax of adj / temperature, and -1 in *max_finite_p
+ * when its max is not finite (no filtering then). */
+static int32_t sample_survivors_ref(int V, const float *adj, const pd_sample_row *r, bool *keep,
+                                    float *w, bool *max_finite_p) {
+    float *sc = malloc((size_t)V * sizeof(float));
+    ranked *rk = malloc((size_t)V * sizeof(ranked));
+    assert_true(sc && rk);
+    for (int i = 0; i < V; i++) {
+        sc[i] = adj[i] / r->temperature;
+        if (isnan(sc[i]))
+            sc[i] = -INFINITY;
+        rk[i] = (ranked){sc[i], i};
+        keep[i] = false;
+        w[i] = 0.0f;
+    }
+    int32_t best = argmax_ref(sc, V);
+    float max = sc[best];
+    *max_finite_p = isfinite(max);
+    if (*max_finite_p) {
+        qsort(rk, (size_t)V, sizeof *rk, ranked_cmp);
+        int k = r->top_k > 0 && r->top_k < V ? r->top_k : V;
+        double total = 0.0;
+        for (int c = 0; c < k; c++) {
+            keep[rk[c].id] = true;
+            w[rk[c].id] = expf(sc[rk[c].id] - max);
+        }
+        for (int i = 0; i < V; i++)
+            total += w[i];
+        if (r->top_p < 1.0f) {
+            for (int c = 0; c < k; c++)
+                rk[c] = (ranked){w[rk[c].id], rk[c].id};
+            qsort(rk, (size_t)k, sizeof *rk, ranked_cmp);
+            double cum = 0.0;
+            int c = 0;
+            for (; c < k && cum < (double)r->top_p * total; c++)
+                cum += rk[c].key;
+            for (; c < k; c++)
+                keep[rk[c].id] = false;
+        }
+        if (r->min_p > 0.0f)
+            for (int i = 0; i < V; i++)
+                keep[i] = keep[i] && w[i] >= r->min_p;
+    }
+    free(rk);
+    free(sc);
+    return best;
+}
+
+/* Checks out (row i of in, sampled by s->be) against properties computed
+ * here: the logprobs equal model/sampler.c's pd_logprobs_row on the masked
+ * row; greedy gives the argmax of the adjusted row; a random draw gives a
+ * survivor of the filters, the lowest-id one for u = 0, and the one the
+ * inverse CDF in id order picks. after_row: the row after the call (CPU
+ * backend only: the biased, penalised logits). Returns the failures. */
+static int sample_props(suite *s, const char *shape, const sample_batch *in, int i,
+                        const pd_sample_out *o, const float *after_row) {
+    const int V = in->vocab;
+    const pd_sample_row *r = &in->rows[i];
+    const pd_sample_tok *toks = in->toks + r->tok_off;
+    float *masked = malloc((size_t)V * sizeof(float)), *adj = malloc((size_t)V * sizeof(float));
+    float *w = malloc((size_t)V * sizeof(float));
+    bool *keep = malloc((size_t)V * sizeof(bool));
+    assert_true(masked && adj && w && keep);
+    sample_adjust_ref(V, in->logits + (size_t)r->row * V, r, toks, masked, adj);
+    int bad = 0;
+#define PROP(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            print_error("%s sample_rows %s row %d: ", s->name, shape, i);                          \
+            print_error(__VA_ARGS__);                                                              \
+            print_error("\n");                                                                     \
+            bad++;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+    PROP(o->token >= 0 && o->token < V, "token %d outside [0, %d)", o->token, V);
+    if (bad)
+        goto out;
+    if (after_row)
+        for (int t = 0; t < V; t++)
+            if (!(after_row[t] == adj[t])) {
+                PROP(false, "logit %d left at %g, expected %g (biased, penalised)", t, after_row[t],
+                     adj[t]);
+                break;
+            }
+
+    /* logprobs: pd_logprobs_row on the masked row (CPU: the same bits) */
+    double tol = s->cuda ? 1e-5 : 0.0, worst = 0.0;
+    int32_t ids[PD_SAMPLE_MAX_TOP];
+    float lps[PD_SAMPLE_MAX_TOP], lp;
+    int k = pd_logprobs_row(masked, V, o->token, &lp, r->n_top, ids, lps);
+    PROP(o->n_top == k, "n_top %d, expected %d", o->n_top, k);
+    for (int j = 0; j < k && j < o->n_top; j++) {
+        PROP(o->top_ids[j] == ids[j], "top %d is token %d, expected %d", j, o->top_ids[j], ids[j]);
+        worst = fmax(worst, lp_diff(o->top_logprobs[j], lps[j]));
+    }
+    if (r->want_logprob)
+        worst = fmax(worst, lp_diff(o->logprob, lp));
+    else
+        PROP(o->logprob == 0.0f, "logprob %g not asked for, expected 0", o->logprob);
+    PROP(worst <= tol, "logprobs differ from pd_logprobs_row by %g", worst);
+
+    if (r->temperature < 1e-5f) {
+        PROP(o->token == argmax_ref(adj, V), "greedy token %d, argmax %d", o->token,
+             argmax_ref(adj, V));
+        goto out;
+    }
+    bool max_finite;
+    int32_t best = sample_survivors_ref(V, adj, r, keep, w, &max_finite);
+    if (!max_finite) {
+        PROP(o->token == best, "token %d, expected the argmax %d (no finite logit)", o->token,
+             best);
+        goto out;
+    }
+    PROP(keep[o->token] && w[o->token] > 0.0f, "token %d is not a survivor", o->token);
+    double total = 0.0, cum = 0.0;
+    int32_t first = -1, drawn = -1;
+    for (int t = 0; t < V; t++)
+        if (keep[t] && w[t] > 0.0f) {
+            total += w[t];
+            if (first < 0)
+                first = t;
+        }
+    for (int t = 0; t < V && (drawn < 0 || cum <= r->u * total); t++)
+        if (keep[t] && w[t] > 0.0f) {
+            drawn = t;
+            cum += w[t];
+        }
+    if (r->u == 0.0)
+        PROP(o->token == first, "u = 0 gave token %d, the first survivor is %d", o->token, first);
+    PROP(o->token == drawn, "u = %g gave token %d, the inverse CDF in id order %d", r->u, o->token,
+         drawn);
+out:
+#undef PROP
+    free(keep);
+    free(w);
+    free(adj);
+    free(masked);
+    return bad;
+}
+
+/* Random rows (vocab 1000, 50000) under every filter and adjustment. */
+static void sample_batch_random(suite *s, sample_batch *b, int V) {
+    static const struct {
+        float temperature;
+        int top_k; /* -1: vocab */
+        float top_p, min_p;
+        int toks; /* 0 none, 1 penalties, 2 bias, 3 masks */
+    } cfgs[] = {
+        {0.0f, 0, 1.0f, 0.0f, 0},  {0.7f, 1, 1.0f, 0.0f, 0}, {0.7f, 5, 1.0f, 0.0f, 0},
+        {0.7f, -1, 1.0f, 0.0f, 0}, {0.7f, 0, 1.0f, 0.0f, 0}, {0.7f, 0, 0.9f, 0.0f, 0},
+        {0.7f, 0, 0.5f, 0.0f, 0},  {0.7f, 0, 1.0f, 0.1f, 0}, {0.7f, 50, 0.9f, 0.05f, 0},
+        {0.0f, 0, 1.0f, 0.0f, 1},  {0.7f, 0, 1.0f, 0.0f, 1}, {0.0f, 0, 1.0f, 0.0f, 2},
+        {0.7f, 0, 0.9f, 0.0f, 2},  {0.0f, 0, 1.0f, 0.0f, 3}, {0.7f, 5, 1.0f, 0.0f, 3},
+    };
+    static const double us[] = {0.0, 0.5, 0.999999};
+    static const int n_tops[] = {0, 1, 5, 20};
+    int n_made = 0;
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
+        for (size_t ui = 0; ui < sizeof us / sizeof us[0]; ui++) {
+            if (cfgs[c].temperature == 0.0f && ui > 0)
+                continue; /* greedy ignores u */
+            float *raw = rnd(s, (size_t)V, 2.0);
+            /* the 6 best tokens (the penalties and masks move the choice) and two with a negative
+             * logit */
+            int32_t top[6], neg[2] = {-1, -1};
+            float unused[6];
+            pd_logprobs_row(raw, V, 0, NULL, 6, top, unused);
+            for (int t = 0, m = 0; t < V && m < 2; t++)
+                if (raw[t] < 0.0f)
+                    neg[m++] = t;
+            pd_sample_tok toks[8];
+            int n_tok = 0;
+            pd_sample_row r = {.temperature = cfgs[c].temperature,
+                               .top_k = cfgs[c].top_k < 0 ? V : cfgs[c].top_k,
+                               .top_p = cfgs[c].top_p,
+                               .min_p = cfgs[c].min_p,
+                               .repetition_penalty = 1.0f,
+                               .u = us[ui],
+                               .n_top = n_tops[n_made % 4],
+                               .want_logprob = n_made % 3 != 2};
+            if (cfgs[c].toks == 1 || cfgs[c].toks == 3) {
+                r.repetition_penalty = 1.3f;
+                r.frequency_penalty = 0.5f;
+                r.presence_penalty = 0.4f;
+            }
+            if (cfgs[c].toks == 1) { /* seen tokens, some only in the prompt (count 0) */
+                static const int counts[6] = {0, 2, 1, 0, 5, 0};
+                for (int j = 0; j < 6; j++)
+                    toks[n_tok++] =
+                        (pd_sample_tok){.id = top[j], .flags = PD_SAMPLE_SEEN, .count = counts[j]};
+                toks[n_tok++] = (pd_sample_tok){.id = neg[0], .flags = PD_SAMPLE_SEEN, .count = 1};
+            } else if (cfgs[c].toks == 2) { /* the best one pushed down, two weak ones up */
+                toks[n_tok++] = (pd_sample_tok){.id = top[0], .bias = -100.0f};
+                toks[n_tok++] = (pd_sample_tok){.id = neg[0], .bias = 100.0f};
+                toks[n_tok++] = (pd_sample_tok){.id = neg[1], .bias = 100.0f};
+            } else if (cfgs[c].toks ==
+                       3) { /* the three best masked, whatever else applies to them */
+                toks[n_tok++] = (pd_sample_tok){.id = top[0], .flags = PD_SAMPLE_MASKED};
+                toks[n_tok++] =
+                    (pd_sample_tok){.id = top[1], .flags = PD_SAMPLE_MASKED, .bias = 100.0f};
+                toks[n_tok++] = (pd_sample_tok){
+                    .id = top[2], .flags = PD_SAMPLE_MASKED | PD_SAMPLE_SEEN, .count = 1};
+                toks[n_tok++] = (pd_sample_tok){.id = top[3], .flags = PD_SAMPLE_SEEN, .count = 1};
+            }
+            batch_add(b, raw, r, toks, n_tok);
+            free(raw);
+            n_made++;
+        }
+}
+
+/* Rows the random ones rarely give (vocab 64): every logit -inf; ties at
+ * the top; every logit equal. */
+static void sample_batch_special(suite *s, sample_batch *b) {
+    const int V = 64;
+    float *row = malloc(V * sizeof(float));
+    assert_non_null(row);
+    static const double us[] = {0.0, 0.5, 0.999999};
+    for (int kind = 0; kind < 3; kind++) {
+        for (int t = 0; t < V; t++)
+            row[t] = kind == 0   ? -INFINITY
+                     : kind == 1 ? (float)fmin(pd_rng_normal(&s->rng), 1.0)
+                                 : 0.0f;
+        if (kind == 1)
+            for (int t = 10; t < V; t += 10)
+                row[t] = 5.0f;
+        batch_add(b, row,
+                  (pd_sample_row){.temperature = 0.0f,
+                                  .repetition_penalty = 1.0f,
+                                  .top_p = 1.0f,
+                                  .n_top = 5,
+                                  .want_logprob = 1},
+                  NULL, 0);
+        for (int ui = 0; ui < 3; ui++) {
+            batch_add(b, row,
+                      (pd_sample_row){.temperature = 0.7f,
+                                      .repetition_penalty = 1.0f,
+                                      .top_p = 1.0f,
+                                      .u = us[ui],
+                                      .n_top = 20,
+                                      .want_logprob = 1},
+                      NULL, 0);
+            batch_add(b, row,
+                      (pd_sample_row){.temperature = 0.7f,
+                                      .top_k = 3,
+                                      .repetition_penalty = 1.0f,
+                                      .top_p = 1.0f,
+                                      .u = us[ui],
+                                      .n_top = 1,
+                                      .want_logprob = 1},
+                      NULL, 0);
+            batch_add(b, row,
+                      (pd_sample_row){.temperature = 1.0f,
+                                      .repetition_penalty = 1.0f,
+                                      .top_p = 0.5f,
+                                      .u = us[ui],
+                                      .want_logprob = 1},
+                      NULL, 0);
+        }
+    }
+    free(row);
+}
+
+/* Runs one batch on s->be: the properties on every row, and where there is a
+ * reference backend, the same tokens and top ids and logprobs within 1e-5. */
+static void sample_check_batch(suite *s, const char *shape, const sample_batch *in) {
+    pd_sample_out *out = malloc((size_t)in->n * sizeof *out),
+                  *ref = malloc((size_t)in->n * sizeof *ref);
+    float *after = malloc((size_t)in->n_buf * in->vocab * sizeof(float));
+    assert_true(out && ref && after);
+    run_sample(s, s->be, in, out, after);
+    double worst = 0.0;
+    for (int i = 0; i < in->n; i++)
+        s->n_fail += sample_props(s, shape, in, i, &out[i],
+                                  s->cuda ? NULL : after + (size_t)in->rows[i].row * in->vocab);
+    if (s->ref) {
+        run_sample(s, s->ref, in, ref, NULL);
+        for (int i = 0; i < in->n; i++) {
+            bool same = out[i].token == ref[i].token && out[i].n_top == ref[i].n_top;
+            for (int j = 0; same && j < ref[i].n_top; j++) {
+                same = out[i].top_ids[j] == ref[i].top_ids[j];
+                worst = fmax(worst, lp_diff(out[i].top_logprobs[j], ref[i].top_logprobs[j]));
+            }
+            worst = fmax(worst, lp_diff(out[i].logprob, ref[i].logprob));
+            if (!same) {
+                print_error("%s sample_rows %s row %d: token %d, %d top (first %d); cpu %d, %d top "
+                            "(first %d)\n",
+                            s->name, shape, i, out[i].token, out[i].n_top,
+                            out[i].n_top > 0 ? out[i].top_ids[0] : -1, ref[i].token, ref[i].n_top,
+                            ref[i].n_top > 0 ? ref[i].top_ids[0] : -1);
+                s->n_fail++;
+            }
+        }
+    }
+    check(s, OP_SAMPLE, shape, worst, 1e-5); /* absolute: logprobs are O(1) */
+    free(after);
+    free(ref);
+    free(out);
+}
+
+/* The draw's distribution: one fixed row (vocab 8, temperature 1, no
+ * filters) sampled with 20000 uniform u; each token's count within 5
+ * standard deviations of 20000 * softmax. */
+static void sample_check_frequencies(suite *s) {
+    enum { V = 8, N = 20000 };
+    float *row = rnd(s, V, 1.0);
+    sample_batch b;
+    batch_init(&b, V);
+    pd_rng u_rng;
+    pd_rng_seed(&u_rng, 20240601);
+    for (int i = 0; i < N; i++)
+        batch_add(&b, row,
+                  (pd_sample_row){.temperature = 1.0f,
+                                  .top_p = 1.0f,
+                                  .repetition_penalty = 1.0f,
+                                  .u = pd_rng_uniform(&u_rng)},
+                  NULL, 0);
+    pd_sample_out *out = malloc(N * sizeof *out);
+    assert_non_null(out);
+    run_sample(s, s->be, &b, out, NULL);
+    int count[V] = {0};
+    for (int i = 0; i < N; i++) {
+        assert_in_range(out[i].token, 0, V - 1);
+        count[out[i].token]++;
+    }
+    float max = row[argmax_ref(row, V)];
+    double p[V], sum = 0.0;
+    for (int t = 0; t < V; t++)
+        sum += p[t] = expf(row[t] - max);
+    for (int t = 0; t < V; t++) {
+        double mean = N * p[t] / sum, sd = sqrt(mean * (1.0 - p[t] / sum));
+        if (fabs(count[t] - mean) > 5.0 * sd + 1e-9) {
+            print_error("%s sample_rows: token %d drawn %d times in %d, expected %.1f +- %.1f\n",
+                        s->name, t, count[t], N, mean, sd);
+            s->n_fail++;
+        }
+    }
+    free(out);
+    batch_free(&b);
+    free(row);
+}
+
+static void test_sample_rows(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    if (!s->be->ops->sample_rows) {
+        print_message("[ %s ] sample_rows: not implemented by this backend\n", s->name);
+        skip();
+    }
+    static const int vocabs[] = {1000, 50000};
+    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
+        sample_batch b;
+        batch_init(&b, vocabs[v]);
+        sample_batch_random(s, &b, vocabs[v]);
+        char shape[64];
+        snprintf(shape, sizeof shape, "vocab %d, %d rows", b.vocab, b.n);
+        sample_check_batch(s, shape, &b);
+        batch_free(&b);
+    }
+    sample_batch b;
+    batch_init(&b, 64);
+    sample_batch_special(s, &b);
+    sample_check_batch(s, "special rows, vocab 64", &b);
+    batch_free(&b);
+    sample_check_frequencies(s);
+    END(s);
+}
+
+/* Arguments outside the spec's ranges: PD_ERR_INVALID in the CUDA
+ * backend's status; the CPU backend, which has no status, logs them, leaves
+ * the logits and answers token -1 for every row. */
+static void test_sample_rows_errors(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    if (!s->be->ops->sample_rows)
+        skip();
+    enum { V = 16 };
+    float logits[2 * V], seen[2 * V];
+    for (int t = 0; t < 2 * V; t++)
+        logits[t] = (float)t;
+    pd_sample_tok toks[2] = {{.id = 3, .flags = PD_SAMPLE_MASKED}, {.id = 5, .bias = 1.0f}};
+    const pd_sample_row good = {.row = 1,
+                                .temperature = 1.0f,
+                                .top_p = 1.0f,
+                                .repetition_penalty = 1.0f,
+                                .n_tok = 2,
+                                .want_logprob = 1};
+    for (int c = 0; c < 6; c++) {
+        pd_sample_row rows[2] = {good, good};
+        pd_sample_tok bad_toks[2] = {toks[0], toks[1]};
+        switch (c) {
+        case 0:
+            rows[1].row = -1;
+            break;
+        case 1:
+            rows[1].n_top = PD_SAMPLE_MAX_TOP + 1;
+            break;
+        case 2:
+            rows[1].n_top = -1;
+            break;
+        case 3:
+            bad_toks[1].id = V;
+            break;
+        case 4:
+            bad_toks[0].id = -1;
+            break;
+        default:
+            rows[1].tok_off = 1;
+            break; /* [1, 3) of 2 entries */
+        }
+        pd_backend *b = s->be;
+#ifdef PD_HAVE_CUDA
+        pd_err err = {{0}};
+        if (s->cuda)
+            assert_int_equal(pd_backend_cuda_init_ex(0, (pd_cuda_weights)s->fmt, &b, &err), PD_OK);
+#endif
+        float *d = put(b, logits, sizeof logits);
+        pd_sample_out out[2];
+        b->ops->sample_rows(b, 2, V, d, rows, bad_toks, 2, out);
+#ifdef PD_HAVE_CUDA
+        if (s->cuda) {
+            assert_int_equal(pd_backend_cuda_status(b, &err), PD_ERR_INVALID);
+            b->ops->free(b, d);
+            pd_backend_free(&b);
+            continue;
+        }
+#endif
+        b->ops->download(b, seen, d, sizeof seen);
+        b->ops->free(b, d);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(out[i].token, -1);
+        assert_memory_equal(seen, logits, sizeof logits);
+    }
+    /* the same rows with valid arguments: no error */
+    pd_sample_row rows[2] = {good, good};
+    float *d = put(s->be, logits, sizeof logits);
+    pd_sample_out out[2];
+    s->be->ops->sample_rows(s->be, 2, V, d, rows, toks, 2, out);
+    backend_ok(s, s->be);
+    s->be->ops->free(s->be, d);
+    assert_in_range(out[0].token, 0, V - 1);
+    assert_int_equal(out[0].token, out[1].token);
+    END(s);
+}
+
 /* ---- graphs (CUDA) ---------------------------------------------------- */
 
 /* A recorded gemm + rope_pos replays with the inputs its buffers hold at
@@ -1376,6 +1927,7 @@ int main(void) {
         cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
