@@ -1399,8 +1399,9 @@ static int32_t sample_survivors_ref(int V, const float *adj, const pd_sample_row
  * here: the logprobs equal model/sampler.c's pd_logprobs_row on the masked
  * row; greedy gives the argmax of the adjusted row; a random draw gives a
  * survivor of the filters, the lowest-id one for u = 0, and the one the
- * inverse CDF in id order picks. after_row: the row after the call (CPU
- * backend only: the biased, penalised logits). Returns the failures. */
+ * inverse CDF in id order picks; the row is left masked, biased and
+ * penalised (not divided by the temperature). after_row: the row after the
+ * call. Returns the failures. */
 static int sample_props(suite *s, const char *shape, const sample_batch *in, int i,
                         const pd_sample_out *o, const float *after_row) {
     const int V = in->vocab;
@@ -1620,8 +1621,7 @@ static void sample_check_batch(suite *s, const char *shape, const sample_batch *
     run_sample(s, s->be, in, out, after);
     double worst = 0.0;
     for (int i = 0; i < in->n; i++)
-        s->n_fail += sample_props(s, shape, in, i, &out[i],
-                                  s->cuda ? NULL : after + (size_t)in->rows[i].row * in->vocab);
+        s->n_fail += sample_props(s, shape, in, i, &out[i], after + (size_t)in->rows[i].row * in->vocab);
     if (s->ref) {
         run_sample(s, s->ref, in, ref, NULL);
         for (int i = 0; i < in->n; i++) {
@@ -1715,9 +1715,9 @@ static void test_sample_rows(void **state) {
     END(s);
 }
 
-/* Arguments outside the spec's ranges: PD_ERR_INVALID in the CUDA
- * backend's status; the CPU backend, which has no status, logs them, leaves
- * the logits and answers token -1 for every row. */
+/* Arguments outside the spec's ranges: every row answers token -1, and the
+ * CUDA backend's status is PD_ERR_INVALID; the CPU backend, which has no
+ * status, logs them and leaves the logits as they were. */
 static void test_sample_rows_errors(void **state) {
     suite *s = *state;
     BEGIN(s);
@@ -1753,9 +1753,9 @@ static void test_sample_rows_errors(void **state) {
         case 4:
             bad_toks[0].id = -1;
             break;
-        default:
+        default: /* entries [1, 3) of 2 */
             rows[1].tok_off = 1;
-            break; /* [1, 3) of 2 entries */
+            break;
         }
         pd_backend *b = s->be;
 #ifdef PD_HAVE_CUDA
@@ -1766,6 +1766,8 @@ static void test_sample_rows_errors(void **state) {
         float *d = put(b, logits, sizeof logits);
         pd_sample_out out[2];
         b->ops->sample_rows(b, 2, V, d, rows, bad_toks, 2, out);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(out[i].token, -1);
 #ifdef PD_HAVE_CUDA
         if (s->cuda) {
             assert_int_equal(pd_backend_cuda_status(b, &err), PD_ERR_INVALID);
@@ -1776,19 +1778,18 @@ static void test_sample_rows_errors(void **state) {
 #endif
         b->ops->download(b, seen, d, sizeof seen);
         b->ops->free(b, d);
-        for (int i = 0; i < 2; i++)
-            assert_int_equal(out[i].token, -1);
         assert_memory_equal(seen, logits, sizeof logits);
     }
-    /* the same rows with valid arguments: no error */
+    /* valid arguments (each row its own logits): no error */
     pd_sample_row rows[2] = {good, good};
+    rows[0].row = 0;
     float *d = put(s->be, logits, sizeof logits);
     pd_sample_out out[2];
     s->be->ops->sample_rows(s->be, 2, V, d, rows, toks, 2, out);
     backend_ok(s, s->be);
     s->be->ops->free(s->be, d);
-    assert_in_range(out[0].token, 0, V - 1);
-    assert_int_equal(out[0].token, out[1].token);
+    for (int i = 0; i < 2; i++)
+        assert_in_range(out[i].token, 0, V - 1);
     END(s);
 }
 
