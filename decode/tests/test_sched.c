@@ -109,6 +109,9 @@ static int setup(void **state) {
     }
     assert_int_equal(pd_backend_cpu_init(1, &g_be), PD_OK);
     if (pd_model_load(dir, g_be, &g_m, &err) != PD_OK) fail_msg("%s", err.msg);
+    const char *dev = getenv("PD_SAMPLE_ON_DEVICE");
+    if (dev && !strcmp(dev, "1") && !pd_model_samples_on_device(g_m)) /* test_sched_device_sampling */
+        fail_msg("PD_SAMPLE_ON_DEVICE=1, but the model does not sample through sample_rows");
     return 0;
 }
 static int teardown(void **state) {

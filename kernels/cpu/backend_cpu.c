@@ -349,6 +349,27 @@ static void cpu_kv_store(pd_backend *be, int rows, int dim, const float *src, in
         memcpy(cache + ((size_t)slots[r] + slot_offset) * dim, src + (size_t)r * src_stride, dim * sizeof(float));
 }
 
+/* The fused step ops, as the operations they stand for (pd_kernels.h). */
+static void cpu_mla_prep(pd_backend *be, const pd_mla_prep_args *a) {
+    const int kvr = a->kv_lora_rank, dr = a->qk_rope_dim, D = kvr + dr, qd = a->qk_nope_dim + dr;
+    cpu_rmsnorm(be, a->rows, kvr, a->ckv, D, a->kv_norm, a->eps, a->ckv, D);
+    cpu_rope_pos(be, a->rows, 1, a->ckv + kvr, D, D, dr, a->pos, a->inv_freq, a->mscale);
+    cpu_rope_pos(be, a->rows, a->n_heads, a->q + a->qk_nope_dim, a->n_heads * qd, qd, dr, a->pos, a->inv_freq,
+                 a->mscale);
+    cpu_kv_store(be, a->rows, D, a->ckv, D, a->cache, a->slots, a->slot_offset);
+}
+
+static void cpu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act) {
+    cpu_gemm(be, M, x, w, gu, false);
+    cpu_silu_mul(be, M, w->rows / 2, gu, act);
+}
+
+static void cpu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const float *y, const float *w, float eps,
+                            float *h) {
+    cpu_add(be, (size_t)rows * dim, x, y);
+    cpu_rmsnorm(be, rows, dim, x, dim, w, eps, h, dim);
+}
+
 /* One absorbed single-query attention per sequence. */
 static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
     int qd = d->qk_nope_dim + d->qk_rope_dim;
@@ -697,6 +718,9 @@ static const pd_backend_i cpu_ops = {
     .moe_route_ids = cpu_moe_route_ids,
     .moe_experts_ids = cpu_moe_experts_ids,
     .moe_ids_local = cpu_moe_ids_local,
+    .mla_prep = cpu_mla_prep,
+    .gemm_swiglu = cpu_gemm_swiglu,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .all_reduce_sum = cpu_all_reduce_sum,
     .sample_rows = cpu_sample_rows,
 };

@@ -29,12 +29,13 @@
 
 enum {
     OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
-    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_SAMPLE, OP_N
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_SAMPLE, OP_FUSED, OP_N
 };
 static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
                                      "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
                                      "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids",
-                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)", "sample_rows"};
+                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)", "sample_rows",
+                                     "fused ops"};
 
 typedef struct {
     const char *name;
@@ -987,6 +988,142 @@ static void test_step_ops(void **state) {
     END(s);
 }
 
+/* mla_prep, add_rmsnorm and gemm_swiglu against the operations they stand
+ * for, on the same backend: the same numbers up to fp32 rounding (the
+ * fused kernels reduce in another order). */
+static void test_fused_ops(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    if (!b->ops->mla_prep || !b->ops->add_rmsnorm || !b->ops->gemm_swiglu)
+        fail_msg("%s: the fused ops are missing", s->name);
+    char shape[96];
+    /* mla_prep: V2-like dims, 7 rows into shuffled slots of layer 1 */
+    int rows = 7, nh = 3, dn = 16, dr = 8, kvr = 40, D = kvr + dr, qd = dn + dr, nslots = 64, bs = 4;
+    size_t nq = (size_t)rows * nh * qd, nk = (size_t)rows * D, nc = (size_t)(nslots + 2 * bs) * D;
+    float *q = rnd(s, nq, 1.0), *ckv = rnd(s, nk, 1.0), *norm = rnd(s, (size_t)kvr, 1.0), *cpois = nans(nc);
+    int32_t pos[7], slots[7];
+    float freq[4];
+    for (int r = 0; r < rows; r++) {
+        pos[r] = (int32_t)(pd_rng_next(&s->rng) % 5000);
+        slots[r] = 9 * r + 1;
+    }
+    for (int i = 0; i < dr / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / dr);
+    float *dq[2], *dk[2], *dc[2];
+    for (int v = 0; v < 2; v++) {
+        dq[v] = put(b, q, nq * 4);
+        dk[v] = put(b, ckv, nk * 4);
+        dc[v] = put(b, cpois, nc * 4);
+    }
+    float *dnorm = put(b, norm, (size_t)kvr * 4), *dfreq = put(b, freq, sizeof freq);
+    int32_t *dpos = put(b, pos, sizeof pos), *dslots = put(b, slots, sizeof slots);
+    pd_mla_prep_args pa = {.rows = rows, .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .kv_lora_rank = kvr,
+                           .q = dq[0], .ckv = dk[0], .kv_norm = dnorm, .eps = 1e-6f, .pos = dpos, .inv_freq = dfreq,
+                           .mscale = 1.1f, .cache = dc[0], .slots = dslots, .slot_offset = bs};
+    b->ops->mla_prep(b, &pa);
+    b->ops->rope_pos(b, rows, nh, dq[1] + dn, nh * qd, qd, dr, dpos, dfreq, 1.1f);
+    b->ops->rmsnorm(b, rows, kvr, dk[1], D, dnorm, 1e-6f, dk[1], D);
+    b->ops->rope_pos(b, rows, 1, dk[1] + kvr, D, D, dr, dpos, dfreq, 1.1f);
+    b->ops->kv_store(b, rows, D, dk[1], D, dc[1], dslots, bs);
+    float *hq[2], *hk[2], *hc[2];
+    for (int v = 0; v < 2; v++) {
+        hq[v] = malloc(nq * 4);
+        hk[v] = malloc(nk * 4);
+        hc[v] = malloc(nc * 4);
+        get(s, b, hq[v], dq[v], nq);
+        get(s, b, hk[v], dk[v], nk);
+        get(s, b, hc[v], dc[v], nc);
+    }
+    check(s, OP_FUSED, "mla_prep q", nerr(hq[0], hq[1], nq), 1e-6);
+    check(s, OP_FUSED, "mla_prep ckv", nerr(hk[0], hk[1], nk), 1e-6);
+    double worst = 0.0; /* written slots equal; the others still NaN in both */
+    for (size_t i = 0; i < nc; i++)
+        worst = fmax(worst, isnan(hc[0][i]) != isnan(hc[1][i]) ? INFINITY
+                            : isnan(hc[0][i])                  ? 0.0
+                                                               : fabs((double)hc[0][i] - hc[1][i]));
+    check(s, OP_FUSED, "mla_prep cache", worst, 1e-5);
+    /* add_rmsnorm: 5 rows of 300 */
+    int ar = 5, ad = 300;
+    size_t na = (size_t)ar * ad;
+    float *x = rnd(s, na, 2.0), *y = rnd(s, na, 1.0), *w = rnd(s, (size_t)ad, 1.0), *pois = nans(na);
+    float *dx[2], *dh[2], *hx[2], *hh[2];
+    float *dy = put(b, y, na * 4), *dw = put(b, w, (size_t)ad * 4);
+    for (int v = 0; v < 2; v++) {
+        dx[v] = put(b, x, na * 4);
+        dh[v] = put(b, pois, na * 4);
+    }
+    b->ops->add_rmsnorm(b, ar, ad, dx[0], dy, dw, 1e-5f, dh[0]);
+    b->ops->add(b, na, dx[1], dy);
+    b->ops->rmsnorm(b, ar, ad, dx[1], ad, dw, 1e-5f, dh[1], ad);
+    for (int v = 0; v < 2; v++) {
+        hx[v] = malloc(na * 4);
+        hh[v] = malloc(na * 4);
+        get(s, b, hx[v], dx[v], na);
+        get(s, b, hh[v], dh[v], na);
+    }
+    check(s, OP_FUSED, "add_rmsnorm x", nerr(hx[0], hx[1], na), 0.0);
+    check(s, OP_FUSED, "add_rmsnorm h", nerr(hh[0], hh[1], na), 1e-6);
+    /* gemm_swiglu: decode sizes (the skinny GEMM's epilogue on CUDA) and above */
+    int I = 48, K = 64, Ms[] = {1, 3, 4, 17};
+    float *wgu = rnd(s, (size_t)2 * I * K, 0.2);
+    pd_weight W;
+    assert_int_equal(b->ops->weight_from_f32(b, wgu, 2 * I, K, &W), PD_OK);
+    for (int mi = 0; mi < 4; mi++) {
+        int M = Ms[mi];
+        float *xm = rnd(s, (size_t)M * K, 1.0), *p2 = nans((size_t)M * 2 * I);
+        float *dxm = put(b, xm, (size_t)M * K * 4), *dgu = put(b, p2, (size_t)M * 2 * I * 4);
+        float *da[2], *ha[2];
+        for (int v = 0; v < 2; v++)
+            da[v] = put(b, p2, (size_t)M * I * 4);
+        b->ops->gemm_swiglu(b, M, dxm, &W, dgu, da[0]);
+        b->ops->gemm(b, M, dxm, &W, dgu, false);
+        b->ops->silu_mul(b, M, I, dgu, da[1]);
+        for (int v = 0; v < 2; v++) {
+            ha[v] = malloc((size_t)M * I * 4);
+            get(s, b, ha[v], da[v], (size_t)M * I);
+            b->ops->free(b, da[v]);
+        }
+        snprintf(shape, sizeof shape, "gemm_swiglu M %d", M);
+        check(s, OP_FUSED, shape, nerr(ha[0], ha[1], (size_t)M * I), 1e-5);
+        for (int v = 0; v < 2; v++)
+            free(ha[v]);
+        b->ops->free(b, dxm);
+        b->ops->free(b, dgu);
+        free(xm);
+        free(p2);
+    }
+    b->ops->weight_free(b, &W);
+    for (int v = 0; v < 2; v++) {
+        b->ops->free(b, dq[v]);
+        b->ops->free(b, dk[v]);
+        b->ops->free(b, dc[v]);
+        b->ops->free(b, dx[v]);
+        b->ops->free(b, dh[v]);
+        free(hq[v]);
+        free(hk[v]);
+        free(hc[v]);
+        free(hx[v]);
+        free(hh[v]);
+    }
+    b->ops->free(b, dnorm);
+    b->ops->free(b, dfreq);
+    b->ops->free(b, dpos);
+    b->ops->free(b, dslots);
+    b->ops->free(b, dy);
+    b->ops->free(b, dw);
+    free(q);
+    free(ckv);
+    free(norm);
+    free(cpois);
+    free(x);
+    free(y);
+    free(w);
+    free(pois);
+    free(wgu);
+    END(s);
+}
+
 /* Batched decode over sequences of different lengths sharing one cache,
  * against the reference: the double formula per sequence (cpu group) or
  * the CPU backend's mla_decode. */
@@ -1929,6 +2066,7 @@ int main(void) {
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
+        cmocka_unit_test(test_fused_ops),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
