@@ -42,7 +42,7 @@
 #   selfcheck a gateway and a decode replica on CUDA (TP 2 with two GPUs): NVML metrics plausible,
 #             self_check_ok, NUMA report against sysfs, an injected all-reduce failure refused -> selfcheck.log
 # Environment: MODEL_AB (settings test_model_cuda runs again with), SVC_SHAPES, SVC_CONCURRENCY,
-# SVC_REQUESTS (the service matrix), STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
+# SVC_REQUESTS, SVC_ARGS (the service matrix, and more pdserve bench flags), SERVING_WEIGHTS (default "f32 bf16"), STEP_ARGS (bench_step's flags), PEER_ARGS (peer_hf.py's), TP_STEP_ARGS (bench_step's
 # flags in the tp step). NCCL_NVLS_ENABLE=0 is kept (NVLink multicast must stay off on shared hosts);
 # NCCL is found by ldconfig, else PD_NCCL_LIB is set to the first libnccl.so.2 on the disk.
 set -u
@@ -92,9 +92,11 @@ for what in "$@"; do
         done
         f=model.log ;;
     serving)
-        PD_DEVICE=cuda PD_CUDA_WEIGHTS=f32 timeout 240 python3 tests/integration/test_serving.py >"$O/serving-f32.log" 2>&1 || rc=1
-        PD_DEVICE=cuda timeout 240 python3 tests/integration/test_serving.py >"$O/serving-bf16.log" 2>&1 || rc=1
-        tail -3 "$O/serving-bf16.log"; f=serving-f32.log ;;
+        for w in ${SERVING_WEIGHTS:-f32 bf16}; do
+            PD_DEVICE=cuda PD_CUDA_WEIGHTS=$w timeout 240 python3 tests/integration/test_serving.py >"$O/serving-$w.log" 2>&1 || rc=1
+            echo "-- weights $w"; tail -3 "$O/serving-$w.log"
+        done
+        f=serving-bf16.log ;;
     generate)
         : >"$O/generate.log"
         for p in tiny small; do
@@ -193,7 +195,7 @@ for what in "$@"; do
         sleep 3 # the prefill replica registers at about the same time
         echo "service ready after $n s" >"$O/service.md"
         timeout 420 "$C/bin/pdserve" bench matrix --base-url http://127.0.0.1:18000 --model "$V2" --quiet \
-            --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests ${SVC_REQUESTS:-4,16} --rounds 1 \
+            --shapes ${SVC_SHAPES:-1024/128,8192/128} --concurrency ${SVC_CONCURRENCY:-1,8} --requests ${SVC_REQUESTS:-4,16} --rounds 1 ${SVC_ARGS:-} \
             --out "$PD_BUILD_DIR/svc" >>"$O/service.md" 2>&1 || rc=1
         cat "$PD_BUILD_DIR/svc/rounds.csv" >>"$O/service.md" 2>/dev/null || echo "no rounds.csv" >>"$O/service.md"
         kill -INT $UPPID 2>/dev/null; sleep 3; kill -9 $UPPID 2>/dev/null
