@@ -92,7 +92,9 @@ def main():
             time.sleep(0.3)
             base = metric(metrics(port), "pdserve:kv_cache_free_blocks")  # every replica
             sk = socket.create_connection(("127.0.0.1", port))
-            body = json.dumps({"model": "tiny", "prompt": [7] * n, "max_tokens": 400, "ignore_eos": True,
+            # as many tokens as the context takes: on a GPU tiny decodes a token
+            # in a fraction of a millisecond (sampling there too)
+            body = json.dumps({"model": "tiny", "prompt": [7] * n, "max_tokens": 1000 - n, "ignore_eos": True,
                                "stream": True}).encode()
             sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -102,8 +104,11 @@ def main():
                 if not chunk:
                     break
                 got += chunk
-            time.sleep(0.3)
-            during = metric(metrics(port), "pdserve:kv_cache_free_blocks")
+            t0 = time.time()  # heartbeats carry the counter: poll until the request's blocks show
+            during = base
+            while time.time() - t0 < 1.0 and during >= base:
+                time.sleep(0.02)
+                during = metric(metrics(port), "pdserve:kv_cache_free_blocks")
             check(during < base, f"len {n}: blocks in use while streaming ({during} vs {base})")
             sk.close()
             t0 = time.time()
