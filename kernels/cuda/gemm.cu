@@ -208,7 +208,6 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
  * (from L2 after the first). Needs K % 8 == 0 and 16-byte aligned rows of
  * W and x (cu_gemv_ok). */
 #define GV_WARPS 8
-#define GV_ROWS 2
 #define GV_MT 4
 
 /* Eight consecutive weights of a row: one 16-byte load of bf16, two of fp32. */
@@ -249,7 +248,7 @@ template <> struct gv_w8<float> {
     }
 };
 
-template <bool SWIGLU, typename WT>
+template <bool SWIGLU, typename WT, int GV_ROWS>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
            const int *__restrict__ glist, int M, const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
@@ -353,10 +352,11 @@ bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
     return K > 0 && K % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
 }
 
-template <bool SWIGLU, typename WT>
-static cudaError_t gemv_launch_t(dim3 grid, bool pdl, cudaStream_t s, int N, int K, const WT *w0,
+template <bool SWIGLU, typename WT, int GV_ROWS>
+static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
                                  const void *const *w, const int *off, const int *glist, int M, const int *xrow,
                                  const int *yrow, const float *x, int ldx, float *y, int ldy, int acc) {
+    dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     cfg.gridDim = grid;
@@ -369,24 +369,53 @@ static cudaError_t gemv_launch_t(dim3 grid, bool pdl, cudaStream_t s, int N, int
         cfg.attrs = at;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT>, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS>, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y,
+                              ldy, acc);
+}
+
+/* Output rows a warp owns (PD_GEMV_ROWS = 1, 2 or 4; default 2): fewer
+ * give more blocks over the SMs, more give each lane more loads in flight. */
+static int gemv_rows(void) {
+    static int rows;
+    if (!rows) {
+        const char *e = getenv("PD_GEMV_ROWS");
+        int r = e ? atoi(e) : 2;
+        rows = r == 1 || r == 4 ? r : 2;
+    }
+    return rows;
+}
+
+template <bool SWIGLU, typename WT>
+static cudaError_t gemv_launch_r(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
+                                 const void *const *w, const int *off, const int *glist, int M, const int *xrow,
+                                 const int *yrow, const float *x, int ldx, float *y, int ldy, int acc) {
+    switch (gemv_rows()) {
+    case 1:
+        return gemv_launch_t<SWIGLU, WT, 1>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
+                                            acc);
+    case 4:
+        return gemv_launch_t<SWIGLU, WT, 4>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
+                                            acc);
+    default:
+        return gemv_launch_t<SWIGLU, WT, 2>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
+                                            acc);
+    }
 }
 
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow,
                            const int *yrow, const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
                            cudaStream_t s) {
-    dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
     const int acc = accumulate ? 1 : 0;
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w0;
     const float *wf = (const float *)w0;
     if (fmt == PD_CUDA_WEIGHTS_BF16 && swiglu)
-        return gemv_launch_t<true>(grid, pdl, s, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
+        return gemv_launch_r<true>(pdl, s, n_groups, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
     if (fmt == PD_CUDA_WEIGHTS_BF16)
-        return gemv_launch_t<false>(grid, pdl, s, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+        return gemv_launch_r<false>(pdl, s, n_groups, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
     if (swiglu)
-        return gemv_launch_t<true>(grid, pdl, s, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
-    return gemv_launch_t<false>(grid, pdl, s, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+        return gemv_launch_r<true>(pdl, s, n_groups, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
+    return gemv_launch_r<false>(pdl, s, n_groups, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
 }
 
 /* GEMMs of at most this many rows go through k_gemv. */

@@ -31,7 +31,8 @@
 #             1K and 8K; then the transformers peer (peer_hf.py --prompts PREFILL_PEER_PROMPTS, default
 #             1024,8192,32768; none: skipped)                                   -> prefill.md, prefill-peer.md
 #   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
-#             the 4-layer model's 8K prefill summed by kernel (ncu_summary.py --last 0)  -> pprof.md
+#             the 4-layer model's 8K prefill (attention variant PPROF_VARIANT, default flash) summed by
+#             kernel (ncu_summary.py --last 0)  -> pprof.md
 #   sample    bench_sample: sample_rows on the GPU against download + host sampler, vocab 102400 -> sample.md
 #   plan      pdserve up on tiny with --gpu-memory-utilization 0.3 (the KV cache planned on the GPU), a short and a
 #             long completion                                                    -> plan.log
@@ -151,7 +152,7 @@ for what in "$@"; do
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ]; then
             timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
-                "$C/bin/bench_prefill" "$PD_BUILD_DIR/v2l4" --prompts 8192 --variants gemm --profile \
+                "$C/bin/bench_prefill" "$PD_BUILD_DIR/v2l4" --prompts 8192 --variants "${PPROF_VARIANT:-flash}" --profile \
                 >"$O/pprof.csv" 2>>"$O/pprof.err" || rc=1
             python3 tests/gpu/ncu_summary.py "$O/pprof.csv" >>"$P" 2>&1 || rc=1
             rm -f "$O/pprof.csv"
