@@ -28,7 +28,7 @@
 #             (default 1024,8192,32768,131072) in chunks of PREFILL_CHUNK (8192), the attention variants
 #             PREFILL_VARIANTS (default gemm,flash,kernel; the fp32 kernel to 8K), against the bf16 GEMM
 #             ceiling; each setting of PREFILL_AB (e.g. "PD_CUDA_GEMM_PLANS=exact PD_MOE_ROWS=f32") at
-#             1K and 8K; then the transformers peer (peer_hf.py --prompts PREFILL_PEER_PROMPTS, default
+#             1K and 8K with the variants PREFILL_AB_VARIANTS (default gemm); then the transformers peer (peer_hf.py --prompts PREFILL_PEER_PROMPTS, default
 #             1024,8192,32768; none: skipped)                                   -> prefill.md, prefill-peer.md
 #   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
 #             the 4-layer model's 8K prefill (attention variant PPROF_VARIANT, default flash) summed by
@@ -129,7 +129,7 @@ for what in "$@"; do
         # A/B in the same run: each setting switched back to the way before it
         for ab in ${PREFILL_AB:-}; do
             echo "## $ab" >>"$O/prefill.md"
-            env "$ab" timeout 200 "$C/bin/bench_prefill" "$V2" --prompts 1024,8192 --variants gemm 2>>"$O/prefill.err" |
+            env "$ab" timeout 200 "$C/bin/bench_prefill" "$V2" --prompts 1024,8192 --variants "${PREFILL_AB_VARIANTS:-gemm}" 2>>"$O/prefill.err" |
                 grep '^| [0-9]' >>"$O/prefill.md" || rc=1
         done
         [ "${PREFILL_PEER_PROMPTS:-1024,8192,32768}" = none ] ||
