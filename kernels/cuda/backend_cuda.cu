@@ -274,14 +274,6 @@ static void cu_destroy(pd_backend *be) {
             cudaFree(c->scr[i].p);
     cu_gemm_plans_free(c);
     cudaFree(c->lt_ws);
-    for (int i = 0; i < c->n_side; i++) {
-        cudaStreamSynchronize(c->side[i]);
-        cudaStreamDestroy(c->side[i]);
-        cudaFree(c->side_ws[i]);
-        cudaEventDestroy(c->side_join[i]);
-    }
-    if (c->n_side)
-        cudaEventDestroy(c->side_fork);
     free(c->allocs);
     cublasLtMatmulDescDestroy(c->mm_desc);
     cublasLtDestroy(c->lt);
@@ -386,12 +378,6 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->gemm_exact_plans = gp && !strcmp(gp, "exact");
         const char *mr = getenv("PD_MOE_ROWS");
         c->moe_f32_rows = mr && !strcmp(mr, "f32");
-        const char *ms = getenv("PD_MOE_STREAMS");
-        c->moe_streams = ms && *ms ? atoi(ms) : CU_SIDE_STREAMS;
-        if (c->moe_streams < 1)
-            c->moe_streams = 1;
-        if (c->moe_streams > CU_SIDE_STREAMS)
-            c->moe_streams = CU_SIDE_STREAMS;
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));

@@ -56,8 +56,6 @@ typedef struct {
     size_t bytes;
 } cu_alloc_rec;
 
-#define CU_SIDE_STREAMS 4
-
 typedef struct {
     int device, n_sm;
     size_t smem_optin; /* largest dynamic shared memory a block may ask for */
@@ -86,13 +84,6 @@ typedef struct {
     bool mla_prefill_flash;      /* expanded MLA by the fused kernel (mla_flash.cu; PD_MLA_PREFILL=flash) */
     bool gemm_exact_plans;       /* PD_CUDA_GEMM_PLANS=exact: a cuBLASLt plan per exact M (gemm.cu plan_bucket) */
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
-    int moe_streams;             /* PD_MOE_STREAMS: streams the prefill MoE's expert GEMMs spread over (1: c->stream only) */
-    /* side streams for those GEMMs (moe.cu), made on first use: each with
-     * its own cuBLASLt workspace of lt_ws_bytes; fork/join by events */
-    cudaStream_t side[CU_SIDE_STREAMS];
-    void *side_ws[CU_SIDE_STREAMS];
-    cudaEvent_t side_fork, side_join[CU_SIDE_STREAMS];
-    int n_side; /* made so far */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     size_t dev_bytes; /* device memory this backend holds: cu_alloc buffers, weights, scratch, tables, workspace */
@@ -225,10 +216,6 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
  * bf16 [N×K]: the cuBLASLt path of cu_gemm_run without the rounding of x. */
 bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
                       bool accumulate);
-/* The same on stream s with cuBLASLt workspace ws (lt_ws_bytes): a side
- * stream's GEMM (moe.cu). */
-bool cu_gemm_bf16_run_on(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
-                         bool accumulate, cudaStream_t s, void *ws);
 cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
 /* Fused causal attention of prefill (mla_flash.cu): qb [n_q, nh, qd], kb
  * [start_pos + n_q, nh, qd], vb [.., nh, dv] bf16 → out [n_q, nh, dv] fp32

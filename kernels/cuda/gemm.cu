@@ -146,11 +146,6 @@ static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsi
 
 bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
                       bool accumulate) {
-    return cu_gemm_bf16_run_on(c, M, N, K, xb, w, y, accumulate, c->stream, c->lt_ws);
-}
-
-bool cu_gemm_bf16_run_on(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
-                         bool accumulate, cudaStream_t s, void *ws) {
     if (M == 0 || N == 0)
         return true;
     cu_gemm_plan *p = plan_get(c, M, N, K, w, xb, y);
@@ -159,7 +154,7 @@ bool cu_gemm_bf16_run_on(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (p->lt_ok) {
         cublasStatus_t st = cublasLtMatmul(c->lt, c->mm_desc, &alpha, w, p->a, xb, p->b, &beta, y, p->cd, y, p->cd,
-                                           &p->algo, ws, c->lt_ws_bytes, s);
+                                           &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
         if (st == CUBLAS_STATUS_SUCCESS)
             return true;
         if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
@@ -168,14 +163,9 @@ bool cu_gemm_bf16_run_on(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb
                 cublasGetStatusString(st));
         p->lt_ok = false;
     }
-    if (s != c->stream && !CU_BLAS_OK(c, cublasSetStream(c->blas, s)))
-        return false;
-    bool ok = CU_BLAS_OK(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, xb,
-                                         CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT));
-    if (s != c->stream)
-        ok = CU_BLAS_OK(c, cublasSetStream(c->blas, c->stream)) && ok;
-    return ok;
+    return CU_BLAS_OK(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, xb,
+                                      CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
 }
 
 static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv_bfloat16 *w, float *y,

@@ -279,71 +279,6 @@ typedef struct {
     int *off;
 } moe_plan;
 
-/* ---- side streams: the prefill MoE's expert GEMMs side by side ----------
- *
- * At a prefill chunk each routed expert gets a few hundred rows (8K tokens
- * × 6 of 64 experts: ~770), so one expert's GEMM fills about half of the
- * GPU's SMs with tiles, and one after another the experts leave the rest
- * idle at every GEMM's start and tail. Spread over side streams, forked
- * from and joined back into c->stream by events, the experts' tiles run
- * together. Each side stream has its own cuBLASLt workspace. */
-
-/* Makes n side streams (at most CU_SIDE_STREAMS) if not yet made; the
- * number usable (0 on failure: the caller stays on c->stream). */
-static int side_streams(cu_ctx *c, int n) {
-    if (n > CU_SIDE_STREAMS)
-        n = CU_SIDE_STREAMS;
-    if (c->n_side == 0 && n > 0 && cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) != cudaSuccess)
-        return 0;
-    while (c->n_side < n) {
-        const int i = c->n_side;
-        if (cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking) != cudaSuccess)
-            break;
-        if (cudaEventCreateWithFlags(&c->side_join[i], cudaEventDisableTiming) != cudaSuccess) {
-            cudaStreamDestroy(c->side[i]);
-            break;
-        }
-        if (cudaMalloc(&c->side_ws[i], c->lt_ws_bytes) != cudaSuccess) {
-            cudaEventDestroy(c->side_join[i]);
-            cudaStreamDestroy(c->side[i]);
-            break;
-        }
-        cu_count_alloc(c, c->lt_ws_bytes);
-        c->n_side++;
-    }
-    cudaGetLastError(); /* a failure above only means fewer side streams */
-    return c->n_side < n ? c->n_side : n;
-}
-
-/* The side streams 0 .. n-1 wait for what c->stream has queued so far. */
-static bool side_fork(cu_ctx *c, int n) {
-    if (!CU_OK(c, cudaEventRecord(c->side_fork, c->stream)))
-        return false;
-    for (int i = 0; i < n; i++)
-        if (!CU_OK(c, cudaStreamWaitEvent(c->side[i], c->side_fork, 0)))
-            return false;
-    return true;
-}
-
-/* c->stream waits for what side streams 0 .. n-1 have queued. */
-static bool side_join(cu_ctx *c, int n) {
-    bool ok = true;
-    for (int i = 0; i < n; i++)
-        ok = CU_OK(c, cudaEventRecord(c->side_join[i], c->side[i])) &&
-             CU_OK(c, cudaStreamWaitEvent(c->stream, c->side_join[i], 0)) && ok;
-    return ok;
-}
-
-/* Expert e's GEMM y = x · W^T (M rows) on side stream (its index among
- * the experts with rows) % n, or on c->stream when n is 0. */
-static bool expert_gemm(cu_ctx *c, int n, int slot, int M, int N, int K, const __nv_bfloat16 *x,
-                        const __nv_bfloat16 *w, float *y) {
-    if (n == 0)
-        return cu_gemm_bf16_run(c, M, N, K, x, w, y, false);
-    const int i = slot % n;
-    return cu_gemm_bf16_run_on(c, M, N, K, x, w, y, false, c->side[i], c->side_ws[i]);
-}
-
 void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                     const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down, float *out) {
     cu_ctx *c = cu_of(be);
@@ -436,24 +371,15 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     } else if (ok) {
         ok = CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, (float *)xin, c->stream), "moe gather");
     }
-    /* side streams for the bf16 experts' GEMMs when at least two experts have rows */
-    int n_busy = 0;
-    for (int e = 0; e <= max_e; e++)
-        n_busy += pl.off[e + 1] > pl.off[e];
-    const int n_side = ok && rows16 && !c->capturing && c->moe_streams > 1 && n_busy > 1
-                           ? side_streams(c, c->moe_streams < n_busy ? c->moe_streams : n_busy)
-                           : 0;
-    ok = ok && (n_side == 0 || side_fork(c, n_side));
-    for (int e = 0, slot = 0; e <= max_e && ok; e++) {
+    for (int e = 0; e <= max_e && ok; e++) {
         int o = pl.off[e], m = pl.off[e + 1] - o;
         if (m && rows16)
-            ok = expert_gemm(c, n_side, slot++, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
-                             (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter);
+            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
+                                  (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter, false);
         else if (m)
             ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter,
                              false);
     }
-    ok = ok && (n_side == 0 || side_join(c, n_side));
     if (ok && rows16) {
         k_moe_silu_mul_bf16<<<cu_blocks((size_t)n_kept * inter, 256, 16384), 256, 0, c->stream>>>(
             n_kept, inter, gu, (__nv_bfloat16 *)act);
@@ -461,16 +387,14 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     } else if (ok) {
         ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, (float *)act, c->stream), "moe silu_mul");
     }
-    ok = ok && (n_side == 0 || side_fork(c, n_side));
-    for (int e = 0, slot = 0; e <= max_e && ok; e++) {
+    for (int e = 0; e <= max_e && ok; e++) {
         int o = pl.off[e], m = pl.off[e + 1] - o;
         if (m && rows16)
-            ok = expert_gemm(c, n_side, slot++, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
-                             (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden);
+            ok = cu_gemm_bf16_run(c, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
+                                  (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden, false);
         else if (m)
             ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
     }
-    ok = ok && (n_side == 0 || side_join(c, n_side));
     if (ok)
         CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");
     /* the upload above has left hb (pageable copy), so it can go now */
