@@ -396,6 +396,7 @@ static void handle(void *user, pd_msg *msg) {
         /* the blocks now belong to the decode sequence: from the host pool
          * into the cache (a no-op when the cache is host memory) */
         pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
+        double tu = pd_now_s();
         if (pd_kv_cache_upload_blocks(pd_sched_kv(d->sched), p->blocks, p->n_blocks, &err) != PD_OK) {
             PD_LOGW(LOGM, "request %s: %s", k->request_id, err.msg);
             send_error(d, k->request_id, 500, err.msg);
@@ -403,6 +404,9 @@ static void handle(void *user, pd_msg *msg) {
             parked_free(p);
             break;
         }
+        PD_LOGD(LOGM, "request %s: %d KV blocks from the host pool into the cache in %.4f s (the prefill replica "
+                "reported %.4f s from its start to the flush)", k->request_id, p->n_blocks, pd_now_s() - tu,
+                k->transfer_seconds);
         pd_sched_request r = request_from(p->gen);
         pd_status st = pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob,
                                               &err);

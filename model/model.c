@@ -733,15 +733,19 @@ static void kv_stage_on_rank(void *arg, int rank) {
         return;
     size_t bb = pd_kv_cache_block_bytes(kv);
     const char *src = pooled ? (const char *)kv->host_pool : (const char *)kv->data;
-    for (int i = 0; i < j->n; i++) {
-        size_t off = (size_t)j->blocks[i] * bb;
+    /* runs of consecutive block ids move as one copy (a download waits for
+     * its copy: one wait per run, not per block) */
+    for (int i = 0, e; i < j->n; i = e) {
+        for (e = i + 1; e < j->n && j->blocks[e] == j->blocks[e - 1] + 1; e++)
+            ;
+        size_t off = (size_t)j->blocks[i] * bb, bytes = (size_t)(e - i) * bb;
         char *d = (char *)kv->rank_data[rank] + off;
         if (j->dir == 0)
-            be->ops->download(be, (char *)kv->host_pool + off, d, bb);
+            be->ops->download(be, (char *)kv->host_pool + off, d, bytes);
         else if (pooled)
-            be->ops->upload(be, d, src + off, bb);
+            be->ops->upload(be, d, src + off, bytes);
         else
-            be->ops->copy(be, d, src + off, bb);
+            be->ops->copy(be, d, src + off, bytes);
     }
 }
 

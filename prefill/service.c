@@ -33,6 +33,10 @@ typedef struct job {
     int first_n_top;
     uint64_t bytes;
     double t_start, t_lease_end;
+    /* where the job's time went (logged at debug when it is reported):
+     * forward passes, device-to-host staging of its blocks, posting the
+     * puts; t_computed when the last chunk was done */
+    double t_compute, t_stage, t_post, t_computed;
     decode_peer *dp;
     struct job *next;
 } job;
@@ -140,6 +144,10 @@ static void job_report(prefill_svc *p, job *j) {
     }
     k.kv_bytes = j->bytes;
     k.transfer_seconds = pd_now_s() - j->t_start;
+    PD_LOGD(p->r.role, "%s: request %s: %zu prompt tokens, %llu KV bytes: forward %.4f s, staging to host %.4f s, "
+            "puts posted %.4f s, flushed %.4f s after the last chunk; %.4f s in all",
+            p->r.replica_id, j->msg->request_id, j->msg->n_prompt_ids, (unsigned long long)j->bytes, j->t_compute,
+            j->t_stage, j->t_post, j->t_computed > 0 ? pd_now_s() - j->t_computed : 0.0, k.transfer_seconds);
     k.decode_replica_id = j->msg->decode_replica_id;
     k.prefill_replica_id = (char *)p->r.replica_id;
     k.aborted = j->aborted;
@@ -220,11 +228,14 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
     pd_err err = {{0}};
     /* the blocks leave from host memory: stage them there first (a no-op
      * when the cache is host memory) */
+    double t0 = pd_now_s();
     if (pd_kv_cache_download_blocks(p->kv, j->kv.block_table + j->blocks_sent, n, &err) != PD_OK) {
         j->failed = true;
         send_error(p, j->msg->request_id, 500, err.msg);
         return;
     }
+    double t1 = pd_now_s();
+    j->t_stage += t1 - t0;
     pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
     for (int i = 0; i < n; i++) {
         int b = j->blocks_sent + i;
@@ -237,6 +248,7 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
         send_error(p, j->msg->request_id, 503, err.msg);
     } else {
         j->puts_inflight++;
+        j->t_post += pd_now_s() - t1;
         j->blocks_sent = upto;
         j->bytes += (uint64_t)n * bb;
         p->kv_bytes_sent += (uint64_t)n * bb;
@@ -282,14 +294,18 @@ static bool step(prefill_svc *p) {
     if (pd_seq_kv_reserve(p->kv, &j->kv, n) != PD_OK)
         return false; /* local cache full: wait for earlier jobs to finish */
     pd_batch_seq b = {.kv = &j->kv, .tokens = m->prompt_ids + j->done, .n_tokens = n};
+    double tf = pd_now_s();
     if (pd_model_forward(p->r.m, p->kv, &b, 1, p->logits, &err) != PD_OK) {
         j->failed = true;
         send_error(p, m->request_id, 500, err.msg);
         return true;
     }
+    j->t_compute += pd_now_s() - tf;
     j->done += n;
     p->prefill_tokens_total += (uint64_t)n;
     bool last = j->done == n_prompt;
+    if (last)
+        j->t_computed = pd_now_s();
     send_blocks(p, j, last ? j->kv.num_blocks : j->done / bs);
     if (last) {
         pd_sampling_params sp = pd_replica_sampling(m->sampling);
