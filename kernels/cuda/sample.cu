@@ -2,12 +2,14 @@
  * in kernels/pd_kernels.h, the meanings those of model/sampler.c, i.e.
  * vLLM's sampler: vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py).
  *
- * One block of SP_THREADS per row. Thread t owns the contiguous run of ids
- * [t·C, (t+1)·C), C = ceil(vocab / SP_THREADS), and every pass walks its
- * run in id order, so "ties to the lower id" and "the first survivor in id
- * order" come from a per-thread count and one exclusive scan over threads,
- * never from a sort. Nothing of the row is kept between passes: each pass
- * reads it again (from L2: a 100K-token row is 400 KB).
+ * One block of SP_THREADS per row. Warp w owns a contiguous run of ids and
+ * its lanes read it 128 bytes a step (sp_layout), so "ties to the lower id"
+ * and "the first survivor in id order" come from ballots within a step, a
+ * warp's steps in order and one exclusive scan over warps, never from a
+ * sort. Nothing of the row is kept between passes: each pass reads it
+ * again (from L2: a 100K-token row is 400 KB). (The first version gave each
+ * thread a contiguous run of its own: every load of a warp touched 32
+ * lines, and a pass over the row took ~25 µs instead of a few.)
  *
  * Thresholds by radix selection on the bits of a float, 8 bits a pass from
  * the top: top-k and the top logprobs by counts (the k-th largest logit),
@@ -73,49 +75,6 @@ __device__ float sp_max_f(sp_smem *sm, float v) {
     return t;
 }
 
-/* Exclusive prefix over threads (thread order = id order) and the total. */
-__device__ int sp_scan_i(sp_smem *sm, int v, int *total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    __syncthreads();
-    if (lane == 31)
-        sm->i[warp] = x;
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int w = 0; w < SP_WARPS; w++) {
-        before += w < warp ? sm->i[w] : 0;
-        all += sm->i[w];
-    }
-    *total = all;
-    return before + x - v;
-}
-
-__device__ double sp_scan_d(sp_smem *sm, double v, double *total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        double y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o)
-            x += y;
-    }
-    __syncthreads();
-    if (lane == 31)
-        sm->d[warp] = x;
-    __syncthreads();
-    double before = 0.0, all = 0.0;
-    for (int w = 0; w < SP_WARPS; w++) {
-        before += w < warp ? sm->d[w] : 0.0;
-        all += sm->d[w];
-    }
-    *total = all;
-    return before + (x - v);
-}
-
 /* The lowest id holding the largest value among this thread's candidates
  * (val > -inf... as `>` from -inf: NaN never wins; id -1: none). */
 __device__ int sp_argmax(sp_smem *sm, float v, int id) {
@@ -147,49 +106,51 @@ __device__ int sp_argmax(sp_smem *sm, float v, int id) {
     return ri;
 }
 
-/* Per-pass view of one row: the logits l (steps 1-4 already written), the
- * temperature and the thresholds chosen so far; keep() says whether id i
- * survives top-k and top-p, counting ties in id order as it goes (a pass
- * must visit the thread's ids in order and call keep() on each). */
-typedef struct {
-    const float *l;
-    float t, max; /* l / t, as model/sampler.c divides (not a reciprocal) */
-    /* top-k: key > k_tau, or key == k_tau among the first k_rest such */
-    bool k_on;
-    unsigned k_tau;
-    int k_rest, k_seen; /* k_seen: ties at k_tau before this thread's next id */
-    /* top-p on top-k's survivors: weight bits > p_tau, or == p_tau among the first p_rest */
-    bool p_on;
-    unsigned p_tau;
-    int p_rest, p_seen;
-    float min_p; /* 0: off */
-} sp_view;
+/* Which ids a thread visits: warp w owns the run [w·seg, (w+1)·seg) of
+ * the row (seg a multiple of 32), lane l its ids w·seg + 32k + l, so each
+ * step of a warp reads 128 contiguous bytes; in id order a warp's steps
+ * come one after another and the warps in order. Passes that rank ties or
+ * walk the row in id order keep their loops warp-uniform (steps, with
+ * `valid` for ids past the row) and count within a step by ballot. */
+struct sp_layout {
+    int base, end, steps, lane;
+    __device__ __forceinline__ int first() const {
+        return base + lane;
+    }
+};
 
-__device__ __forceinline__ float sp_scaled(const sp_view *v, int i) {
-    float s = v->l[i] / v->t;
-    return isnan(s) ? -INFINITY : s;
+__device__ __forceinline__ sp_layout sp_layout_of(int vocab) {
+    const int seg = ((vocab + SP_WARPS - 1) / SP_WARPS + 31) / 32 * 32;
+    sp_layout L;
+    L.lane = threadIdx.x & 31;
+    L.base = min((int)(threadIdx.x >> 5) * seg, vocab);
+    L.end = min(L.base + seg, vocab);
+    L.steps = seg / 32;
+    return L;
 }
 
-/* Survives top-k (and top-p when p_on); w receives its weight. Updates
- * the tie counters: call once per id, in order. */
-__device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, float *w) {
-    const float s = sp_scaled(v, i);
-    if (v->k_on) {
-        const unsigned key = sp_key(s);
-        if (key < v->k_tau)
-            return false;
-        if (key == v->k_tau && v->k_seen++ >= v->k_rest)
-            return false;
+/* Inclusive prefix over the lanes of a warp (every lane calls it). */
+__device__ __forceinline__ double sp_warp_scan_d(double v) {
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += y;
     }
-    *w = expf(s - v->max);
-    if (v->p_on) {
-        const unsigned wb = __float_as_uint(*w);
-        if (wb < v->p_tau)
-            return false;
-        if (wb == v->p_tau && v->p_seen++ >= v->p_rest)
-            return false;
-    }
-    return true;
+    return v;
+}
+
+/* Exclusive prefix over warps of a warp-uniform count (every thread calls
+ * it; lane 0 of each warp publishes). */
+__device__ int sp_warps_before_i(sp_smem *sm, int mine) {
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sm->i[threadIdx.x >> 5] = mine;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < (int)(threadIdx.x >> 5); w++)
+        before += sm->i[w];
+    return before;
 }
 
 /* A thread's adds into a shared histogram go through four bins it keeps
@@ -236,7 +197,7 @@ template <typename T> struct sp_bins {
  * which key_of gives a value (all ids here), and how many ids at that key to
  * keep. KEY(i) is evaluated per id; every thread calls it. */
 template <typename KeyF>
-__device__ void sp_select_count(sp_smem *sm, int lo, int hi, int k, KeyF key_of, unsigned *tau, int *rest) {
+__device__ void sp_select_count(sp_smem *sm, const sp_layout &L, int k, KeyF key_of, unsigned *tau, int *rest) {
     unsigned prefix = 0, mask = 0;
     int want = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -245,7 +206,7 @@ __device__ void sp_select_count(sp_smem *sm, int lo, int hi, int k, KeyF key_of,
         __syncthreads();
         sp_bins<unsigned> bins;
         bins.init();
-        for (int i = lo; i < hi; i++) {
+        for (int i = L.first(); i < L.end; i += 32) {
             const unsigned key = key_of(i);
             if ((key & mask) == prefix)
                 bins.add(sm->hist, (int)((key >> shift) & 255u), 1u);
@@ -269,6 +230,51 @@ __device__ void sp_select_count(sp_smem *sm, int lo, int hi, int k, KeyF key_of,
     *rest = want;
 }
 
+/* Per-pass view of one row: the logits l (steps 1-4 already written), the
+ * temperature and the thresholds chosen so far. sp_keep_kp() says whether
+ * an id survives top-k and top-p; every lane of a warp calls it at the same
+ * step (valid false past the row), and it ranks ties in id order by
+ * ballot, so the seen counters are the same in every lane of the warp. */
+typedef struct {
+    const float *l;
+    float t, max; /* l / t, as model/sampler.c divides (not a reciprocal) */
+    /* top-k: key > k_tau, or key == k_tau among the first k_rest such */
+    bool k_on;
+    unsigned k_tau;
+    int k_rest, k_seen; /* k_seen: ties at k_tau before this warp's next step */
+    /* top-p on top-k's survivors: weight bits > p_tau, or == p_tau among the first p_rest */
+    bool p_on;
+    unsigned p_tau;
+    int p_rest, p_seen;
+} sp_view;
+
+__device__ __forceinline__ float sp_scaled(const sp_view *v, int i) {
+    float s = v->l[i] / v->t;
+    return isnan(s) ? -INFINITY : s;
+}
+
+__device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, bool valid, float *w) {
+    const unsigned lt = (1u << (threadIdx.x & 31)) - 1u;
+    const float s = valid ? sp_scaled(v, i) : -INFINITY;
+    bool ok = valid;
+    if (v->k_on) {
+        const unsigned key = sp_key(s);
+        const bool tie = ok && key == v->k_tau;
+        const unsigned bt = __ballot_sync(0xffffffffu, tie);
+        ok = ok && (key > v->k_tau || (tie && v->k_seen + __popc(bt & lt) < v->k_rest));
+        v->k_seen += __popc(bt);
+    }
+    *w = ok ? expf(s - v->max) : 0.0f;
+    if (v->p_on) {
+        const unsigned wb = __float_as_uint(*w);
+        const bool tie = ok && wb == v->p_tau;
+        const unsigned bt = __ballot_sync(0xffffffffu, tie);
+        ok = ok && (wb > v->p_tau || (tie && v->p_seen + __popc(bt & lt) < v->p_rest));
+        v->p_seen += __popc(bt);
+    }
+    return ok;
+}
+
 /* One row: steps 1-9 of pd_kernels.h's sample_rows. */
 static __global__ void __launch_bounds__(SP_THREADS)
     k_sample(int vocab, float *logits, const pd_sample_row *__restrict__ rows, const pd_sample_tok *__restrict__ toks,
@@ -278,9 +284,9 @@ static __global__ void __launch_bounds__(SP_THREADS)
     float *l = logits + (size_t)R.row * vocab;
     const pd_sample_tok *tk = toks + R.tok_off;
     float *rawk = raw_e + R.tok_off;
-    const int tid = threadIdx.x;
-    const int C = (vocab + SP_THREADS - 1) / SP_THREADS;
-    const int lo = min(tid * C, vocab), hi = min(lo + C, vocab);
+    const int tid = threadIdx.x, lane = tid & 31;
+    const unsigned lt = (1u << lane) - 1u;
+    const sp_layout L = sp_layout_of(vocab);
     pd_sample_out *o = out + blockIdx.x;
 
     /* 1. masks */
@@ -294,12 +300,12 @@ static __global__ void __launch_bounds__(SP_THREADS)
     double lse = 0.0;
     if (R.want_logprob || R.n_top > 0) {
         float m = -INFINITY;
-        for (int i = lo; i < hi; i++)
+        for (int i = L.first(); i < L.end; i += 32)
             m = l[i] > m ? l[i] : m;
         lmax = sp_max_f(&sm, m);
         double s = 0.0;
         if (lmax != -INFINITY)
-            for (int i = lo; i < hi; i++)
+            for (int i = L.first(); i < L.end; i += 32)
                 s += exp((double)l[i] - (double)lmax);
         s = sp_sum_d(&sm, s);
         lse = lmax == -INFINITY ? 0.0 : log(s);
@@ -308,22 +314,28 @@ static __global__ void __launch_bounds__(SP_THREADS)
     if (n_top > 0) {
         unsigned tau;
         int rest;
-        sp_select_count(&sm, lo, hi, n_top, [&](int i) { return sp_key(l[i]); }, &tau, &rest);
-        /* ties at tau before this thread's run */
-        int mine = 0, all;
-        for (int i = lo; i < hi; i++)
-            mine += sp_key(l[i]) == tau;
-        int seen = sp_scan_i(&sm, mine, &all);
+        sp_select_count(&sm, L, n_top, [&](int i) { return sp_key(l[i]); }, &tau, &rest);
+        /* ties at tau before this warp's run, then the picks in id order */
+        int mine = 0;
+        for (int k = 0; k < L.steps; k++) {
+            const int i = L.base + 32 * k + lane;
+            mine += __popc(__ballot_sync(0xffffffffu, i < L.end && sp_key(l[i]) == tau));
+        }
+        int seen = sp_warps_before_i(&sm, mine);
         if (tid == 0)
             sm.n_top = 0;
         __syncthreads();
-        for (int i = lo; i < hi; i++) {
-            const unsigned key = sp_key(l[i]);
-            if (key > tau || (key == tau && seen++ < rest)) {
+        for (int k = 0; k < L.steps; k++) {
+            const int i = L.base + 32 * k + lane;
+            const unsigned key = i < L.end ? sp_key(l[i]) : 0u;
+            const bool tie = i < L.end && key == tau;
+            const unsigned bt = __ballot_sync(0xffffffffu, tie);
+            if (i < L.end && (key > tau || (tie && seen + __popc(bt & lt) < rest))) {
                 int slot = atomicAdd(&sm.n_top, 1);
                 sm.top_id[slot] = i;
                 sm.top_l[slot] = l[i];
             }
+            seen += __popc(bt);
         }
         __syncthreads();
         if (tid == 0) { /* best first, ties to the lower id */
@@ -375,7 +387,7 @@ static __global__ void __launch_bounds__(SP_THREADS)
     if (R.temperature < SP_EPS) {
         float bv = -INFINITY;
         int bi = -1;
-        for (int i = lo; i < hi; i++)
+        for (int i = L.first(); i < L.end; i += 32)
             if (l[i] > bv) {
                 bv = l[i];
                 bi = i;
@@ -387,15 +399,15 @@ static __global__ void __launch_bounds__(SP_THREADS)
         v.l = l;
         v.t = R.temperature;
         float m = -INFINITY;
-        for (int i = lo; i < hi; i++)
+        for (int i = L.first(); i < L.end; i += 32)
             m = fmaxf(m, sp_scaled(&v, i));
         v.max = sp_max_f(&sm, m);
         float bv = -INFINITY; /* the argmax of the scaled logits: steps 5 and 9's fallback */
         int bi = -1;
-        for (int i = lo; i < hi; i++) {
-            const float s = sp_scaled(&v, i);
-            if (s > bv) {
-                bv = s;
+        for (int i = L.first(); i < L.end; i += 32) {
+            const float sc = sp_scaled(&v, i);
+            if (sc > bv) {
+                bv = sc;
                 bi = i;
             }
         }
@@ -404,25 +416,28 @@ static __global__ void __launch_bounds__(SP_THREADS)
             token = amax < 0 ? 0 : amax;
         } else {
             /* 6. top-k */
+            int k_seen0 = 0;
             if (R.top_k > 0 && R.top_k < vocab) {
                 int rest;
-                sp_select_count(&sm, lo, hi, R.top_k, [&](int i) { return sp_key(sp_scaled(&v, i)); }, &v.k_tau,
-                                &rest);
+                sp_select_count(&sm, L, R.top_k, [&](int i) { return sp_key(sp_scaled(&v, i)); }, &v.k_tau, &rest);
                 v.k_rest = rest;
-                int mine = 0, all;
-                for (int i = lo; i < hi; i++)
-                    mine += sp_key(sp_scaled(&v, i)) == v.k_tau;
+                int mine = 0;
+                for (int k = 0; k < L.steps; k++) {
+                    const int i = L.base + 32 * k + lane;
+                    mine += __popc(__ballot_sync(0xffffffffu, i < L.end && sp_key(sp_scaled(&v, i)) == v.k_tau));
+                }
+                k_seen0 = sp_warps_before_i(&sm, mine);
                 v.k_on = true;
-                v.k_seen = sp_scan_i(&sm, mine, &all);
             }
-            const int k_seen0 = v.k_seen;
             /* 7. top-p over top-k's survivors, by mass */
+            int p_seen0 = 0;
             if (R.top_p < 1.0f) {
                 double s = 0.0;
                 v.k_seen = k_seen0;
-                for (int i = lo; i < hi; i++) {
+                for (int k = 0; k < L.steps; k++) {
+                    const int i = L.base + 32 * k + lane;
                     float w;
-                    if (sp_keep_kp(&v, i, &w))
+                    if (sp_keep_kp(&v, i, i < L.end, &w))
                         s += w;
                 }
                 const double total = sp_sum_d(&sm, s);
@@ -436,9 +451,10 @@ static __global__ void __launch_bounds__(SP_THREADS)
                     v.k_seen = k_seen0;
                     sp_bins<double> bins;
                     bins.init();
-                    for (int i = lo; i < hi; i++) {
+                    for (int k = 0; k < L.steps; k++) {
+                        const int i = L.base + 32 * k + lane;
                         float w;
-                        if (sp_keep_kp(&v, i, &w)) {
+                        if (sp_keep_kp(&v, i, i < L.end, &w)) {
                             const unsigned wb = __float_as_uint(w);
                             if ((wb & mask) == prefix)
                                 bins.add(sm.mass, (int)((wb >> shift) & 255u), (double)w);
@@ -478,54 +494,68 @@ static __global__ void __launch_bounds__(SP_THREADS)
                     for (double acc = 0.0; acc < need && wt > 0.0f && rest < vocab; rest++)
                         acc += (double)wt;
                     rest = max(rest, 1);
-                    int mine = 0, all;
+                    int mine = 0;
                     v.k_seen = k_seen0;
-                    for (int i = lo; i < hi; i++) {
+                    for (int k = 0; k < L.steps; k++) {
+                        const int i = L.base + 32 * k + lane;
                         float w;
-                        if (sp_keep_kp(&v, i, &w))
-                            mine += __float_as_uint(w) == prefix;
+                        const bool kept = sp_keep_kp(&v, i, i < L.end, &w);
+                        mine += __popc(__ballot_sync(0xffffffffu, kept && __float_as_uint(w) == prefix));
                     }
+                    p_seen0 = sp_warps_before_i(&sm, mine);
                     v.p_on = true;
                     v.p_tau = prefix;
                     v.p_rest = rest;
-                    v.p_seen = sp_scan_i(&sm, mine, &all);
                 }
             }
-            const int p_seen0 = v.p_seen;
-            /* 8, 9. min-p, then the draw in id order */
-            double s = 0.0;
+            /* 8, 9. min-p, then the draw in id order: each warp's mass of
+             * survivors summed step by step (a warp scan a step), the
+             * warps' masses in order, and the warp whose run holds u times
+             * the total walks it again with the same additions */
+            double S = 0.0;
             int last = -1;
             v.k_seen = k_seen0;
             v.p_seen = p_seen0;
-            for (int i = lo; i < hi; i++) {
+            for (int k = 0; k < L.steps; k++) {
+                const int i = L.base + 32 * k + lane;
                 float w;
-                if (sp_keep_kp(&v, i, &w) && w >= R.min_p && w > 0.0f) {
-                    s += w;
+                const bool ok = sp_keep_kp(&v, i, i < L.end, &w) && w >= R.min_p && w > 0.0f;
+                const double inc = sp_warp_scan_d(ok ? (double)w : 0.0);
+                S += __shfl_sync(0xffffffffu, inc, 31);
+                if (ok)
                     last = i;
-                }
             }
-            double total;
-            const double before = sp_scan_d(&sm, s, &total);
+            __syncthreads();
+            if (lane == 0)
+                sm.d[tid >> 5] = S;
+            __syncthreads();
+            double before = 0.0, total = 0.0;
+            for (int w = 0; w < SP_WARPS; w++) {
+                before += w < (tid >> 5) ? sm.d[w] : 0.0;
+                total += sm.d[w];
+            }
             const double target = R.u * total;
+            const double rem = target - before;
+            __syncthreads();
             if (tid == 0)
                 sm.i[0] = -1;
             __syncthreads();
-            /* the thread whose run holds the crossing walks it again with
-             * the same additions in the same order as s, so it crosses */
-            const double rem = target - before;
-            if (rem >= 0.0 && rem < s) {
+            if (rem >= 0.0 && rem < S) { /* warp-uniform */
                 double cum = 0.0;
                 v.k_seen = k_seen0;
                 v.p_seen = p_seen0;
-                for (int i = lo; i < hi; i++) {
+                for (int k = 0; k < L.steps; k++) {
+                    const int i = L.base + 32 * k + lane;
                     float w;
-                    if (sp_keep_kp(&v, i, &w) && w >= R.min_p && w > 0.0f) {
-                        cum += w;
-                        if (cum > rem) {
-                            sm.i[0] = i;
-                            break;
-                        }
+                    const bool ok = sp_keep_kp(&v, i, i < L.end, &w) && w >= R.min_p && w > 0.0f;
+                    const double inc = sp_warp_scan_d(ok ? (double)w : 0.0);
+                    const unsigned hit = __ballot_sync(0xffffffffu, ok && cum + inc > rem);
+                    if (hit) {
+                        if (lane == 0)
+                            sm.i[0] = L.base + 32 * k + (__ffs(hit) - 1);
+                        break;
                     }
+                    cum += __shfl_sync(0xffffffffu, inc, 31);
                 }
             }
             __syncthreads();
@@ -535,7 +565,7 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 int lst = last;
                 for (int o2 = 16; o2 > 0; o2 >>= 1)
                     lst = max(lst, __shfl_xor_sync(0xffffffffu, lst, o2));
-                if ((tid & 31) == 0)
+                if (lane == 0)
                     sm.i[tid >> 5] = lst;
                 __syncthreads();
                 lst = -1;
