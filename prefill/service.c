@@ -399,20 +399,29 @@ static void handle(void *user, pd_msg *msg) {
     }
 }
 
+/* --chunked-prefill-size's default: on a GPU a chunk reads every expert's
+ * weights once, so 512-token chunks made an 8K prompt's prefill 0.6-0.9 s
+ * on the H200 against 0.17 s in one 8K chunk (docs/benchmarks.md, session
+ * 5); SGLang's default on such GPUs is 8192 too. */
+#define PREFILL_CHUNK_CPU 512
+#define PREFILL_CHUNK_GPU 8192
+
 int pd_prefill_main(int argc, char **argv) {
-    int chunk = 512;
+    int chunk = -1; /* not given: the device's default */
     int max_num_seqs = 0, max_batched = 0; /* accepted for symmetry with decode (ignored) */
     bool fail_kv_transfer = false;
     const pd_flag own[] = {
         {"debug-fail-kv-transfer", PD_FLAG_BOOL, &fail_kv_transfer,
          "testing: every KV transfer fails as if the decode replica's end had (the request gets a 503)"},
-        {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512)"},
+        {"chunked-prefill-size", PD_FLAG_INT, &chunk, "tokens per prefill step (default 512 on the CPU, 8192 on a GPU)"},
         {"max-num-seqs", PD_FLAG_INT, &max_num_seqs, "(decode flag, ignored here)"},
         {"max-num-batched-tokens", PD_FLAG_INT, &max_batched, "(decode flag, ignored here)"},
     };
     pd_replica_args a;
     int rc = pd_replica_flags_parse("prefill", &a, own, (int)(sizeof own / sizeof own[0]), argc, argv);
     if (rc >= 0) return rc;
+    if (chunk == -1)
+        chunk = a.device && !strcmp(a.device, "cuda") ? PREFILL_CHUNK_GPU : PREFILL_CHUNK_CPU;
     if (!a.model || chunk <= 0) {
         fprintf(stderr, "pdserve prefill: --model is required and --chunked-prefill-size must be positive\n");
         return 2;
