@@ -8,25 +8,6 @@
 
 #define FU_THREADS 256
 
-/* Sum of squares of x[0, n) in double over the block (as k_rmsnorm), then
- * 1 / sqrt(mean + eps) in every thread. */
-__device__ float fu_inv_rms(const float *x, int n, float eps, double *part) {
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < n; i += FU_THREADS) {
-        double v = x[i];
-        ss += v * v;
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double t = 0.0;
-    for (int i = 0; i < FU_THREADS / 32; i++)
-        t += part[i];
-    return (float)(1.0 / sqrt(t / n + (double)eps));
-}
-
 static __global__ void __launch_bounds__(FU_THREADS) k_mla_prep(pd_mla_prep_args a) {
     __shared__ double part[FU_THREADS / 32];
     extern __shared__ float tab[]; /* cos[half] | sin[half] */
@@ -39,7 +20,7 @@ static __global__ void __launch_bounds__(FU_THREADS) k_mla_prep(pd_mla_prep_args
         sn[i] = sinf(ang) * a.mscale;
     }
     float *c = a.ckv + (size_t)r * D;
-    const float inv = fu_inv_rms(c, kvr, a.eps, part); /* its __syncthreads also covers the table */
+    const float inv = cu_block_inv_rms<FU_THREADS>(c, kvr, a.eps, part); /* its __syncthreads also covers the table */
     float *dst = a.cache + ((size_t)a.slots[r] + a.slot_offset) * D;
     for (int i = threadIdx.x; i < kvr; i += FU_THREADS) {
         const float v = c[i] * inv * a.kv_norm[i];
@@ -88,7 +69,7 @@ static __global__ void __launch_bounds__(FU_THREADS)
     for (int i = threadIdx.x; i < dim; i += FU_THREADS)
         xr[i] += yr[i];
     /* each thread reads back only what it wrote: no barrier needed first */
-    const float inv = fu_inv_rms(xr, dim, eps, part);
+    const float inv = cu_block_inv_rms<FU_THREADS>(xr, dim, eps, part);
     for (int i = threadIdx.x; i < dim; i += FU_THREADS)
         hr[i] = xr[i] * inv * w[i];
 }

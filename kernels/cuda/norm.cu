@@ -9,27 +9,9 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     k_rmsnorm(int dim, const float *x, int xs, const float *__restrict__ w, float eps, float *y, int ys) {
     cu_pdl_launch_dependents();
     __shared__ double part[NORM_THREADS / 32];
-    __shared__ float inv_s;
     const float *xr = x + (size_t)blockIdx.x * xs;
     float *yr = y + (size_t)blockIdx.x * ys;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) {
-        double v = xr[i];
-        ss += v * v;
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int i = 0; i < NORM_THREADS / 32; i++)
-            t += part[i];
-        inv_s = (float)(1.0 / sqrt(t / dim + (double)eps));
-    }
-    __syncthreads();
-    float inv = inv_s;
+    const float inv = cu_block_inv_rms<NORM_THREADS>(xr, dim, eps, part);
     for (int i = threadIdx.x; i < dim; i += NORM_THREADS)
         yr[i] = xr[i] * inv * w[i];
 }

@@ -275,6 +275,17 @@ __device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, bool valid, float 
     return ok;
 }
 
+/* Step k of the draw (steps 8-9): whether this lane's id survives every
+ * filter and min-p with a weight above 0, and in *inc the warp's inclusive
+ * scan of those weights (the same additions whenever it is called again). */
+__device__ __forceinline__ bool sp_draw_step(sp_view *v, const sp_layout &L, float min_p, int k, double *inc) {
+    const int i = L.base + 32 * k + L.lane;
+    float w;
+    const bool ok = sp_keep_kp(v, i, i < L.end, &w) && w >= min_p && w > 0.0f;
+    *inc = sp_warp_scan_d(ok ? (double)w : 0.0);
+    return ok;
+}
+
 /* One row: steps 1-9 of pd_kernels.h's sample_rows. */
 static __global__ void __launch_bounds__(SP_THREADS)
     k_sample(int vocab, float *logits, const pd_sample_row *__restrict__ rows, const pd_sample_tok *__restrict__ toks,
@@ -517,13 +528,11 @@ static __global__ void __launch_bounds__(SP_THREADS)
             v.k_seen = k_seen0;
             v.p_seen = p_seen0;
             for (int k = 0; k < L.steps; k++) {
-                const int i = L.base + 32 * k + lane;
-                float w;
-                const bool ok = sp_keep_kp(&v, i, i < L.end, &w) && w >= R.min_p && w > 0.0f;
-                const double inc = sp_warp_scan_d(ok ? (double)w : 0.0);
+                double inc;
+                const bool ok = sp_draw_step(&v, L, R.min_p, k, &inc);
                 S += __shfl_sync(0xffffffffu, inc, 31);
                 if (ok)
-                    last = i;
+                    last = L.base + 32 * k + lane;
             }
             __syncthreads();
             if (lane == 0)
@@ -545,10 +554,8 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 v.k_seen = k_seen0;
                 v.p_seen = p_seen0;
                 for (int k = 0; k < L.steps; k++) {
-                    const int i = L.base + 32 * k + lane;
-                    float w;
-                    const bool ok = sp_keep_kp(&v, i, i < L.end, &w) && w >= R.min_p && w > 0.0f;
-                    const double inc = sp_warp_scan_d(ok ? (double)w : 0.0);
+                    double inc;
+                    const bool ok = sp_draw_step(&v, L, R.min_p, k, &inc);
                     const unsigned hit = __ballot_sync(0xffffffffu, ok && cum + inc > rem);
                     if (hit) {
                         if (lane == 0)

@@ -202,10 +202,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    time_t tnow = time(NULL);
     char date[32];
-    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tnow));
+    bench_date_and_gpu(date, &prop);
     printf("# bench_prefill %s: %s, %d SMs; model %s; chunks of %d tokens\n\n", date, prop.name,
            prop.multiProcessorCount, dir, chunk);
     if (profile)

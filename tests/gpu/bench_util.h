@@ -22,6 +22,14 @@
         }                                                                                          \
     } while (0)
 
+/* Today's date (UTC) as YYYY-MM-DD into date[32], and GPU 0's properties:
+ * what every benchmark's header line names. */
+static inline void bench_date_and_gpu(char date[32], struct cudaDeviceProp *prop) {
+    time_t tnow = time(NULL);
+    strftime(date, 32, "%Y-%m-%d", gmtime(&tnow));
+    CK(cudaGetDeviceProperties(prop, 0));
+}
+
 /* CLOCK_MONOTONIC, seconds. */
 static inline double now_s(void) {
     struct timespec ts;
