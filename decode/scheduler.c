@@ -310,16 +310,38 @@ bool pd_sched_abort(pd_sched *s, const char *request_id) {
     return true;
 }
 
-/* Frees the KV of the most recently admitted running sequence other than
- * keep and sends it back to wait (vLLM's recompute preemption). */
+/* The last sequence after `from` in the queue (from NULL: in the whole
+ * queue) that waits with a partial prefill's KV and is not in this step's
+ * batch, or NULL. */
+static seq *last_partial_prefill(pd_sched *s, seq *from) {
+    seq *found = NULL;
+    for (seq *q = from ? from->next : s->seqs; q; q = q->next)
+        if (q->state == SEQ_WAITING && !q->in_batch && q->kv.num_blocks > 0)
+            found = q;
+    return found;
+}
+
+/* Frees the KV of one sequence other than keep (vLLM's recompute
+ * preemption): the most recently admitted running one, which goes back to
+ * the front of the queue to wait; else, when none is left, the partial
+ * prefill last in the queue, which keeps its place and prefills again from
+ * its first token. Without the second, waiting sequences that a
+ * preemption sent back to recompute could each hold part of their KV with
+ * none left for anyone, and the replica stopped (found by a break-it round:
+ * 8 requests on a 40-block cache with 8-token chunks). */
 static bool preempt_one(pd_sched *s, seq *keep) {
     seq *victim = NULL;
     for (seq *q = s->seqs; q; q = q->next)
         if (q != keep && !q->in_batch && q->state == SEQ_RUNNING && q->kv.num_blocks > 0 &&
             (!victim || q->admit_order > victim->admit_order))
             victim = q;
-    if (!victim)
-        return false;
+    if (!victim) {
+        victim = last_partial_prefill(s, NULL);
+        if (!victim || victim == keep)
+            return false;
+        pd_seq_kv_release(s->kv, &victim->kv);
+        return true;
+    }
     pd_seq_kv_release(s->kv, &victim->kv);
     victim->state = SEQ_WAITING;
     /* to the front of the queue */
@@ -417,8 +439,15 @@ int pd_sched_step(pd_sched *s) {
         if (all && plp_rows <= 0)
             continue;
         if (all && n > plp_rows) n = plp_rows;
-        if (pd_seq_kv_reserve(s->kv, &q->kv, n) != PD_OK)
-            break; /* FIFO: later prompts wait behind this one */
+        /* FIFO: later prompts wait behind this one, and give up the KV of
+         * their partial prefills (the last first) so that it can go on */
+        bool room = pd_seq_kv_reserve(s->kv, &q->kv, n) == PD_OK;
+        for (seq *v; !room && (v = last_partial_prefill(s, q));) {
+            pd_seq_kv_release(s->kv, &v->kv);
+            room = pd_seq_kv_reserve(s->kv, &q->kv, n) == PD_OK;
+        }
+        if (!room)
+            break;
         if (all) plp_rows -= n;
         batch[nb] = (pd_batch_seq){
             .kv = &q->kv, .tokens = &q->tokens[q->kv.num_tokens], .n_tokens = n, .all_logits = all};

@@ -240,6 +240,18 @@ static void test_preemption(void **state) {
     run_mix(&cfg, false);
 }
 
+/* The same with chunks smaller than the prompts: sequences that wait with
+ * part of their prefill (new ones, and preempted ones recomputing) hold KV
+ * that a running sequence or the head of the queue needs; they give it
+ * back instead of every sequence waiting on the others for good. */
+static void test_preemption_partial_prefills(void **state) {
+    pd_sched_config cfg = {.max_num_seqs = 6, .max_num_batched_tokens = 24, .chunked_prefill_size = 8,
+                           .block_size = 4, .num_blocks = 24};
+    run_mix(&cfg, false);
+    cfg.num_blocks = 20; /* the largest request (64 + 12 tokens) just fits */
+    run_mix(&cfg, false);
+}
+
 /* The long route: KV computed elsewhere (here: a second cache, copied block
  * by block as kvtransfer would), reservation, then decode. */
 static void test_reserved_prefilled(void **state) {
@@ -691,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_batched_greedy_equals_alone),
         cmocka_unit_test(test_seeded_sampling_is_batch_invariant),
         cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_preemption_partial_prefills),
         cmocka_unit_test(test_reserved_prefilled),
         cmocka_unit_test(test_abort_frees_blocks),
         cmocka_unit_test(test_top_logprobs_greedy),
