@@ -38,10 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void mlp_forward(pd_backend *be, const pd_mlp_weights *w, int T, const float *h, float *gu, float *act,
-                        float *out, bool accumulate) {
-    const char *fenv = getenv("PD_FUSED_OPS");
-    if (be->ops->gemm_swiglu && !(fenv && strcmp(fenv, "0") == 0)) {
+static void mlp_forward(pd_backend *be, bool fused, const pd_mlp_weights *w, int T, const float *h, float *gu,
+                        float *act, float *out, bool accumulate) {
+    if (fused && be->ops->gemm_swiglu) {
         be->ops->gemm_swiglu(be, T, h, &w->gate_up, gu, act);
     } else {
         be->ops->gemm(be, T, h, &w->gate_up, gu, false);
@@ -187,8 +186,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
 
     /* fused ops where the backend has them (PD_FUSED_OPS=0: the separate
      * ones, for A/B runs) */
-    const char *fenv = getenv("PD_FUSED_OPS");
-    const bool fused = !(fenv && strcmp(fenv, "0") == 0);
+    const bool fused = m->fused_ops;
     const bool fuse_prep = fused && be->ops->mla_prep, fuse_add_norm = fused && be->ops->add_rmsnorm;
     const float *pending = NULL; /* the last layer's MoE output, not yet added to x */
 
@@ -262,7 +260,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
         /* ---- MLP / MoE ---- */
         be->ops->rmsnorm(be, T, H, x, H, L->post_norm, c->rms_norm_eps, h, H);
         if (!L->is_moe) {
-            mlp_forward(be, &L->mlp, T, h, w->gu, w->act, tp ? w->mo : x, !tp);
+            mlp_forward(be, fused, &L->mlp, T, h, w->gu, w->act, tp ? w->mo : x, !tp);
             if (tp)
                 add_reduced(rk, T, H, x, w->mo);
             continue;
@@ -280,7 +278,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
          * (the experts accumulate into it: zeros first without shared ones) */
         float *mo = c->n_shared_experts > 0 || tp ? w->mo : x;
         if (c->n_shared_experts > 0)
-            mlp_forward(be, &L->shared, T, h, w->gu, w->act, mo, false);
+            mlp_forward(be, fused, &L->shared, T, h, w->gu, w->act, mo, false);
         else if (tp)
             be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
         int moe_inter = c->moe_intermediate_size / rk->n_ranks;
@@ -300,7 +298,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
         else if (c->n_shared_experts > 0)
             be->ops->add(be, (size_t)T * H, x, mo);
     }
-    if (pending && (rk->rank != 0 || n_out != T)) /* no norm of every row of x follows */
+    if (pending && n_out != T) /* no norm of every row of x follows (pending: one rank only) */
         be->ops->add(be, (size_t)T * H, x, pending);
     if (rk->rank != 0)
         return; /* x is the same on every rank: rank 0 alone computes the logits */
@@ -440,14 +438,20 @@ static void step_on_rank(void *arg, int rank) {
         graph_record(m, rk, kv, seqs, n_seqs);
 }
 
+void pd_model_read_switches(pd_model *m) {
+    const pd_backend_i *ops = m->be->ops;
+    const char *f = getenv("PD_FUSED_OPS"), *d = getenv("PD_SAMPLE_ON_DEVICE");
+    m->fused_ops = !(f && strcmp(f, "0") == 0);
+    if (d && strcmp(d, "0") == 0)
+        m->sample_on_device = false;
+    else if (d && strcmp(d, "1") == 0)
+        m->sample_on_device = ops->sample_rows != NULL; /* the CPU backend's reference too: tests */
+    else
+        m->sample_on_device = ops->sample_rows && ops->host_alloc;
+}
+
 bool pd_model_samples_on_device(const pd_model *m) {
-    const pd_backend_i *ops = m->ranks[0].be->ops;
-    const char *env = getenv("PD_SAMPLE_ON_DEVICE");
-    if (env && strcmp(env, "0") == 0)
-        return false;
-    if (env && strcmp(env, "1") == 0)
-        return ops->sample_rows != NULL; /* the CPU backend's reference too: tests */
-    return ops->sample_rows && ops->host_alloc;
+    return m->sample_on_device;
 }
 
 pd_status pd_model_forward(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, int n_seqs, float *logits, pd_err *err) {

@@ -439,6 +439,7 @@ pd_status pd_model_load_parallel(const char *dir, pd_backend *const *bes, int n_
         m->ranks[r] = (pd_model_rank){.be = bes[r], .rank = r, .n_ranks = n_ranks,
                                       .expert_first = expert_parallel ? r * e_local : 0, .n_experts = e_local,
                                       .expert_parallel = expert_parallel};
+    pd_model_read_switches(m);
     rope_init(m);
     m->softmax_scale = pd_config_softmax_scale(c);
     if (n_ranks > 1 && (st = pd_tp_team_init(bes, n_ranks, &m->team, err)) != PD_OK) {

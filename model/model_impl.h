@@ -123,7 +123,16 @@ struct pd_model {
     float *inv_freq;  /* [dr/2] host: YaRN-adjusted rope frequencies */
     float rope_mscale; /* YaRN attention factor applied to cos/sin */
     float softmax_scale;
+    /* read once at load (forward.c pd_model_read_switches): the fused step
+     * ops (PD_FUSED_OPS, default on) and sampling where the logits are
+     * (PD_SAMPLE_ON_DEVICE: 0 never, 1 wherever the backend has
+     * sample_rows, else where its memory is not host memory) */
+    bool fused_ops, sample_on_device;
 };
+
+/** Sets m->fused_ops and m->sample_on_device from rank 0's backend and the
+ * environment (forward.c). */
+void pd_model_read_switches(pd_model *m);
 
 /* The latent KV cache: the same on every rank (each computes the latents
  * from the same hidden states), so one block table serves all copies and

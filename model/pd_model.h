@@ -388,7 +388,7 @@ pd_status pd_model_forward_ex(pd_model *m, pd_kv_cache *kv, pd_batch_seq *seqs, 
  * otherwise cross to the host). PD_SAMPLE_ON_DEVICE=0 says no (A/B runs);
  * =1 says yes wherever the backend has sample_rows, the CPU backend's
  * reference too (tests). The CPU backend otherwise samples through
- * pd_sampler. */
+ * pd_sampler. Read once, when the model is loaded. */
 bool pd_model_samples_on_device(const pd_model *m);
 
 /* ------------------------------------------------------------------ */
