@@ -16,7 +16,7 @@
  *   pd_replica_init          signals, replica id, tokenizer path
  *   pd_replica_load          verify checkpoint, ops, backends, weights, KV size
  *   ... the role allocates its KV cache (scheduler or cache) ...
- *   pd_replica_kv_pool       the cache's host pool registered with UCX
+ *   pd_replica_kv_pool       the KV staging pool (or a host cache) registered with UCX
  *   pd_replica_connect       control connection, then the self-checks
  *   pd_replica_serve         heartbeat thread, /metrics, then registers
  *   loop: poll (pd_replica_poll), pd_replica_recv_all, the role's step,
@@ -58,6 +58,7 @@ typedef struct {
     const char *replay_path;    /* --debug-replay-tokens */
     int block_size;             /* --block-size, tokens */
     int num_blocks;             /* --num-kv-blocks; 0: not given */
+    int kv_staging_blocks;      /* --kv-staging-blocks; 0: pd_kv_staging_default_slots */
     int threads;                /* --threads; 0: all */
     int tp;                     /* --tensor-parallel-size */
     int heartbeat_ms;           /* --heartbeat-interval-ms */
@@ -67,6 +68,7 @@ typedef struct {
     bool verify_ckpt;           /* --verify-checkpoint */
     bool expert_parallel;       /* --enable-expert-parallel */
     bool inject_selfcheck_failure; /* --debug-inject-selfcheck-failure */
+    bool force_kv_staging;      /* --debug-force-kv-staging: stage a host cache too (tests) */
 } pd_replica_args;
 
 /* Most role flags a service may add to the shared ones. */
@@ -95,7 +97,9 @@ typedef struct pd_replica {
     pd_model *m;
     int num_blocks;   /* KV blocks to allocate (pd_replica_load) */
     pd_kv_cache *kv;  /* borrowed from the role (pd_replica_kv_pool) */
-    void *kv_host;    /* kv's host pool, registered as pool */
+    pd_kv_staging *staging; /* KV moves through it (a device cache, or forced); NULL: the cache is the pool */
+    bool staging_in_ucx_pool; /* staging's memory is pool's, allocated by UCX (PD_KV_HOST_POOL=ucx) */
+    void *kv_host;    /* what pool registers: staging's memory, or the host cache itself */
     pd_kvx_agent *agent;
     pd_kvx_pool *pool;
     bool advertise_rkey; /* Register carries the pool's rkey (decode: prefill replicas write into it) */
@@ -139,15 +143,20 @@ void pd_replica_phase(pd_replica *r, const char *phase);
  * (2: a bad --numa or KV sizing flag, 1: otherwise). */
 int pd_replica_load(pd_replica *r);
 
-/** Registers kv's host pool (pd_kv_cache_host_pool: KV moves between
- * replicas from host memory) with a new UCX agent named after the replica;
- * kv is borrowed and must outlive pd_replica_disconnect. advertise_rkey:
- * Register carries the pool's remote key (a decode replica's, which
- * prefill replicas write into). With PD_KV_HOST_POOL=ucx such a pool of a
- * device replica is allocated by UCX in shared memory instead and
- * page-locked (pd_kv_cache_use_host_pool): same-host writers put into it
- * directly (off by default until measured on a GPU host). Logs the phase
- * "register KV pool (UCX)". Returns 0 or 1 ("KV transfer: ..." printed). */
+/** Makes the memory KV moves between replicas through and registers it
+ * with a new UCX agent named after the replica (r->pool, r->kv_host):
+ * a host cache (CPU) itself, where writers put into cache blocks; a device
+ * cache's staging pool (r->staging, pd_kv_staging_init) of
+ * --kv-staging-blocks slots (default pd_kv_staging_default_slots, at most
+ * the cache's blocks), also for a host cache with --debug-force-kv-staging.
+ * Logs the staging pool's size in slots and bytes. kv is borrowed and must
+ * outlive pd_replica_disconnect. advertise_rkey: Register carries the
+ * pool's remote key (a decode replica's, which prefill replicas write
+ * into). With PD_KV_HOST_POOL=ucx a decode replica's staging pool is
+ * allocated by UCX in shared memory instead and page-locked: same-host
+ * writers put into it directly (off by default: measured slower). Logs the
+ * phase "register KV pool (UCX)". Returns 0 or 1 ("KV transfer: ..."
+ * printed). */
 int pd_replica_kv_pool(pd_replica *r, pd_kv_cache *kv, bool advertise_rkey);
 
 /** Connects the control socket to --gateway, then runs the start-up
@@ -217,7 +226,8 @@ pd_grammar_vocab *pd_replica_vocab(pd_replica *r);
  * lengths give n_logit_bias -1, which pd_sampler_init refuses. */
 pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s);
 
-/** Ends the transport: the KV pool and the UCX agent, the heartbeat
+/** Ends the transport: the KV pool and the UCX agent (the outstanding
+ * puts' callbacks run), then the staging pool, the heartbeat
  * thread, /metrics, the operations, the control socket. Safe on a session
  * that started only partly, and twice. */
 void pd_replica_disconnect(pd_replica *r);

@@ -63,6 +63,10 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
         {"gpu-memory-utilization", PD_FLAG_FLOAT, &a->gpu_mem_util,
          "CUDA: size the KV cache so this replica takes this fraction (0, 1] of each GPU's memory in all (vLLM's "
          "meaning; replicas sharing a GPU each take their own fraction)"},
+        {"kv-staging-blocks", PD_FLAG_INT, &a->kv_staging_blocks,
+         "KV blocks of page-locked host memory that KV transfers pass through when the cache is device memory "
+         "(default: 4 prompts of the model's context, at most 4 GiB unless one needs more, at most the cache); a "
+         "decode replica refuses a reservation when its prompt's blocks find no free slots"},
         {"device", PD_FLAG_STR, &a->device, "cpu (default) or cuda"},
         {"threads", PD_FLAG_INT, &a->threads, "CPU threads (0: all)"},
         {"tensor-parallel-size", PD_FLAG_INT, &a->tp,
@@ -81,6 +85,8 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
         {"verify-checkpoint", PD_FLAG_BOOL, &a->verify_ckpt, "check files, headers and config first; refuse to start otherwise"},
         {"checkpoint-manifest", PD_FLAG_STR, &a->ckpt_manifest, "with --verify-checkpoint: SHA-256 of every file against it"},
         {"numa", PD_FLAG_STR, &a->numa, "auto (the NUMA node of the GPUs; none for a CPU replica), off, or a node number: bind threads and host memory"},
+        {"debug-force-kv-staging", PD_FLAG_BOOL, &a->force_kv_staging,
+         "testing: KV transfers pass through the staging pool (--kv-staging-blocks) even when the cache is host memory"},
         {"debug-inject-selfcheck-failure", PD_FLAG_BOOL, &a->inject_selfcheck_failure,
          "testing: the start-up all-reduce check sees a wrong value (the replica must refuse to register)"},
     };
@@ -101,6 +107,11 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
             fprintf(stderr, "pdserve %s: --gpu-memory-utilization 0 must be in (0, 1]\n", role);
             return 2;
         }
+    if (a->kv_staging_blocks < 0) {
+        fprintf(stderr, "pdserve %s: --kv-staging-blocks %d must be positive (0: the default)\n", role,
+                a->kv_staging_blocks);
+        return 2;
+    }
     if (pd_replica_kv_flags_check(a->device, a->gpu_mem_util, a->num_blocks, &err) != PD_OK) {
         fprintf(stderr, "pdserve %s: %s\n", role, err.msg);
         return 2;
@@ -159,34 +170,60 @@ int pd_replica_load(pd_replica *r) {
 }
 
 int pd_replica_kv_pool(pd_replica *r, pd_kv_cache *kv, bool advertise_rkey) {
+    const pd_replica_args *a = r->args;
     pd_err err = {{0}};
     r->kv = kv;
     r->advertise_rkey = advertise_rkey;
     /* One host (no UCX_TLS given): keep shared memory (UCX peer-failure
      * detection would force TCP); same-host peers are watched by pidfd. */
     pd_kvx_config kc = {.name = r->replica_id, .no_ucx_peer_failure = getenv("UCX_TLS") == NULL};
-    size_t bytes = pd_kv_cache_block_bytes(kv) * (size_t)pd_kv_cache_num_blocks(kv);
-    /* PD_KV_HOST_POOL=ucx (a decode replica on a GPU; off by default until
-     * measured): the host pool prefill replicas write into is allocated by
-     * UCX in shared memory, so a writer on this host puts into it with one
-     * copy through a mapping instead of active messages this replica's
-     * thread must serve between decode steps (docs/benchmarks.md, KV
-     * transfer), and page-locked for the copies into the cache */
-    const char *hp = getenv("PD_KV_HOST_POOL");
-    const bool ucx_pool = advertise_rkey && hp && !strcmp(hp, "ucx") && r->bes[0]->ops->host_alloc;
+    const size_t bb = pd_kv_cache_block_bytes(kv);
+    const int num_blocks = pd_kv_cache_num_blocks(kv);
+    const bool device_cache = r->bes[0]->ops->host_alloc != NULL;
     if (pd_kvx_agent_init(&kc, &r->agent, &err) != PD_OK)
         return fail(r, 1, "KV transfer: %s", err.msg);
-    if (ucx_pool) {
+    if (!device_cache && !a->force_kv_staging) {
+        /* a host cache is its own pool: writers put into its blocks */
+        r->kv_host = pd_kv_cache_block_ptr(kv, 0);
+        if (pd_kvx_register_pool(r->agent, r->kv_host, bb * (size_t)num_blocks, &r->pool, &err) != PD_OK)
+            return fail(r, 1, "KV transfer: %s", err.msg);
+        PD_LOGI(r->role, "%s: KV transfer from and into the cache itself (host memory, %zu bytes)", r->replica_id,
+                bb * (size_t)num_blocks);
+        pd_replica_phase(r, "register KV pool (UCX)");
+        return 0;
+    }
+    int slots = a->kv_staging_blocks > 0 ? a->kv_staging_blocks
+                                         : pd_kv_staging_default_slots(pd_model_config_of(r->m),
+                                                                       pd_kv_cache_block_size(kv), num_blocks);
+    if (slots > num_blocks) { /* more could never be used at once: a reservation takes cache blocks too */
+        PD_LOGW(r->role, "%s: --kv-staging-blocks %d is more than the cache's %d blocks: %d", r->replica_id, slots,
+                num_blocks, num_blocks);
+        slots = num_blocks;
+    }
+    const size_t bytes = bb * (size_t)slots;
+    /* PD_KV_HOST_POOL=ucx (a decode replica; off by default: measured
+     * slower on the H200, docs/benchmarks.md): the staging pool prefill
+     * replicas write into is allocated by UCX in shared memory, so a writer
+     * on this host puts into it with one copy through a mapping instead of
+     * active messages this replica's thread must serve between decode
+     * steps, and page-locked for the copies into the cache */
+    const char *hp = getenv("PD_KV_HOST_POOL");
+    r->staging_in_ucx_pool = advertise_rkey && hp && !strcmp(hp, "ucx");
+    if (r->staging_in_ucx_pool) {
         if (pd_kvx_alloc_pool(r->agent, bytes, &r->pool, &err) != PD_OK ||
-            pd_kv_cache_use_host_pool(kv, pd_kvx_pool_base(r->pool), &err) != PD_OK)
+            pd_kv_staging_init(kv, slots, pd_kvx_pool_base(r->pool), &r->staging, &err) != PD_OK)
             return fail(r, 1, "KV transfer (PD_KV_HOST_POOL=ucx): %s", err.msg);
-        r->kv_host = pd_kvx_pool_base(r->pool);
-        PD_LOGI(r->role, "%s: KV host pool of %zu bytes allocated by UCX (shared memory) and page-locked",
-                r->replica_id, bytes);
-    } else if (!(r->kv_host = pd_kv_cache_host_pool(kv, &err)) ||
-               pd_kvx_register_pool(r->agent, r->kv_host, bytes, &r->pool, &err) != PD_OK) {
+    } else if (pd_kv_staging_init(kv, slots, NULL, &r->staging, &err) != PD_OK ||
+               pd_kvx_register_pool(r->agent, pd_kv_staging_base(r->staging), bytes, &r->pool, &err) != PD_OK) {
         return fail(r, 1, "KV transfer: %s", err.msg);
     }
+    r->kv_host = pd_kv_staging_base(r->staging);
+    PD_LOGI(r->role, "%s: KV staging pool: %d slots of %zu bytes = %zu bytes (%.2f GiB) of %s host memory%s, for a "
+            "cache of %d blocks (%.2f GiB)%s",
+            r->replica_id, slots, bb, bytes, bytes / 1073741824.0, device_cache ? "page-locked" : "ordinary",
+            r->staging_in_ucx_pool ? " allocated by UCX (shared memory)" : "", num_blocks,
+            bb * (double)num_blocks / 1073741824.0,
+            device_cache ? "" : " (--debug-force-kv-staging: the cache is host memory)");
     pd_replica_phase(r, "register KV pool (UCX)");
     return 0;
 }
@@ -389,10 +426,13 @@ pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s) {
 }
 
 void pd_replica_disconnect(pd_replica *r) {
-    if (r->kv)
-        pd_kv_cache_drop_host_pool(r->kv); /* unlocked before UCX unmaps it (PD_KV_HOST_POOL=ucx) */
+    /* PD_KV_HOST_POOL=ucx (a decode replica: no put of its own reads the
+     * pool): unlocked before UCX unmaps it */
+    if (r->staging_in_ucx_pool)
+        pd_kv_staging_free(&r->staging);
     pd_kvx_pool_free(&r->pool);
-    pd_kvx_agent_free(&r->agent);
+    pd_kvx_agent_free(&r->agent); /* outstanding puts' callbacks give their slots back */
+    pd_kv_staging_free(&r->staging); /* unregistered, and no put reads it any more */
     pd_hb_stop(&r->hb);
     pd_metrics_server_stop(&r->metrics);
     pd_replica_ops_free(&r->ops); /* after /metrics: its scrapes call into it */

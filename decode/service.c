@@ -31,12 +31,16 @@ typedef struct pending_tokens {
 } pending_tokens;
 
 /* A long-route request waiting for its KV: the Generate that reserved it
- * and the reservation (its blocks belong to the reservation table until a
- * KvComplete is accepted). */
+ * and the reservation. What the prefill replica writes into (the pool ids
+ * of the reservation) belongs to the reservation table until a KvComplete
+ * is accepted: the cache blocks themselves when the cache is the pool,
+ * else staging slots, and then the cache blocks are the parked request's
+ * (no writer can touch them). */
 typedef struct parked {
     Pdserve__Generate *gen; /* owned (unpacked message) */
     uint64_t resv;
-    int32_t *blocks;
+    int32_t *blocks; /* cache blocks, in token order */
+    int32_t *slots;  /* with a staging pool: the slots blocks[i] arrives in; else NULL */
     int n_blocks;
     struct parked *next;
 } parked;
@@ -48,6 +52,7 @@ typedef struct {
     parked *parked;
     pd_hist step_seconds;
     pd_kvx_reservations *resv;
+    pd_kv_staging *staging; /* r.staging: prefill replicas write into its slots; NULL: into cache blocks */
     double reservation_ttl_s;
 } decode_svc;
 
@@ -64,16 +69,32 @@ static uint64_t writer_id(const char *replica_id) {
 static void parked_free(parked *p) {
     protobuf_c_message_free_unpacked(&p->gen->base, NULL);
     free(p->blocks);
+    free(p->slots);
     free(p);
 }
 
-/* The reservation table hands back blocks once no writer can touch them. */
+/* A parked request that will not run: its cache blocks go back at once
+ * when it has slots (the table quarantines the slots, which writers
+ * touch), else the table hands the blocks back (it copied their ids). */
+static void parked_drop(decode_svc *d, parked *p) {
+    if (p->slots) pd_sched_free_blocks(d->sched, p->blocks, p->n_blocks);
+    parked_free(p);
+}
+
+/* Gives back the pool ids of a reservation: staging slots, or cache blocks. */
+static void pool_ids_free(decode_svc *d, const int32_t *ids, int n) {
+    if (d->staging) pd_kv_staging_release(d->staging, ids, n);
+    else pd_sched_free_blocks(d->sched, ids, n);
+}
+
+/* The reservation table hands back a reservation's pool ids (cache blocks
+ * or staging slots) once no writer can touch them. */
 static void on_blocks_free(void *user, const char *request_id, uint64_t resv_id, const int32_t *blocks,
                            size_t n_blocks) {
     decode_svc *d = user;
-    pd_sched_free_blocks(d->sched, blocks, (int)n_blocks);
-    PD_LOGD(LOGM, "request %s: %zu quarantined blocks of reservation %llx reusable", request_id, n_blocks,
-            (unsigned long long)resv_id);
+    pool_ids_free(d, blocks, (int)n_blocks);
+    PD_LOGD(LOGM, "request %s: %zu quarantined %s of reservation %llx reusable", request_id, n_blocks,
+            d->staging ? "staging slots" : "blocks", (unsigned long long)resv_id);
 }
 
 static pending_tokens *pend_get(decode_svc *d, const char *id) {
@@ -303,7 +324,7 @@ static void expire_reservations(decode_svc *d) {
             state == PD_KVX_RESV_EXPIRED) {
             *pp = p->next;
             send_error(d, p->gen->request_id, 503, "the prompt's KV cache did not arrive in time");
-            parked_free(p); /* the table keeps its own copy of the block ids */
+            parked_drop(d, p); /* the table keeps its own copy of the pool ids */
         } else {
             pp = &p->next;
         }
@@ -324,26 +345,45 @@ static void handle(void *user, pd_msg *msg) {
             if (st != PD_OK) send_error(d, g->request_id, pd_replica_error_status(st), err.msg);
             break;
         }
-        /* long route: reserve blocks now, run when KvComplete arrives */
+        /* long route: reserve blocks (and staging slots, which the prefill
+         * replica writes into) now, run when KvComplete arrives */
         Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
         rr.request_id = g->request_id;
-        int32_t *blocks = NULL;
+        int32_t *blocks = NULL, *slots = NULL;
         int nb = 0;
         uint64_t resv = 0;
         pd_status st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
-        if (st == PD_OK) {
-            st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), blocks, (size_t)nb,
-                                    d->reservation_ttl_s, pd_now_s(), 0, &resv, &err);
-            if (st != PD_OK) {
+        if (st == PD_OK && d->staging) {
+            slots = pd_xmalloc((size_t)nb * sizeof *slots);
+            if (pd_kv_staging_alloc(d->staging, nb, slots) != PD_OK) {
+                /* refused as a full cache is: the gateway answers 503 */
+                st = pd_err_set(&err, PD_ERR_LIMIT, "%d KV staging slots needed, %d of %d free%s", nb,
+                                pd_kv_staging_num_free(d->staging), pd_kv_staging_num_slots(d->staging),
+                                nb > pd_kv_staging_num_slots(d->staging) ? " (the prompt is longer than "
+                                                                           "--kv-staging-blocks holds)" : "");
                 pd_sched_free_blocks(d->sched, blocks, nb);
                 free(blocks);
-                blocks = NULL;
+                free(slots);
+                blocks = slots = NULL;
+            }
+        }
+        /* the table guards what the writer touches: the slots, or the blocks */
+        const int32_t *ids = slots ? slots : blocks;
+        if (st == PD_OK) {
+            st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), ids, (size_t)nb,
+                                    d->reservation_ttl_s, pd_now_s(), 0, &resv, &err);
+            if (st != PD_OK) {
+                if (slots) pd_kv_staging_release(d->staging, slots, nb);
+                pd_sched_free_blocks(d->sched, blocks, nb);
+                free(blocks);
+                free(slots);
+                blocks = slots = NULL;
             }
         }
         uint32_t *ublocks = NULL;
         if (st == PD_OK) {
             ublocks = pd_xmalloc((size_t)nb * sizeof *ublocks);
-            for (int i = 0; i < nb; i++) ublocks[i] = (uint32_t)blocks[i];
+            for (int i = 0; i < nb; i++) ublocks[i] = (uint32_t)ids[i];
             rr.ok = true;
             rr.reservation_id = resv;
             rr.block_ids = ublocks;
@@ -353,6 +393,7 @@ static void handle(void *user, pd_msg *msg) {
             p->gen = g;
             p->resv = resv;
             p->blocks = blocks;
+            p->slots = slots;
             p->n_blocks = nb;
             msg->msg = NULL; /* keep it */
             p->next = d->parked;
@@ -380,33 +421,36 @@ static void handle(void *user, pd_msg *msg) {
             if (p) {
                 pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
                 send_error(d, k->request_id, 503, "the prompt's KV cache transfer was refused");
-                parked_free(p); /* the table hands the blocks back (it copied their ids) */
+                parked_drop(d, p); /* the table hands the pool ids back (it copied them) */
             }
             break;
         }
-        if (!p || k->aborted) { /* accepted but nobody to run it: give the blocks back */
+        if (!p || k->aborted) { /* accepted but nobody to run it: give the pool ids back */
             const int32_t *bl;
             size_t nbl;
             if (pd_kvx_resv_get(d->resv, k->request_id, k->reservation_id, NULL, &bl, &nbl) == PD_OK)
-                pd_sched_free_blocks(d->sched, bl, (int)nbl);
+                pool_ids_free(d, bl, (int)nbl);
             pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
-            if (p) parked_free(p);
+            if (p) parked_drop(d, p);
             break;
         }
-        /* the blocks now belong to the decode sequence: from the host pool
-         * into the cache (a no-op when the cache is host memory) */
+        /* the blocks now belong to the decode sequence: from the staging
+         * slots into the cache, the slots free again (without staging, to
+         * the other tensor-parallel ranks' copies; a no-op with one) */
         pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
         double tu = pd_now_s();
-        if (pd_kv_cache_upload_blocks(pd_sched_kv(d->sched), p->blocks, p->n_blocks, &err) != PD_OK) {
+        pd_status su = pd_kv_cache_stage_in(pd_sched_kv(d->sched), d->staging, p->slots, p->blocks, p->n_blocks, &err);
+        if (p->slots) pd_kv_staging_release(d->staging, p->slots, p->n_blocks);
+        if (su != PD_OK) {
             PD_LOGW(LOGM, "request %s: %s", k->request_id, err.msg);
             send_error(d, k->request_id, 500, err.msg);
             pd_sched_free_blocks(d->sched, p->blocks, p->n_blocks);
             parked_free(p);
             break;
         }
-        PD_LOGD(LOGM, "request %s: %d KV blocks from the host pool into the cache in %.4f s (the prefill replica "
-                "reported %.4f s from its start to the flush)", k->request_id, p->n_blocks, pd_now_s() - tu,
-                k->transfer_seconds);
+        PD_LOGD(LOGM, "request %s: %d KV blocks from the %s into the cache in %.4f s (the prefill replica "
+                "reported %.4f s from its start to the flush)", k->request_id, p->n_blocks,
+                d->staging ? "staging pool" : "host cache", pd_now_s() - tu, k->transfer_seconds);
         pd_sched_request r = request_from(p->gen);
         pd_status st = pd_sched_add_prefilled(d->sched, &r, p->blocks, p->n_blocks, k->first_token, k->first_logprob,
                                               &err);
@@ -433,7 +477,7 @@ static void handle(void *user, pd_msg *msg) {
                 pd_kvx_resv_release(d->resv, a->request_id, p->resv, NULL);
                 if (a->never_granted)
                     pd_kvx_resv_fenced(d->resv, a->request_id, p->resv, writer_id(p->gen->prefill_replica_id), NULL);
-                parked_free(p); /* the ids array only: the table copied it (LeakSanitizer, fault matrix) */
+                parked_drop(d, p); /* the table copied the pool ids (LeakSanitizer, fault matrix) */
                 break;
             }
         /* drop tokens not yet sent */
@@ -496,10 +540,11 @@ int pd_decode_main(int argc, char **argv) {
         goto out;
     }
     pd_replica_phase(&d.r, "allocate KV");
-    /* prefill replicas write into the cache's host pool (its rkey goes out
-     * with Register); KvComplete copies the blocks into the cache */
+    /* prefill replicas write into the staging pool, or a host cache (its
+     * rkey goes out with Register); KvComplete copies the blocks into the cache */
     pd_kv_cache *kv = pd_sched_kv(d.sched);
     if (pd_replica_kv_pool(&d.r, kv, true) != 0) goto out;
+    d.staging = d.r.staging;
     /* a reservation nobody fenced (its grant or claim died with the
      * gateway, or its writer's flush failed) is handed back once its
      * writer's lease has ended for certain */

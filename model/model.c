@@ -555,8 +555,6 @@ void pd_model_rank_experts(const pd_model *m, int rank, int *first, int *count) 
 typedef struct {
     pd_kv_cache *kv;
     size_t bytes;
-    const int *blocks; /* kv_stage: the blocks to copy */
-    int n, dir;
 } kv_job;
 
 static void kv_alloc_on_rank(void *arg, int rank) {
@@ -614,10 +612,6 @@ void pd_kv_cache_free(pd_kv_cache **kv_p) {
     pd_kv_cache *kv = *kv_p;
     kv_job j = {.kv = kv};
     pd_tp_run(kv->m->team, kv->m->n_ranks, kv_free_on_rank, &j);
-    if (kv->host_pool && kv->host_pool_borrowed)
-        pd_kv_cache_drop_host_pool(kv);
-    else if (kv->host_pool)
-        kv->be->ops->host_free(kv->be, kv->host_pool);
     free(kv->free_list);
     free(kv);
     *kv_p = NULL;
@@ -682,94 +676,6 @@ size_t pd_kv_cache_block_bytes(const pd_kv_cache *kv) {
 
 void *pd_kv_cache_block_ptr(pd_kv_cache *kv, int block) {
     return (char *)kv->data + (size_t)block * pd_kv_cache_block_bytes(kv);
-}
-
-void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err) {
-    pd_backend *be = kv->be;
-    if (!be->ops->host_alloc)
-        return kv->data; /* the cache is host memory */
-    if (!kv->host_pool) {
-        size_t bytes = (size_t)kv->num_blocks * pd_kv_cache_block_bytes(kv);
-        kv->host_pool = be->ops->host_alloc(be, bytes);
-        if (!kv->host_pool)
-            pd_err_set(err, PD_ERR_NOMEM, "KV cache: cannot allocate %zu bytes of page-locked host memory", bytes);
-    }
-    return kv->host_pool;
-}
-
-pd_status pd_kv_cache_use_host_pool(pd_kv_cache *kv, void *pool, pd_err *err) {
-    pd_backend *be = kv->be;
-    if (!pool || !be->ops->host_alloc || kv->host_pool)
-        return pd_err_set(err, PD_ERR_INVALID, "KV cache: %s", !pool ? "no memory given for the host pool"
-                                                               : !be->ops->host_alloc ? "the cache is host memory already"
-                                                                                      : "it has a host pool already");
-    if (!be->ops->host_register)
-        return pd_err_set(err, PD_ERR_UNSUPPORTED, "KV cache: this backend cannot page-lock memory it did not allocate");
-    size_t bytes = (size_t)kv->num_blocks * pd_kv_cache_block_bytes(kv);
-    if (be->ops->host_register(be, pool, bytes) != PD_OK)
-        return pd_err_set(err, PD_ERR_IO, "KV cache: cannot page-lock the %zu-byte host pool", bytes);
-    kv->host_pool = pool;
-    kv->host_pool_borrowed = true;
-    return PD_OK;
-}
-
-void pd_kv_cache_drop_host_pool(pd_kv_cache *kv) {
-    if (!kv || !kv->host_pool || !kv->host_pool_borrowed)
-        return;
-    kv->be->ops->host_unregister(kv->be, kv->host_pool);
-    kv->host_pool = NULL;
-    kv->host_pool_borrowed = false;
-}
-
-/* Rank `rank`'s part of moving blocks between the cache and the host pool.
- * Out (dir 0): rank 0's copy to the pool (every rank's is the same). In
- * (dir 1): the pool to every rank's copy; where the pool is rank 0's cache
- * (host memory), rank 0's blocks to the other ranks' copies. */
-static void kv_stage_on_rank(void *arg, int rank) {
-    kv_job *j = arg;
-    pd_kv_cache *kv = j->kv;
-    pd_backend *be = kv->m->ranks[rank].be;
-    bool pooled = be->ops->host_alloc != NULL;
-    if (j->dir == 0 ? rank != 0 || !pooled : rank == 0 && !pooled)
-        return;
-    size_t bb = pd_kv_cache_block_bytes(kv);
-    const char *src = pooled ? (const char *)kv->host_pool : (const char *)kv->data;
-    /* runs of consecutive block ids move as one copy (a download waits for
-     * its copy: one wait per run, not per block) */
-    for (int i = 0, e; i < j->n; i = e) {
-        for (e = i + 1; e < j->n && j->blocks[e] == j->blocks[e - 1] + 1; e++)
-            ;
-        size_t off = (size_t)j->blocks[i] * bb, bytes = (size_t)(e - i) * bb;
-        char *d = (char *)kv->rank_data[rank] + off;
-        if (j->dir == 0)
-            be->ops->download(be, (char *)kv->host_pool + off, d, bytes);
-        else if (pooled)
-            be->ops->upload(be, d, src + off, bytes);
-        else
-            be->ops->copy(be, d, src + off, bytes);
-    }
-}
-
-static pd_status kv_stage(pd_kv_cache *kv, const int *blocks, int n, int dir, pd_err *err) {
-    if (kv->be->ops->host_alloc && !kv->host_pool)
-        return pd_err_set(err, PD_ERR_INVALID, "KV cache: no host pool (call pd_kv_cache_host_pool first)");
-    for (int i = 0; i < n; i++)
-        if (blocks[i] < 0 || blocks[i] >= kv->num_blocks)
-            return pd_err_set(err, PD_ERR_INVALID, "KV cache: block %d outside the cache (%d blocks)", blocks[i],
-                              kv->num_blocks);
-    if (n == 0 || (!kv->be->ops->host_alloc && kv->m->n_ranks == 1))
-        return PD_OK; /* nothing to copy: the pool is the only copy */
-    kv_job j = {.kv = kv, .blocks = blocks, .n = n, .dir = dir};
-    pd_tp_run(kv->m->team, kv->m->n_ranks, kv_stage_on_rank, &j);
-    return PD_OK;
-}
-
-pd_status pd_kv_cache_download_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err) {
-    return kv_stage(kv, blocks, n, 0, err);
-}
-
-pd_status pd_kv_cache_upload_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err) {
-    return kv_stage(kv, blocks, n, 1, err);
 }
 
 pd_status pd_seq_kv_reserve(pd_kv_cache *kv, pd_seq_kv *s, int n) {

@@ -145,8 +145,6 @@ struct pd_kv_cache {
                   * graph is replayed only over the cache it was recorded over (forward.c graph_replay) */
     float *data; /* rank 0's copy, backend memory: [num_blocks][n_layers][block_size][dim] */
     float *rank_data[PD_TP_MAX_RANKS]; /* every rank's copy; rank_data[0] == data */
-    void *host_pool; /* host mirror for transfers, when data is not host memory */
-    bool host_pool_borrowed; /* the caller's memory (pd_kv_cache_use_host_pool), registered, not allocated */
     int *free_list;
     int n_free;
 };

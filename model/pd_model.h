@@ -293,31 +293,74 @@ typedef struct {
 pd_status pd_kv_plan_blocks(size_t mem_total, size_t mem_free, size_t own_in_use, double utilization, size_t reserve,
                             size_t block_bytes, int max_blocks, pd_kv_plan *plan, pd_err *err);
 
-/** Host memory laid out as the cache ([num_blocks][block bytes]), for
- * moving blocks between replicas (register it with the KV transfer): the
- * cache itself when the backend's memory is host memory (CPU), else a
- * page-locked mirror allocated on the first call and freed with the cache.
- * NULL when that allocation fails (err says so). */
-void *pd_kv_cache_host_pool(pd_kv_cache *kv, pd_err *err);
-/** Makes pool, host memory the caller owns and keeps until
- * pd_kv_cache_drop_host_pool (or the cache's free), laid out as the cache
- * ([num_blocks][block bytes]), the cache's host pool instead of one
- * pd_kv_cache_host_pool would allocate: e.g. a pool UCX allocated in shared
- * memory, which a writer on the same host fills by one-sided puts. It is
- * page-locked through the backend (host_register) so the copies into the
- * cache run at pinned speed. Call it before pd_kv_cache_host_pool. Errors:
- * PD_ERR_INVALID (pool NULL, the cache is host memory, a host pool exists),
- * PD_ERR_UNSUPPORTED (the backend cannot page-lock foreign memory),
- * PD_ERR_IO (page-locking failed). */
-pd_status pd_kv_cache_use_host_pool(pd_kv_cache *kv, void *pool, pd_err *err);
-/** Undoes pd_kv_cache_use_host_pool (unlocks the pages; the cache then has
- * no host pool). A no-op without a borrowed pool. */
-void pd_kv_cache_drop_host_pool(pd_kv_cache *kv);
-/** Copy blocks from the cache to their slots of the host pool (before
- * sending them) and back (after receiving them); no-ops when the pool is
- * the cache. Errors: PD_ERR_INVALID (a block outside the cache, no pool). */
-pd_status pd_kv_cache_download_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err);
-pd_status pd_kv_cache_upload_blocks(pd_kv_cache *kv, const int *blocks, int n, pd_err *err);
+/* ---- the KV staging pool (model/kv_staging.c) ----
+ * KV blocks leave and enter a replica from host memory (the KV transfer
+ * registers it with UCX). A cache in host memory (CPU) is that memory
+ * itself: prefill replicas put straight into a decode replica's cache
+ * blocks. A cache in device memory moves through a staging pool: slots of
+ * one block each, in page-locked host memory sized apart from the cache
+ * (--kv-staging-blocks), so that a large device cache does not page-lock
+ * a host mirror of itself (the host pool once did: 40 GiB page-locked and
+ * 45 s of UCX registration for a 40 GiB cache). */
+typedef struct pd_kv_staging pd_kv_staging;
+
+/** The staging pool's default size in slots for a cache of num_blocks
+ * blocks of block_size tokens of this model: room for 4 prompts of the
+ * model's context (max_position_embeddings tokens), at most 4 GiB unless
+ * one such prompt needs more (a decode replica receives a prompt's blocks
+ * whole, so one must fit), and at most num_blocks. At least 1. */
+int pd_kv_staging_default_slots(const pd_model_config *cfg, int block_size, int num_blocks);
+
+/** Makes a staging pool of num_slots slots of pd_kv_cache_block_bytes(kv)
+ * bytes each, for kv (borrowed: the pool copies to and from its blocks on
+ * every rank, so it must outlive every pd_kv_cache_stage_* call, not the
+ * pool). mem NULL: the pool allocates its memory (page-locked through the
+ * backend's host_alloc; ordinary page-aligned memory when the cache is
+ * host memory, which only a test forcing staging asks for). mem given: the
+ * caller's memory of num_slots × block bytes (e.g. a pool UCX allocated in
+ * shared memory, which a writer on the same host fills by one-sided puts),
+ * kept by the caller until pd_kv_staging_free and page-locked here when
+ * the backend can. Every slot starts free. *st_p is the caller's
+ * (pd_kv_staging_free). Errors: PD_ERR_INVALID (num_slots <= 0),
+ * PD_ERR_LIMIT (the size overflows), PD_ERR_NOMEM (the allocation failed),
+ * PD_ERR_UNSUPPORTED (a device backend that cannot page-lock foreign
+ * memory), PD_ERR_IO (page-locking mem failed). */
+pd_status pd_kv_staging_init(pd_kv_cache *kv, int num_slots, void *mem, pd_kv_staging **st_p, pd_err *err);
+/** Unlocks borrowed memory, or frees the pool's own; NULLs *st_p. Call it
+ * after the memory is unregistered from the KV transfer and no put reads
+ * or writes it any more. NULL or *st_p NULL: a no-op. */
+void pd_kv_staging_free(pd_kv_staging **st_p);
+/** The pool's memory: [num_slots][block bytes], slot s at base + s × block
+ * bytes; pd_kv_staging_bytes of it. */
+void *pd_kv_staging_base(const pd_kv_staging *st);
+size_t pd_kv_staging_bytes(const pd_kv_staging *st);
+int pd_kv_staging_num_slots(const pd_kv_staging *st);
+int pd_kv_staging_num_free(const pd_kv_staging *st);
+/** Slot's first byte (0 <= slot < num_slots, asserted). */
+void *pd_kv_staging_slot_ptr(pd_kv_staging *st, int slot);
+/** Takes n free slots, all or none: their ids into slots[0..n) (the
+ * caller's array). Errors: PD_ERR_LIMIT (fewer than n free, or n < 0;
+ * nothing taken). */
+pd_status pd_kv_staging_alloc(pd_kv_staging *st, int n, int *slots);
+/** Gives n slots from pd_kv_staging_alloc back (a slot not taken, or given
+ * back twice, is an invariant broken: asserted). */
+void pd_kv_staging_release(pd_kv_staging *st, const int *slots, int n);
+
+/** Cache → pool, before blocks leave: copies rank 0's blocks[i] into slot
+ * slots[i] of st (i < n; every rank's copy is the same), waiting for the
+ * copies. st NULL: the cache is host memory and itself the pool; nothing
+ * to copy. Errors: PD_ERR_INVALID (a block or slot out of range, st NULL
+ * with a device cache, slots NULL with st, a pool of another block size). */
+pd_status pd_kv_cache_stage_out(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks, const int *slots, int n,
+                                pd_err *err);
+/** Pool → cache, after blocks arrived (flushed and accepted): copies slot
+ * slots[i] of st into blocks[i] of every rank's copy (i < n); the slots
+ * may be reused on return. st NULL: the blocks arrived in rank 0's copy
+ * (the host cache itself); they are copied to the other ranks' (tensor
+ * parallelism), nothing to do with one rank. Errors: those of
+ * pd_kv_cache_stage_out. */
+pd_status pd_kv_cache_stage_in(pd_kv_cache *kv, pd_kv_staging *st, const int *slots, const int *blocks, int n,
+                               pd_err *err);
 
 /** A sequence's view of the cache. block_table[i] holds tokens
  * [i*block_size, (i+1)*block_size). The caller owns the arrays. */

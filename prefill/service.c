@@ -23,7 +23,8 @@ typedef struct job {
     Pdserve__Prefill *msg; /* owned */
     pd_seq_kv kv;          /* local cache */
     int done;              /* prompt tokens computed */
-    int blocks_sent;       /* local blocks written to the decode replica */
+    int blocks_ready;      /* local blocks complete (the last one partial at the end): may be sent */
+    int blocks_sent;       /* local blocks written to the decode replica (<= blocks_ready) */
     int puts_inflight;
     bool aborted, failed, flushing, finished_compute;
     int32_t first_token;
@@ -44,7 +45,8 @@ typedef struct job {
 typedef struct {
     pd_replica r; /* model, control connection, heartbeat, UCX agent and pool (common/pd_replica.h) */
     pd_kv_cache *kv;
-    char *kv_host; /* host pool the puts read (r.kv_host) */
+    pd_kv_staging *staging; /* r.staging: the puts read its slots; NULL: the host cache itself */
+    char *kv_host;          /* r.kv_host: without staging, the host cache the puts read */
     int chunk;
     bool fail_kv_transfer; /* --debug-fail-kv-transfer */
     job *jobs; /* FIFO */
@@ -166,10 +168,22 @@ static void on_flushed(void *user, uint64_t tag, pd_status st) {
     job_free(p, j);
 }
 
+/* One pd_kvx_put_batch of a job, and the staging slots its puts read
+ * (given back when they are locally complete: the bytes have left). */
+typedef struct put_batch {
+    prefill_svc *p;
+    job *j;
+    int n_slots;
+    int slots[];
+} put_batch;
+
 static void on_put_done(void *user, uint64_t tag, pd_status st) {
-    job *j = user;
-    j->puts_inflight--;
-    if (st != PD_OK) j->failed = true;
+    (void)tag;
+    put_batch *b = user;
+    b->j->puts_inflight--;
+    if (st != PD_OK) b->j->failed = true;
+    if (b->n_slots > 0) pd_kv_staging_release(b->p->staging, b->slots, b->n_slots);
+    free(b);
 }
 
 static decode_peer *peer_for(prefill_svc *p, job *j, pd_err *err) {
@@ -208,11 +222,14 @@ static decode_peer *peer_for(prefill_svc *p, job *j, pd_err *err) {
     return d;
 }
 
-/* Writes local blocks [j->blocks_sent, upto) to the decode replica's
- * granted blocks. Each block is written once, when it is complete (or at
- * the end for the last, partial one), so no two puts touch the same bytes. */
-static void send_blocks(prefill_svc *p, job *j, int upto) {
-    if (upto <= j->blocks_sent || j->aborted || j->failed) return;
+/* Writes local blocks [j->blocks_sent, j->blocks_ready) to the decode
+ * replica's granted blocks, as many as there are free staging slots for
+ * (all without staging); the rest wait for slots that puts in flight give
+ * back (advance calls again). Each block is written once, when it is
+ * complete (or at the end for the last, partial one), so no two puts
+ * touch the same bytes. */
+static void send_blocks(prefill_svc *p, job *j) {
+    if (j->blocks_ready <= j->blocks_sent || j->aborted || j->failed) return;
     if (pd_now_s() > j->t_lease_end) {
         j->failed = true;
         send_error(p, j->msg->request_id, 503, "the KV reservation's lease ran out before the prefill finished");
@@ -224,12 +241,21 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
         return;
     }
     size_t bb = pd_kv_cache_block_bytes(p->kv);
-    int n = upto - j->blocks_sent;
+    int n = j->blocks_ready - j->blocks_sent;
+    if (p->staging && n > pd_kv_staging_num_free(p->staging)) n = pd_kv_staging_num_free(p->staging);
+    if (n == 0) return; /* every slot is in flight: the job waits for some */
+    put_batch *pb = pd_xmalloc(sizeof *pb + (p->staging ? (size_t)n * sizeof(int) : 0));
+    *pb = (put_batch){.p = p, .j = j, .n_slots = p->staging ? n : 0};
+    const int *blocks = j->kv.block_table + j->blocks_sent;
+    pd_status sa = p->staging ? pd_kv_staging_alloc(p->staging, n, pb->slots) : PD_OK;
+    PD_ASSERT(sa == PD_OK); /* n is at most the free slots */
     pd_err err = {{0}};
-    /* the blocks leave from host memory: stage them there first (a no-op
-     * when the cache is host memory) */
+    /* the blocks leave from host memory: into the staging slots first (a
+     * no-op when the cache is host memory and not staged) */
     double t0 = pd_now_s();
-    if (pd_kv_cache_download_blocks(p->kv, j->kv.block_table + j->blocks_sent, n, &err) != PD_OK) {
+    if (pd_kv_cache_stage_out(p->kv, p->staging, blocks, pb->slots, n, &err) != PD_OK) {
+        if (pb->n_slots > 0) pd_kv_staging_release(p->staging, pb->slots, pb->n_slots);
+        free(pb);
         j->failed = true;
         send_error(p, j->msg->request_id, 500, err.msg);
         return;
@@ -238,18 +264,19 @@ static void send_blocks(prefill_svc *p, job *j, int upto) {
     j->t_stage += t1 - t0;
     pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
     for (int i = 0; i < n; i++) {
-        int b = j->blocks_sent + i;
-        iov[i].local = p->kv_host + (size_t)j->kv.block_table[b] * bb;
-        iov[i].remote_offset = (uint64_t)j->msg->block_ids[b] * bb;
+        iov[i].local = p->staging ? pd_kv_staging_slot_ptr(p->staging, pb->slots[i]) : p->kv_host + (size_t)blocks[i] * bb;
+        iov[i].remote_offset = (uint64_t)j->msg->block_ids[j->blocks_sent + i] * bb;
         iov[i].bytes = bb;
     }
-    if (pd_kvx_put_batch(j->dp->peer, iov, (size_t)n, (uint64_t)(uintptr_t)p, on_put_done, j, &err) != PD_OK) {
+    if (pd_kvx_put_batch(j->dp->peer, iov, (size_t)n, (uint64_t)(uintptr_t)p, on_put_done, pb, &err) != PD_OK) {
+        if (pb->n_slots > 0) pd_kv_staging_release(p->staging, pb->slots, pb->n_slots);
+        free(pb);
         j->failed = true;
         send_error(p, j->msg->request_id, 503, err.msg);
     } else {
         j->puts_inflight++;
         j->t_post += pd_now_s() - t1;
-        j->blocks_sent = upto;
+        j->blocks_sent += n;
         j->bytes += (uint64_t)n * bb;
         p->kv_bytes_sent += (uint64_t)n * bb;
     }
@@ -306,7 +333,8 @@ static bool step(prefill_svc *p) {
     bool last = j->done == n_prompt;
     if (last)
         j->t_computed = pd_now_s();
-    send_blocks(p, j, last ? j->kv.num_blocks : j->done / bs);
+    j->blocks_ready = last ? j->kv.num_blocks : j->done / bs;
+    send_blocks(p, j);
     if (last) {
         pd_sampling_params sp = pd_replica_sampling(m->sampling);
         pd_sampler *smp = NULL;
@@ -343,11 +371,13 @@ static bool step(prefill_svc *p) {
     return true;
 }
 
-/* Jobs whose puts are all locally complete: flush (finished or aborted) or
+/* Blocks that waited for staging slots are sent; jobs whose puts are all
+ * locally complete: flush (finished and every block sent, or aborted) or
  * drop (failed). */
 static void advance(prefill_svc *p) {
     for (job *j = p->jobs; j;) {
         job *next = j->next;
+        if (!j->flushing) send_blocks(p, j);
         if (!j->flushing && j->puts_inflight == 0) {
             if (j->failed) {
                 if (j->dp) {
@@ -357,7 +387,7 @@ static void advance(prefill_svc *p) {
                     job_unlink(p, j);
                     job_free(p, j);
                 }
-            } else if (j->finished_compute || j->aborted) {
+            } else if ((j->finished_compute && j->blocks_sent == j->kv.num_blocks) || j->aborted) {
                 start_flush(p, j);
             }
         }
@@ -437,9 +467,11 @@ int pd_prefill_main(int argc, char **argv) {
         goto out;
     }
     pd_replica_phase(&p.r, "allocate KV");
-    /* the puts read the cache's host pool; decode replicas name the blocks */
+    /* the puts read the staging pool (or a host cache); decode replicas
+     * name the blocks they land in */
     if (pd_replica_kv_pool(&p.r, p.kv, false) != 0) goto out;
     p.kv_host = p.r.kv_host;
+    p.staging = p.r.staging;
     if (a.replay_path) {
         if (pd_replay_load(a.replay_path, pd_model_config_of(p.r.m)->vocab_size, &g_replay, &err) != PD_OK) {
             fprintf(stderr, "pdserve prefill: --debug-replay-tokens: %s\n", err.msg);

@@ -152,13 +152,6 @@ static void test_block_bytes_match_cache(void **state) {
         pd_kv_cache *kv = NULL;
         assert_int_equal(pd_kv_cache_init(m, bs, 3, &kv, &err), PD_OK);
         assert_int_equal(pd_kv_cache_bytes_per_block(pd_model_config_of(m), bs), pd_kv_cache_block_bytes(kv));
-        /* a host cache is its own host pool: a borrowed one is refused, and dropping none is a no-op */
-        char buf[64];
-        assert_int_equal(pd_kv_cache_use_host_pool(kv, buf, &err), PD_ERR_INVALID);
-        assert_non_null(strstr(err.msg, "host memory already"));
-        assert_int_equal(pd_kv_cache_use_host_pool(kv, NULL, &err), PD_ERR_INVALID);
-        pd_kv_cache_drop_host_pool(kv);
-        assert_ptr_equal(pd_kv_cache_host_pool(kv, &err), pd_kv_cache_block_ptr(kv, 0));
         pd_kv_cache_free(&kv);
     }
     pd_model_free(&m);

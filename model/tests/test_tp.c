@@ -228,10 +228,14 @@ static void test_tiny_v2(void **state) {
     check_preset("tiny-v2");
 }
 
-/* A decode replica at TP = 2 receives a prefill replica's KV blocks into
- * rank 0's copy (its host pool, on the CPU the cache itself) and
- * pd_kv_cache_upload_blocks gives them to every rank. */
-static void test_kv_blocks_to_tp(void **state) {
+/* A decode replica at TP = 2 receives a prefill replica's KV blocks (TP =
+ * 1) and decodes on as the prefill replica's own cache does. Unstaged:
+ * the blocks land in rank 0's copy (on the CPU the cache is the transfer
+ * pool) and pd_kv_cache_stage_in(NULL) gives them to every rank. Staged:
+ * pd_kv_cache_stage_out copies the sender's blocks into its staging slots,
+ * the "puts" copy those into the receiver's slots (another order), and
+ * pd_kv_cache_stage_in copies the slots into every rank's blocks. */
+static void kv_blocks_to_tp(bool staged) {
     char dir[4096];
     model_dir("tiny", dir, sizeof dir);
     tp_model one, two;
@@ -242,6 +246,7 @@ static void test_kv_blocks_to_tp(void **state) {
     pd_kv_cache *ka, *kb;
     assert_int_equal(pd_kv_cache_init(one.m, BLOCK, 16, &ka, &err), PD_OK);
     assert_int_equal(pd_kv_cache_init(two.m, BLOCK, 16, &kb, &err), PD_OK);
+    const size_t bb = pd_kv_cache_block_bytes(kb);
     int32_t prompt[10] = {3, 141, 59, 2653, 58979, 323, 8462, 643, 383, 27950};
     pd_seq_kv sa = {0}, sb = {0};
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
@@ -251,12 +256,34 @@ static void test_kv_blocks_to_tp(void **state) {
     assert_int_equal(pd_kv_cache_alloc(kb), 0); /* block 0 stays unused */
     assert_int_equal(pd_seq_kv_reserve(kb, &sb, 10), PD_OK);
     assert_int_equal(sb.num_blocks, sa.num_blocks);
-    void *pool = pd_kv_cache_host_pool(kb, &err);
-    assert_non_null(pool);
-    for (int i = 0; i < sa.num_blocks; i++)
-        memcpy((char *)pool + (size_t)sb.block_table[i] * pd_kv_cache_block_bytes(kb),
-               pd_kv_cache_block_ptr(ka, sa.block_table[i]), pd_kv_cache_block_bytes(ka));
-    assert_int_equal(pd_kv_cache_upload_blocks(kb, sb.block_table, sb.num_blocks, &err), PD_OK);
+    const int n = sa.num_blocks;
+    pd_kv_staging *sta = NULL, *stb = NULL;
+    int slots_a[8], slots_b[8];
+    assert_true(n <= 8);
+    if (staged) {
+        /* pools smaller than the caches; the receiver's slots in reverse order */
+        assert_int_equal(pd_kv_staging_init(ka, n, NULL, &sta, &err), PD_OK);
+        assert_int_equal(pd_kv_staging_init(kb, n + 1, NULL, &stb, &err), PD_OK);
+        assert_int_equal(pd_kv_staging_alloc(sta, n, slots_a), PD_OK);
+        int tmp[8];
+        assert_int_equal(pd_kv_staging_alloc(stb, n + 1, tmp), PD_OK);
+        for (int i = 0; i < n; i++)
+            slots_b[i] = tmp[n - i];
+        assert_int_equal(pd_kv_cache_stage_out(ka, sta, sa.block_table, slots_a, n, &err), PD_OK);
+        for (int i = 0; i < n; i++)
+            memcpy(pd_kv_staging_slot_ptr(stb, slots_b[i]), pd_kv_staging_slot_ptr(sta, slots_a[i]), bb);
+        assert_int_equal(pd_kv_cache_stage_in(kb, stb, slots_b, sb.block_table, n, &err), PD_OK);
+        /* the slots may be reused at once: scribbling over them changes nothing below */
+        for (int i = 0; i < n; i++)
+            memset(pd_kv_staging_slot_ptr(stb, slots_b[i]), 0xff, bb);
+        pd_kv_staging_release(sta, slots_a, n);
+        pd_kv_staging_release(stb, tmp, n + 1);
+        assert_int_equal(pd_kv_staging_num_free(stb), n + 1);
+    } else {
+        for (int i = 0; i < n; i++)
+            memcpy(pd_kv_cache_block_ptr(kb, sb.block_table[i]), pd_kv_cache_block_ptr(ka, sa.block_table[i]), bb);
+        assert_int_equal(pd_kv_cache_stage_in(kb, NULL, NULL, sb.block_table, n, &err), PD_OK);
+    }
     sb.num_tokens = 10;
     int32_t tok_a = argmax(la, V), tok_b = tok_a;
     for (int s = 0; s < 4; s++) {
@@ -267,13 +294,16 @@ static void test_kv_blocks_to_tp(void **state) {
         trace ta = {la, 1, 1, {0}, 0}, tb = {lb, 1, 1, {0}, 0};
         double e = trace_cmp(&tb, &ta, V);
         if (!(e <= 1e-5))
-            fail_msg("decode step %d after the transfer: normalised error %.3g > 1e-5", s, e);
+            fail_msg("%s: decode step %d after the transfer: normalised error %.3g > 1e-5", staged ? "staged" : "unstaged",
+                     s, e);
         tok_a = argmax(la, V);
         tok_b = argmax(lb, V);
         assert_int_equal(tok_a, tok_b);
     }
-    int bad = 99;
-    assert_int_equal(pd_kv_cache_upload_blocks(kb, &bad, 1, &err), PD_ERR_INVALID);
+    int bad = 99, slot = 0;
+    assert_int_equal(pd_kv_cache_stage_in(kb, stb, staged ? &slot : NULL, &bad, 1, &err), PD_ERR_INVALID);
+    pd_kv_staging_free(&sta);
+    pd_kv_staging_free(&stb);
     pd_seq_kv_release(ka, &sa);
     pd_seq_kv_release(kb, &sb);
     free(sa.block_table);
@@ -284,6 +314,16 @@ static void test_kv_blocks_to_tp(void **state) {
     pd_kv_cache_free(&kb);
     tp_free(&one);
     tp_free(&two);
+}
+
+static void test_kv_blocks_to_tp(void **state) {
+    (void)state;
+    kv_blocks_to_tp(false);
+}
+
+static void test_kv_blocks_to_tp_staged(void **state) {
+    (void)state;
+    kv_blocks_to_tp(true);
 }
 
 /* Sizes that do not divide the heads, and backends that are not one
@@ -423,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_tiny),
         cmocka_unit_test(test_tiny_v2),
         cmocka_unit_test(test_kv_blocks_to_tp),
+        cmocka_unit_test(test_kv_blocks_to_tp_staged),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ep_rank_experts),
         cmocka_unit_test(test_ep_refusal),
