@@ -39,9 +39,10 @@ typedef struct pending_tokens {
 typedef struct parked {
     Pdserve__Generate *gen; /* owned (unpacked message) */
     uint64_t resv;
-    int32_t *blocks; /* cache blocks, in token order */
-    int32_t *slots;  /* with a staging pool: the slots blocks[i] arrives in; else NULL */
+    int32_t *blocks; /* cache blocks, in token order: the prompt's and room for the first token */
+    int32_t *slots;  /* with a staging pool: the slots the prompt's blocks[i] arrive in; else NULL */
     int n_blocks;
+    int n_slots;     /* the prompt's blocks (<= n_blocks): what the writer writes */
     struct parked *next;
 } parked;
 
@@ -350,16 +351,21 @@ static void handle(void *user, pd_msg *msg) {
         Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
         rr.request_id = g->request_id;
         int32_t *blocks = NULL, *slots = NULL;
-        int nb = 0;
+        int nb = 0, ns = 0;
         uint64_t resv = 0;
         pd_status st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
         if (st == PD_OK && d->staging) {
-            slots = pd_xmalloc((size_t)nb * sizeof *slots);
-            if (pd_kv_staging_alloc(d->staging, nb, slots) != PD_OK) {
+            /* slots for the blocks the prefill replica writes: the prompt's
+             * (the cache's reservation also holds the first token's room) */
+            const int bs = pd_kv_cache_block_size(pd_sched_kv(d->sched));
+            ns = (int)(((int64_t)g->n_prompt_ids + bs - 1) / bs);
+            PD_ASSERT(ns <= nb);
+            slots = pd_xmalloc((size_t)ns * sizeof *slots);
+            if (pd_kv_staging_alloc(d->staging, ns, slots) != PD_OK) {
                 /* refused as a full cache is: the gateway answers 503 */
-                st = pd_err_set(&err, PD_ERR_LIMIT, "%d KV staging slots needed, %d of %d free%s", nb,
+                st = pd_err_set(&err, PD_ERR_LIMIT, "%d KV staging slots needed, %d of %d free%s", ns,
                                 pd_kv_staging_num_free(d->staging), pd_kv_staging_num_slots(d->staging),
-                                nb > pd_kv_staging_num_slots(d->staging) ? " (the prompt is longer than "
+                                ns > pd_kv_staging_num_slots(d->staging) ? " (the prompt is longer than "
                                                                            "--kv-staging-blocks holds)" : "");
                 pd_sched_free_blocks(d->sched, blocks, nb);
                 free(blocks);
@@ -369,11 +375,12 @@ static void handle(void *user, pd_msg *msg) {
         }
         /* the table guards what the writer touches: the slots, or the blocks */
         const int32_t *ids = slots ? slots : blocks;
+        const int n_ids = slots ? ns : nb;
         if (st == PD_OK) {
-            st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), ids, (size_t)nb,
+            st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), ids, (size_t)n_ids,
                                     d->reservation_ttl_s, pd_now_s(), 0, &resv, &err);
             if (st != PD_OK) {
-                if (slots) pd_kv_staging_release(d->staging, slots, nb);
+                if (slots) pd_kv_staging_release(d->staging, slots, ns);
                 pd_sched_free_blocks(d->sched, blocks, nb);
                 free(blocks);
                 free(slots);
@@ -382,12 +389,12 @@ static void handle(void *user, pd_msg *msg) {
         }
         uint32_t *ublocks = NULL;
         if (st == PD_OK) {
-            ublocks = pd_xmalloc((size_t)nb * sizeof *ublocks);
-            for (int i = 0; i < nb; i++) ublocks[i] = (uint32_t)ids[i];
+            ublocks = pd_xmalloc((size_t)n_ids * sizeof *ublocks);
+            for (int i = 0; i < n_ids; i++) ublocks[i] = (uint32_t)ids[i];
             rr.ok = true;
             rr.reservation_id = resv;
             rr.block_ids = ublocks;
-            rr.n_block_ids = (size_t)nb;
+            rr.n_block_ids = (size_t)n_ids;
             rr.lease_ms = (uint32_t)(pd_kvx_lease_s(d->reservation_ttl_s) * 1000.0);
             parked *p = pd_xcalloc(1, sizeof *p);
             p->gen = g;
@@ -395,6 +402,7 @@ static void handle(void *user, pd_msg *msg) {
             p->blocks = blocks;
             p->slots = slots;
             p->n_blocks = nb;
+            p->n_slots = ns;
             msg->msg = NULL; /* keep it */
             p->next = d->parked;
             d->parked = p;
@@ -439,8 +447,9 @@ static void handle(void *user, pd_msg *msg) {
          * the other tensor-parallel ranks' copies; a no-op with one) */
         pd_kvx_resv_release(d->resv, k->request_id, k->reservation_id, NULL);
         double tu = pd_now_s();
-        pd_status su = pd_kv_cache_stage_in(pd_sched_kv(d->sched), d->staging, p->slots, p->blocks, p->n_blocks, &err);
-        if (p->slots) pd_kv_staging_release(d->staging, p->slots, p->n_blocks);
+        pd_status su = pd_kv_cache_stage_in(pd_sched_kv(d->sched), d->staging, p->slots, p->blocks,
+                                            p->slots ? p->n_slots : p->n_blocks, &err);
+        if (p->slots) pd_kv_staging_release(d->staging, p->slots, p->n_slots);
         if (su != PD_OK) {
             PD_LOGW(LOGM, "request %s: %s", k->request_id, err.msg);
             send_error(d, k->request_id, 500, err.msg);
