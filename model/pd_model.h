@@ -239,8 +239,8 @@ void pd_model_rank_experts(const pd_model *m, int rank, int *first, int *count);
  * qk_rope_head_dim (roped k_pe) fp32 values. Layout [block][layer][slot][D]
  * with D = kv_lora_rank + qk_rope_head_dim, so one block is contiguous for
  * transfer. With tensor parallelism every rank holds a copy with the same
- * contents; block pointers, the host pool and downloads are rank 0's,
- * uploads write every rank's. Free a cache before its model. */
+ * contents; block pointers and copies out (pd_kv_cache_stage_out) are
+ * rank 0's, copies in (pd_kv_cache_stage_in) write every rank's. Free a cache before its model. */
 typedef struct pd_kv_cache pd_kv_cache;
 pd_status pd_kv_cache_init(const pd_model *m, int block_size, int num_blocks, pd_kv_cache **kv_p,
                            pd_err *err);

@@ -6,7 +6,8 @@
  * tokens with a new prompt's prefill; every logits row within 1e-5
  * normalised error (max |tp - ref| / max |ref|) of TP = 1, every greedy id
  * the same. Also: a prefill at TP = 1 moved block by block into a TP = 2
- * cache (the decode replica's path, pd_kv_cache_upload_blocks) decodes as
+ * cache, unstaged and through staging slots (the decode replica's path,
+ * pd_kv_cache_stage_in) decodes as
  * TP = 1 does, and sizes that do not divide the heads are refused.
  * Expert parallelism (pd_model_load_parallel with expert_parallel): the
  * same scenario at TP = 2 and 4 with the routed experts divided whole over

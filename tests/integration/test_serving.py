@@ -13,7 +13,7 @@ Checks (issue 3 acceptance):
   to baseline within 1 s.
 Run by ctest (tests/integration/*.py) with PD_BIN set. PD_DEVICE=cuda runs
 `generate` and both replicas on the GPU (the KV moves through the replicas'
-page-locked host pools); tests/gpu/run.sh does that on a GPU host.
+page-locked KV staging pools); tests/gpu/run.sh does that on a GPU host.
 """
 import json, os, random, socket, subprocess, time
 
