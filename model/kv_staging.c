@@ -14,9 +14,9 @@ struct pd_kv_staging {
     char *base;        /* [num_slots][slot_bytes] */
     size_t slot_bytes; /* one KV block */
     int num_slots;
-    bool borrowed;     /* the caller's memory (page-locked here when the backend can) */
-    bool registered;   /* borrowed and page-locked through be->ops->host_register */
-    int *free_list;    /* free slot ids; popped from the end */
+    bool borrowed;   /* the caller's memory (page-locked here when the backend can) */
+    bool registered; /* borrowed and page-locked through be->ops->host_register */
+    int *free_list;  /* free slot ids; popped from the end */
     int n_free;
     unsigned char *in_use; /* [num_slots]: catches a slot released twice */
 };
@@ -24,13 +24,15 @@ struct pd_kv_staging {
 /* The slots pd_kv_staging_default_slots gives: this many maximum-length
  * prompts, in at most this many bytes (unless one prompt needs more). */
 #define STAGING_DEFAULT_PROMPTS 4
-#define STAGING_DEFAULT_BYTES ((size_t)4 << 30)
+#define STAGING_DEFAULT_BYTES   ((size_t)4 << 30)
 
 int pd_kv_staging_default_slots(const pd_model_config *cfg, int block_size, int num_blocks) {
     PD_ASSERT(block_size > 0 && num_blocks > 0);
     size_t bb = pd_kv_cache_bytes_per_block(cfg, block_size);
-    long long one = ((long long)(cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : block_size) +
-                     block_size - 1) / block_size;
+    long long one =
+        ((long long)(cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : block_size) +
+         block_size - 1) /
+        block_size;
     long long n = STAGING_DEFAULT_PROMPTS * one;
     long long by_bytes = bb ? (long long)(STAGING_DEFAULT_BYTES / bb) : n;
     if (by_bytes < one)
@@ -42,13 +44,16 @@ int pd_kv_staging_default_slots(const pd_model_config *cfg, int block_size, int 
     return n < 1 ? 1 : (int)n;
 }
 
-pd_status pd_kv_staging_init(pd_kv_cache *kv, int num_slots, void *mem, pd_kv_staging **st_p, pd_err *err) {
+pd_status pd_kv_staging_init(pd_kv_cache *kv, int num_slots, void *mem, pd_kv_staging **st_p,
+                             pd_err *err) {
     if (num_slots <= 0)
-        return pd_err_set(err, PD_ERR_INVALID, "KV staging pool: %d slots must be positive", num_slots);
+        return pd_err_set(err, PD_ERR_INVALID, "KV staging pool: %d slots must be positive",
+                          num_slots);
     pd_backend *be = kv->be;
     size_t bb = pd_kv_cache_block_bytes(kv);
     if ((size_t)num_slots > SIZE_MAX / bb)
-        return pd_err_set(err, PD_ERR_LIMIT, "KV staging pool: %d slots of %zu bytes overflow", num_slots, bb);
+        return pd_err_set(err, PD_ERR_LIMIT, "KV staging pool: %d slots of %zu bytes overflow",
+                          num_slots, bb);
     size_t bytes = (size_t)num_slots * bb;
     pd_kv_staging *st = pd_xcalloc(1, sizeof *st);
     st->be = be;
@@ -60,13 +65,15 @@ pd_status pd_kv_staging_init(pd_kv_cache *kv, int num_slots, void *mem, pd_kv_st
         if (be->ops->host_register) {
             if (be->ops->host_register(be, mem, bytes) != PD_OK) {
                 free(st);
-                return pd_err_set(err, PD_ERR_IO, "KV staging pool: cannot page-lock %zu bytes", bytes);
+                return pd_err_set(err, PD_ERR_IO, "KV staging pool: cannot page-lock %zu bytes",
+                                  bytes);
             }
             st->registered = true;
         } else if (be->ops->host_alloc) {
             free(st);
-            return pd_err_set(err, PD_ERR_UNSUPPORTED,
-                              "KV staging pool: this backend cannot page-lock memory it did not allocate");
+            return pd_err_set(
+                err, PD_ERR_UNSUPPORTED,
+                "KV staging pool: this backend cannot page-lock memory it did not allocate");
         }
     } else if (be->ops->host_alloc) {
         st->base = be->ops->host_alloc(be, bytes);
@@ -77,7 +84,8 @@ pd_status pd_kv_staging_init(pd_kv_cache *kv, int num_slots, void *mem, pd_kv_st
     }
     if (!st->base) {
         free(st);
-        return pd_err_set(err, PD_ERR_NOMEM, "KV staging pool: cannot allocate %zu bytes (%d slots) of %shost memory",
+        return pd_err_set(err, PD_ERR_NOMEM,
+                          "KV staging pool: cannot allocate %zu bytes (%d slots) of %shost memory",
                           bytes, num_slots, be->ops->host_alloc ? "page-locked " : "");
     }
     st->free_list = pd_xmalloc((size_t)num_slots * sizeof *st->free_list);
@@ -105,10 +113,18 @@ void pd_kv_staging_free(pd_kv_staging **st_p) {
     *st_p = NULL;
 }
 
-void *pd_kv_staging_base(const pd_kv_staging *st) { return st->base; }
-size_t pd_kv_staging_bytes(const pd_kv_staging *st) { return (size_t)st->num_slots * st->slot_bytes; }
-int pd_kv_staging_num_slots(const pd_kv_staging *st) { return st->num_slots; }
-int pd_kv_staging_num_free(const pd_kv_staging *st) { return st->n_free; }
+void *pd_kv_staging_base(const pd_kv_staging *st) {
+    return st->base;
+}
+size_t pd_kv_staging_bytes(const pd_kv_staging *st) {
+    return (size_t)st->num_slots * st->slot_bytes;
+}
+int pd_kv_staging_num_slots(const pd_kv_staging *st) {
+    return st->num_slots;
+}
+int pd_kv_staging_num_free(const pd_kv_staging *st) {
+    return st->n_free;
+}
 
 void *pd_kv_staging_slot_ptr(pd_kv_staging *st, int slot) {
     PD_ASSERT(slot >= 0 && slot < st->num_slots);
@@ -155,7 +171,8 @@ static void stage_on_rank(void *arg, int rank) {
     pd_backend *be = kv->m->ranks[rank].be;
     size_t bb = pd_kv_cache_block_bytes(kv);
     for (int i = 0, e; i < j->n; i = e) {
-        for (e = i + 1; e < j->n && j->blocks[e] == j->blocks[e - 1] + 1 && (!j->st || j->slots[e] == j->slots[e - 1] + 1);
+        for (e = i + 1; e < j->n && j->blocks[e] == j->blocks[e - 1] + 1 &&
+                        (!j->st || j->slots[e] == j->slots[e - 1] + 1);
              e++)
             ;
         size_t bytes = (size_t)(e - i) * bb;
@@ -169,18 +186,22 @@ static void stage_on_rank(void *arg, int rank) {
     }
 }
 
-static pd_status stage(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks, const int *slots, int n, bool in,
-                       pd_err *err) {
+static pd_status stage(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks, const int *slots,
+                       int n, bool in, pd_err *err) {
     if (!st && kv->be->ops->host_alloc)
-        return pd_err_set(err, PD_ERR_INVALID, "KV cache: device memory moves through a staging pool (none given)");
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "KV cache: device memory moves through a staging pool (none given)");
     if (st && (!slots || st->slot_bytes != pd_kv_cache_block_bytes(kv)))
-        return pd_err_set(err, PD_ERR_INVALID, "KV cache: %s", !slots ? "no slots given" : "staging slots of another size");
+        return pd_err_set(err, PD_ERR_INVALID, "KV cache: %s",
+                          !slots ? "no slots given" : "staging slots of another size");
     for (int i = 0; i < n; i++) {
         if (blocks[i] < 0 || blocks[i] >= kv->num_blocks)
-            return pd_err_set(err, PD_ERR_INVALID, "KV cache: block %d outside the cache (%d blocks)", blocks[i],
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "KV cache: block %d outside the cache (%d blocks)", blocks[i],
                               kv->num_blocks);
         if (st && (slots[i] < 0 || slots[i] >= st->num_slots))
-            return pd_err_set(err, PD_ERR_INVALID, "KV staging pool: slot %d outside the pool (%d slots)", slots[i],
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "KV staging pool: slot %d outside the pool (%d slots)", slots[i],
                               st->num_slots);
     }
     if (n <= 0 || (!st && (!in || kv->m->n_ranks == 1)))
@@ -190,12 +211,12 @@ static pd_status stage(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks, co
     return PD_OK;
 }
 
-pd_status pd_kv_cache_stage_out(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks, const int *slots, int n,
-                                pd_err *err) {
+pd_status pd_kv_cache_stage_out(pd_kv_cache *kv, pd_kv_staging *st, const int *blocks,
+                                const int *slots, int n, pd_err *err) {
     return stage(kv, st, blocks, slots, n, false, err);
 }
 
-pd_status pd_kv_cache_stage_in(pd_kv_cache *kv, pd_kv_staging *st, const int *slots, const int *blocks, int n,
-                               pd_err *err) {
+pd_status pd_kv_cache_stage_in(pd_kv_cache *kv, pd_kv_staging *st, const int *slots,
+                               const int *blocks, int n, pd_err *err) {
     return stage(kv, st, blocks, slots, n, true, err);
 }

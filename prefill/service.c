@@ -264,7 +264,8 @@ static void send_blocks(prefill_svc *p, job *j) {
     j->t_stage += t1 - t0;
     pd_kvx_iov *iov = pd_xmalloc((size_t)n * sizeof *iov);
     for (int i = 0; i < n; i++) {
-        iov[i].local = p->staging ? pd_kv_staging_slot_ptr(p->staging, pb->slots[i]) : p->kv_host + (size_t)blocks[i] * bb;
+        iov[i].local = p->staging ? pd_kv_staging_slot_ptr(p->staging, pb->slots[i])
+                                  : p->kv_host + (size_t)blocks[i] * bb;
         iov[i].remote_offset = (uint64_t)j->msg->block_ids[j->blocks_sent + i] * bb;
         iov[i].bytes = bb;
     }

@@ -106,7 +106,8 @@ static void test_allocator(void **state) {
     /* every slot is its own block-sized piece of the pool */
     for (int s = 0; s < SLOTS; s++)
         assert_ptr_equal(pd_kv_staging_slot_ptr(st, s),
-                         (char *)pd_kv_staging_base(st) + (size_t)s * pd_kv_cache_block_bytes(f.kv));
+                         (char *)pd_kv_staging_base(st) +
+                             (size_t)s * pd_kv_cache_block_bytes(f.kv));
     int neg[1];
     assert_int_equal(pd_kv_staging_alloc(st, -1, neg), PD_ERR_LIMIT);
     pd_kv_staging_free(&st);
@@ -133,7 +134,8 @@ static void round_trip(bool borrowed) {
     if (borrowed)
         assert_ptr_equal(pd_kv_staging_base(st), mem);
     /* sources: runs and gaps; slots: a run, then scattered */
-    int src[N] = {3, 4, 5, 9, 20, 21}, dst[N] = {30, 0, 1, 2, 17, 11}, slots[N] = {2, 3, 4, 7, 0, 5};
+    int src[N] = {3, 4, 5, 9, 20, 21}, dst[N] = {30, 0, 1, 2, 17, 11},
+        slots[N] = {2, 3, 4, 7, 0, 5};
     for (int i = 0; i < N; i++) {
         unsigned char *p = pd_kv_cache_block_ptr(f.kv, src[i]);
         for (size_t k = 0; k < bb; k++)
@@ -141,10 +143,12 @@ static void round_trip(bool borrowed) {
     }
     assert_int_equal(pd_kv_cache_stage_out(f.kv, st, src, slots, N, &err), PD_OK);
     for (int i = 0; i < N; i++)
-        assert_memory_equal(pd_kv_staging_slot_ptr(st, slots[i]), pd_kv_cache_block_ptr(f.kv, src[i]), bb);
+        assert_memory_equal(pd_kv_staging_slot_ptr(st, slots[i]),
+                            pd_kv_cache_block_ptr(f.kv, src[i]), bb);
     assert_int_equal(pd_kv_cache_stage_in(f.kv, st, slots, dst, N, &err), PD_OK);
     for (int i = 0; i < N; i++)
-        assert_memory_equal(pd_kv_cache_block_ptr(f.kv, dst[i]), pd_kv_cache_block_ptr(f.kv, src[i]), bb);
+        assert_memory_equal(pd_kv_cache_block_ptr(f.kv, dst[i]),
+                            pd_kv_cache_block_ptr(f.kv, src[i]), bb);
     /* errors: a block or a slot out of range, no slots with a pool */
     int bad_block[1] = {32}, bad_slot[1] = {SLOTS}, ok[1] = {0};
     assert_int_equal(pd_kv_cache_stage_out(f.kv, st, bad_block, ok, 1, &err), PD_ERR_INVALID);

@@ -295,8 +295,8 @@ static void kv_blocks_to_tp(bool staged) {
         trace ta = {la, 1, 1, {0}, 0}, tb = {lb, 1, 1, {0}, 0};
         double e = trace_cmp(&tb, &ta, V);
         if (!(e <= 1e-5))
-            fail_msg("%s: decode step %d after the transfer: normalised error %.3g > 1e-5", staged ? "staged" : "unstaged",
-                     s, e);
+            fail_msg("%s: decode step %d after the transfer: normalised error %.3g > 1e-5",
+                     staged ? "staged" : "unstaged", s, e);
         tok_a = argmax(la, V);
         tok_b = argmax(lb, V);
         assert_int_equal(tok_a, tok_b);

@@ -20,7 +20,10 @@ Checks:
   retried one at a time, every refused one then succeeds with the
   unstaged text;
 - no slot leaks: afterwards, prompts needing 9 of the 10 slots succeed one
-  after another.
+  after another;
+- PD_KV_HOST_POOL=ucx (the decode replica's staging pool allocated by UCX
+  in shared memory) still works: a third staged stack with it gives the
+  unstaged text too.
 """
 import json, os, random, subprocess, threading, time
 
@@ -36,8 +39,8 @@ THRESHOLD = 12
 class Stack:
     """A gateway, one prefill and one decode replica, each its own process."""
 
-    def __init__(self, tmp, model, name, staged):
-        self.tmp, self.model, self.name = tmp, model, name
+    def __init__(self, tmp, model, name, staged, env=None):
+        self.tmp, self.model, self.name, self.env = tmp, model, name, env
         self.port = free_port_pair()
         self.ctrl = f"tcp://127.0.0.1:{self.port + 1}"
         self.procs = []
@@ -57,7 +60,8 @@ class Stack:
     def start(self, role, args):
         path = os.path.join(self.tmp, f"{self.name}-{role}.log")
         log = open(path, "w")
-        self.procs.append(subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT))
+        env = dict(os.environ, **self.env) if self.env else None
+        self.procs.append(subprocess.Popen([BIN] + args, stdout=log, stderr=subprocess.STDOUT, env=env))
         self.logs.append(path)
 
     def log(self, role):
@@ -93,12 +97,15 @@ def main():
     tmp, model = tiny_model()
     plain = Stack(tmp, model, "plain", staged=False)
     staged = Stack(tmp, model, "staged", staged=True)
+    ucx = Stack(tmp, model, "ucx", staged=True, env={"PD_KV_HOST_POOL": "ucx"})
     try:
-        if not (check(plain.wait_ready(), "unstaged stack ready") and check(staged.wait_ready(), "staged stack ready")):
+        if not (check(plain.wait_ready(), "unstaged stack ready") and check(staged.wait_ready(), "staged stack ready")
+                and check(ucx.wait_ready(), "staged stack with PD_KV_HOST_POOL=ucx ready")):
             return
         check(f"KV staging pool: {DECODE_SLOTS} slots" in staged.log("decode"), "the decode replica stages KV")
         check(f"KV staging pool: {PREFILL_SLOTS} slots" in staged.log("prefill"), "the prefill replica stages KV")
         check("KV staging pool" not in plain.log("decode") + plain.log("prefill"), "the unstaged stack does not")
+        check("allocated by UCX" in ucx.log("decode"), "PD_KV_HOST_POOL=ucx: the decode replica's pool is UCX's")
         rng = random.Random(11)
         # ---- sequential: every length from just over the threshold to the whole decode pool ----
         for n in (THRESHOLD + 1, 17, 24, 25, 33, DECODE_SLOTS * BLOCK):
@@ -109,6 +116,8 @@ def main():
                 what = f"len {n} {'greedy' if seed is None else 'seed ' + str(seed)}"
                 if check(st0 == 200 and st1 == 200, f"{what}: status {st0} / {st1} ({text!r})"):
                     check(text == ref, f"{what}: staged {text!r} == unstaged {ref!r}")
+                st2, text = ucx.complete(ids, seed)
+                check(st2 == 200 and text == ref, f"{what}: PD_KV_HOST_POOL=ucx {st2} {text!r} == unstaged")
         # ---- more blocks than the decode pool has slots: refused at once ----
         ids = [rng.randrange(3, 120000) for _ in range(DECODE_SLOTS * BLOCK + 1)]
         t0 = time.time()
@@ -148,6 +157,7 @@ def main():
     finally:
         plain.stop()
         staged.stop()
+        ucx.stop()
         logs = staged.log("decode") + staged.log("prefill") + staged.log("gateway")
         check("Sanitizer" not in logs and "runtime error" not in logs and "assertion failed" not in logs,
               "no sanitizer report or failed assertion in the staged stack's logs")
