@@ -19,13 +19,16 @@ Checks:
   naming the staging slots (no hang, no wrong text), at least one refused;
   retried one at a time, every refused one then succeeds with the
   unstaged text;
+- clients that disconnect while their long prompt is being prefilled (the
+  Abort path: the reservation released, its slots quarantined until the
+  prefill replica's aborted KvComplete, its cache blocks freed at once);
 - no slot leaks: afterwards, prompts needing 9 of the 10 slots succeed one
   after another;
 - PD_KV_HOST_POOL=ucx (the decode replica's staging pool allocated by UCX
   in shared memory) still works: a third staged stack with it gives the
   unstaged text too.
 """
-import json, os, random, subprocess, threading, time
+import json, os, random, socket, subprocess, threading, time
 
 from pdtest import BIN, check, failures, finish, free_port_pair, metric, metrics, request, stop_procs, tiny_model
 
@@ -150,6 +153,15 @@ def main():
         for i in refused:
             st, text = staged.complete(prompts[i])
             check(st == 200 and text == refs[i], f"retried {i}: {st} {text!r} == {refs[i]!r}")
+        # ---- clients gone mid-prefill: the Abort path frees the slots ----
+        for k in range(3):
+            s = socket.create_connection(("127.0.0.1", staged.port))
+            body = json.dumps({"model": "tiny", "prompt": prompts[k], "max_tokens": 8, "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(0.05 + 0.05 * k)
+            s.close()
+        time.sleep(1.5)
         # ---- no slot leaked: 9 of 10 slots, again and again ----
         for k in range(6):
             st, text = staged.complete(prompts[k % 4])
