@@ -33,6 +33,10 @@
 #   pprof     v2-lite cut to 2 and 4 layers: 1K and 8K prefills of each, then ncu's kernel durations of
 #             the 4-layer model's 8K prefill (attention variant PPROF_VARIANT, default flash) summed by
 #             kernel (ncu_summary.py --last 0)  -> pprof.md
+#   trace     (needs v2-lite) the CUPTI timeline (cupti_trace.c, preloaded) of the whole v2-lite's 8K prefill
+#             (attention TRACE_VARIANT, default flash; settings TRACE_ENV) and of decode steps at batch
+#             1 and 32 / 1K, summarised by trace_summary.py: GPU busy against idle, kernels by time,
+#             the idle gaps and what the host did in them                        -> trace.md
 #   sample    bench_sample: sample_rows on the GPU against download + host sampler, vocab 102400 -> sample.md
 #   plan      pdserve up on tiny with --gpu-memory-utilization 0.3 (the KV cache planned on the GPU), a short and a
 #             long completion                                                    -> plan.log
@@ -73,7 +77,7 @@ V2=${TMPDIR:-/tmp}/v2lite
 MKPID=
 # A warm machine keeps /tmp: a later call reuses the checkpoint an earlier one wrote.
 [ -e "$V2/config.json" ] && echo "v2-lite already in $V2" >"$O/mkmodel.log" ||
-case " $* " in *" v2lite "* | *" tp "* | *" ep "* | *" service "* | *" prefill "* | *" startup "*)
+case " $* " in *" v2lite "* | *" trace "* | *" tp "* | *" ep "* | *" service "* | *" prefill "* | *" startup "*)
     ( t0=$(date +%s); "$C/bin/pdserve" mkmodel --preset v2-lite --seed 1 --out "$V2" >"$O/mkmodel.log" 2>&1
       echo "mkmodel: $? after $(($(date +%s) - t0)) s" >>"$O/mkmodel.log" ) &
     MKPID=$!
@@ -111,6 +115,20 @@ for what in "$@"; do
         done
         f=generate.log ;;
     bench) timeout 300 "$C/bin/bench_cuda" >"$O/bench.md" 2>&1 || rc=1; f=bench.md ;;
+    trace)
+        wait "$MKPID" 2>/dev/null
+        P=$O/trace.md
+        : >"$P"
+        echo "## 8K prefill, whole v2-lite (${TRACE_ENV:-defaults})" >>"$P"
+        env ${TRACE_ENV:-PD_TRACE_X=} PD_TRACE_OUT="$PD_BUILD_DIR/tp.csv" LD_PRELOAD="$C/lib/libpdtrace.so" timeout 200 \
+            "$C/bin/bench_prefill" "$V2" --prompts 8192 --variants "${TRACE_VARIANT:-flash}" >>"$P" 2>>"$O/trace.err" || rc=1
+        python3 tests/gpu/trace_summary.py "$PD_BUILD_DIR/tp.csv" --windows 1 --gap-us 5 >>"$P" 2>&1 || rc=1
+        echo "## decode steps, whole v2-lite, 1K: batch 1 then 32" >>"$P"
+        env ${TRACE_ENV:-PD_TRACE_X=} PD_TRACE_OUT="$PD_BUILD_DIR/ts.csv" LD_PRELOAD="$C/lib/libpdtrace.so" timeout 200 \
+            "$C/bin/bench_step" "$V2" --batches 1,32 --contexts 1024 --variants fast >>"$P" 2>>"$O/trace.err" || rc=1
+        python3 tests/gpu/trace_summary.py "$PD_BUILD_DIR/ts.csv" --gap-us 2 --top 40 --by-grid --labels "batch 1,batch 32" >>"$P" 2>&1 || rc=1
+        rm -f "$PD_BUILD_DIR/tp.csv" "$PD_BUILD_DIR/ts.csv"
+        cat "$P"; tail -5 "$O/trace.err"; f=trace.md ;;
     sample) timeout 300 "$C/bin/bench_sample" ${SAMPLE_ARGS:-} >"$O/sample.md" 2>&1 || rc=1; cat "$O/sample.md"; f=sample.md ;;
     v2lite)
         wait "$MKPID"
