@@ -125,6 +125,34 @@ void *cu_scratch_upload(cu_ctx *c, int slot, const void *host, size_t bytes) {
     return d;
 }
 
+void *cu_host_scratch(cu_ctx *c, int slot, size_t bytes) {
+    if (c->hscr[slot].pending) {
+        if (!CU_OK(c, cudaEventSynchronize(c->hscr[slot].done)))
+            return NULL;
+        c->hscr[slot].pending = false;
+    }
+    if (c->hscr[slot].bytes >= bytes && c->hscr[slot].p)
+        return c->hscr[slot].p;
+    if (c->hscr[slot].p)
+        cudaFreeHost(c->hscr[slot].p);
+    c->hscr[slot].p = NULL;
+    c->hscr[slot].bytes = 0;
+    size_t want = (bytes + bytes / 4 + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    if (!c->hscr[slot].done && !CU_OK(c, cudaEventCreateWithFlags(&c->hscr[slot].done, cudaEventDisableTiming)))
+        return NULL;
+    if (!CU_OK(c, cudaHostAlloc(&p, want, cudaHostAllocDefault)))
+        return NULL;
+    c->hscr[slot].p = p;
+    c->hscr[slot].bytes = want;
+    return p;
+}
+
+void cu_host_scratch_queued(cu_ctx *c, int slot) {
+    if (c->hscr[slot].done && CU_OK(c, cudaEventRecord(c->hscr[slot].done, c->stream)))
+        c->hscr[slot].pending = true;
+}
+
 const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n) {
     cu_wtable *t = NULL;
     for (int i = 0; i < c->n_wtabs; i++)
@@ -272,6 +300,12 @@ static void cu_destroy(pd_backend *be) {
     for (int i = 0; i < CU_SCR_COUNT; i++)
         if (c->scr[i].p)
             cudaFree(c->scr[i].p);
+    for (int i = 0; i < CU_HSCR_COUNT; i++) {
+        if (c->hscr[i].p)
+            cudaFreeHost(c->hscr[i].p);
+        if (c->hscr[i].done)
+            cudaEventDestroy(c->hscr[i].done);
+    }
     cu_gemm_plans_free(c);
     cudaFree(c->lt_ws);
     free(c->allocs);
@@ -378,6 +412,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->gemm_exact_plans = gp && !strcmp(gp, "exact");
         const char *mr = getenv("PD_MOE_ROWS");
         c->moe_f32_rows = mr && !strcmp(mr, "f32");
+        const char *mh = getenv("PD_MOE_PLAN");
+        c->moe_host_plan = mh && !strcmp(mh, "host");
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));

@@ -39,6 +39,17 @@ enum {
     CU_SCR_COUNT
 };
 
+/* Page-locked host scratch, one per use: copies to and from it are DMA in
+ * stream order, and a buffer stays allocated from one call to the next (a
+ * fresh malloc of hundreds of KB costs its page faults every call: 0.6 ms
+ * a MoE layer of an 8K prefill, measured). cu_host_scratch waits for the
+ * copies queued from the buffer since its last cu_host_scratch_queued. */
+enum {
+    CU_HSCR_MOE_IDS,  /* prefill MoE: route ids and weights downloaded [n] + [n], or the plan's counts [E + 2] */
+    CU_HSCR_MOE_PLAN, /* prefill MoE: the host plan, uploaded (moe.cu moe_plan) */
+    CU_HSCR_COUNT
+};
+
 /* Device tables of expert weight pointers, one per array of pd_weight the
  * model passes (one per layer and kind), made on first use and checked
  * against the host pointers on every use. */
@@ -72,6 +83,12 @@ typedef struct {
         void *p;
         size_t bytes;
     } scr[CU_SCR_COUNT];
+    struct {
+        void *p;
+        size_t bytes;
+        cudaEvent_t done; /* recorded after the last copy queued that reads p */
+        bool pending;
+    } hscr[CU_HSCR_COUNT];
     uint64_t scr_gen;   /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
     bool capturing;     /* between graph_begin and graph_end */
     bool graphs_off;    /* PD_CUDA_GRAPHS=0, or a recording failed */
@@ -83,6 +100,7 @@ typedef struct {
     int mla_prefill_chunk;       /* its queries per chunk; 0: sized by CU_MLA_PREFILL_SCRATCH */
     bool mla_prefill_flash;      /* expanded MLA by the fused kernel (mla_flash.cu; PD_MLA_PREFILL=flash) */
     bool gemm_exact_plans;       /* PD_CUDA_GEMM_PLANS=exact: a cuBLASLt plan per exact M (gemm.cu plan_bucket) */
+    bool moe_host_plan;          /* PD_MOE_PLAN=host: the prefill MoE's plan made on the host (A/B runs) */
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
@@ -127,6 +145,14 @@ bool cu_blas_check(cu_ctx *c, cublasStatus_t s, const char *what, const char *fi
 void *cu_scratch(cu_ctx *c, int slot, size_t bytes);
 /* Copies host bytes into scratch slot `slot`; returns the device copy or NULL. */
 void *cu_scratch_upload(cu_ctx *c, int slot, const void *host, size_t bytes);
+/* Page-locked host scratch slot `slot` (CU_HSCR_*) of at least `bytes`,
+ * once every copy queued from it before (cu_host_scratch_queued) is done;
+ * grows by cudaHostAlloc, never shrinks; freed with the backend. NULL
+ * (error recorded) when the allocation fails. */
+void *cu_host_scratch(cu_ctx *c, int slot, size_t bytes);
+/* Marks that copies reading host scratch `slot` are queued on the stream:
+ * the next cu_host_scratch of the slot waits for them. */
+void cu_host_scratch_queued(cu_ctx *c, int slot);
 
 /* Weight element loads: fp32 or bf16 storage, fp32 arithmetic. */
 __device__ __forceinline__ float cu_ldw(const float *p, size_t i) {

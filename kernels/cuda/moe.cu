@@ -220,29 +220,56 @@ static __global__ void k_moe_gather(int hidden, const int *__restrict__ src_row,
 }
 
 /* xin[j] = bf16(x[src_row[j]]): the rows of bf16 experts rounded once,
- * as cu_gemm_run would round them before each expert's GEMM. */
+ * as cu_gemm_run would round them before each expert's GEMM. Eight values
+ * a thread a step (two 16-byte loads, one 16-byte store) when hidden % 8 ==
+ * 0 (rows then 16-byte aligned); one value a thread otherwise. */
 static __global__ void k_moe_gather_bf16(int hidden, const int *__restrict__ src_row, const float *__restrict__ x,
                                          __nv_bfloat16 *__restrict__ xin) {
-    const float *s = x + (size_t)src_row[blockIdx.x] * hidden;
-    __nv_bfloat16 *d = xin + (size_t)blockIdx.x * hidden;
-    for (int k = threadIdx.x; k < hidden; k += blockDim.x)
-        d[k] = __float2bfloat16_rn(s[k]);
+    if (hidden % 8) { /* rows not 16-byte aligned: one value a thread */
+        const float *s1 = x + (size_t)src_row[blockIdx.x] * hidden;
+        for (int k = threadIdx.x; k < hidden; k += blockDim.x)
+            xin[(size_t)blockIdx.x * hidden + k] = __float2bfloat16_rn(s1[k]);
+        return;
+    }
+    const float4 *s = (const float4 *)(x + (size_t)src_row[blockIdx.x] * hidden);
+    uint4 *d = (uint4 *)(xin + (size_t)blockIdx.x * hidden);
+    for (int k = threadIdx.x; k < hidden / 8; k += blockDim.x) {
+        const float4 a = __ldg(s + 2 * k), b = __ldg(s + 2 * k + 1);
+        __nv_bfloat162 p0 = __floats2bfloat162_rn(a.x, a.y), p1 = __floats2bfloat162_rn(a.z, a.w);
+        __nv_bfloat162 p2 = __floats2bfloat162_rn(b.x, b.y), p3 = __floats2bfloat162_rn(b.z, b.w);
+        d[k] = make_uint4(*(unsigned *)&p0, *(unsigned *)&p1, *(unsigned *)&p2, *(unsigned *)&p3);
+    }
 }
 
 /* act[r, i] = bf16(silu(gu[r, i]) · gu[r, I + i]): SwiGLU (elementwise.cu's
- * k_silu_mul) with its result rounded for the down GEMM. */
+ * k_silu_mul) with its result rounded for the down GEMM; four values a
+ * thread when inter % 4 == 0 and rows · inter / 4 < 2^32 (indexed in 32
+ * bits), else one. */
 static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const float *__restrict__ gu,
                                            __nv_bfloat16 *__restrict__ act) {
-    const size_t n = (size_t)rows * inter;
-    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = k / inter, i = k - r * inter;
-        const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
-        act[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+    if (inter % 4 || (size_t)rows * (inter / 4) >= 0xffffffffu) { /* one value a thread */
+        const size_t n1 = (size_t)rows * inter;
+        for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n1; k += (size_t)gridDim.x * blockDim.x) {
+            const size_t r = k / inter, i = k - r * inter;
+            const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+            act[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+        }
+        return;
+    }
+    const unsigned q4 = (unsigned)inter / 4, n = (unsigned)rows * q4;
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
+        const unsigned r = k / q4, i4 = k - r * q4;
+        const float4 g = __ldg((const float4 *)(gu + (size_t)r * 2 * inter) + i4);
+        const float4 u = __ldg((const float4 *)(gu + (size_t)r * 2 * inter + inter) + i4);
+        __nv_bfloat162 lo = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        *(uint2 *)(act + (size_t)r * inter + 4 * (size_t)i4) = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
     }
 }
 
 /* out[r] += Σ_j tok_w[r, j] · y[tok_pos[r, j]] over the token's top_k
- * routed pairs, in expert order. */
+ * routed pairs, in expert order; four columns a thread when hidden % 4 ==
+ * 0 (rows 16-byte aligned), the top_k rows' loads in flight together. */
 static __global__ void k_moe_combine(int hidden, int top_k, const int *__restrict__ tok_pos,
                                      const float *__restrict__ tok_w, const float *__restrict__ y,
                                      float *__restrict__ out) {
@@ -250,11 +277,27 @@ static __global__ void k_moe_combine(int hidden, int top_k, const int *__restric
     const int r = blockIdx.x;
     const int *pos = tok_pos + (size_t)r * top_k;
     const float *w = tok_w + (size_t)r * top_k;
-    float *o = out + (size_t)r * hidden;
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
-        float acc = o[d];
-        for (int j = 0; j < top_k; j++)
-            acc += w[j] * y[(size_t)pos[j] * hidden + d];
+    if (hidden % 4) { /* one column a thread */
+        float *o1 = out + (size_t)r * hidden;
+        for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
+            float acc = o1[d];
+            for (int j = 0; j < top_k; j++)
+                acc += w[j] * y[(size_t)pos[j] * hidden + d];
+            o1[d] = acc;
+        }
+        return;
+    }
+    float4 *o = (float4 *)(out + (size_t)r * hidden);
+    for (int d = threadIdx.x; d < hidden / 4; d += blockDim.x) {
+        float4 acc = o[d];
+        for (int j = 0; j < top_k; j++) {
+            const float4 v = __ldg((const float4 *)(y + (size_t)pos[j] * hidden) + d);
+            const float wj = w[j];
+            acc.x += wj * v.x;
+            acc.y += wj * v.y;
+            acc.z += wj * v.z;
+            acc.w += wj * v.w;
+        }
         o[d] = acc;
     }
 }
@@ -278,6 +321,70 @@ typedef struct {
     float *tok_w;
     int *off;
 } moe_plan;
+
+/* The experts' work over a plan already in device memory: d_src [n_kept]
+ * (token of each pair, in expert order), d_pos / d_w [rows × top_k] (each
+ * token's pair positions in that order and their weights; 0 / 0 past its
+ * kept pairs); off (host, [n_groups + 1]): off[e]..off[e+1] is expert e's
+ * slice. Gather, gate_up GEMM per expert, SwiGLU, down GEMM per expert,
+ * weighted combine into out. */
+static void moe_run(cu_ctx *c, int rows, int hidden, int inter, const float *x, int top_k, int n_groups,
+                    const int *off, const int *d_src, const int *d_pos, const float *d_w, const pd_weight *gate_up,
+                    const pd_weight *down, float *out) {
+    const int n = rows * top_k, n_kept = off[n_groups];
+    bool ok = true;
+    for (int e = 0; e < n_groups && ok; e++)
+        if (off[e + 1] > off[e] &&
+            (gate_up[e].rows != 2 * inter || gate_up[e].cols != hidden || down[e].rows != hidden ||
+             down[e].cols != inter || !gate_up[e].data || !down[e].data)) {
+            cu_fail(c, PD_ERR_INVALID, "moe_experts: expert %d has gate_up [%d, %d], down [%d, %d]; want [%d, %d], [%d, %d]",
+                    e, gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
+            ok = false;
+        }
+    /* bf16 weights: the rows are rounded to bf16 once, by the gather and by
+     * SwiGLU, and every expert's GEMM reads them as they are (the same
+     * numbers as rounding before each GEMM, two launches instead of one per
+     * GEMM); PD_MOE_ROWS=f32 keeps the fp32 rows, for A/B runs */
+    const bool rows16 = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->moe_f32_rows;
+    const size_t esz = rows16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    void *xin = ok ? cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * esz) : NULL;
+    float *gu = ok ? (float *)cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * sizeof(float)) : NULL;
+    void *act = ok ? cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * esz) : NULL;
+    float *y = ok ? (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float)) : NULL;
+    ok = ok && xin && gu && act && y;
+    if (ok && rows16) {
+        k_moe_gather_bf16<<<n_kept, 256, 0, c->stream>>>(hidden, d_src, x, (__nv_bfloat16 *)xin);
+        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe gather");
+    } else if (ok) {
+        ok = CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, (float *)xin, c->stream), "moe gather");
+    }
+    for (int e = 0; e < n_groups && ok; e++) {
+        int o = off[e], m = off[e + 1] - o;
+        if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
+                                  (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter, false);
+        else if (m)
+            ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter,
+                             false);
+    }
+    if (ok && rows16) {
+        k_moe_silu_mul_bf16<<<cu_blocks((size_t)n_kept * inter, 256, 16384), 256, 0, c->stream>>>(
+            n_kept, inter, gu, (__nv_bfloat16 *)act);
+        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe silu_mul");
+    } else if (ok) {
+        ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, (float *)act, c->stream), "moe silu_mul");
+    }
+    for (int e = 0; e < n_groups && ok; e++) {
+        int o = off[e], m = off[e + 1] - o;
+        if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
+                                  (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden, false);
+        else if (m)
+            ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
+    }
+    if (ok)
+        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");
+}
 
 void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
                     const float *weights, int top_k, const pd_weight *gate_up, const pd_weight *down, float *out) {
@@ -304,11 +411,9 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
     /* one host block: src_row[n] | tok_pos[n] | tok_w[n] (uploaded together),
      * then off[max_e + 2] | next[max_e + 1] | pair[n] | cnt[rows] */
     size_t hb_bytes = (size_t)n * 12 + ((size_t)2 * max_e + 3 + n + rows) * sizeof(int);
-    char *hb = (char *)malloc(hb_bytes);
-    if (!hb) {
-        cu_fail(c, PD_ERR_NOMEM, "moe_experts: out of host memory for %d pairs", n);
+    char *hb = (char *)cu_host_scratch(c, CU_HSCR_MOE_PLAN, hb_bytes); /* page-locked, kept between calls */
+    if (!hb)
         return;
-    }
     moe_plan pl = {(int *)hb, (int *)hb + n, (float *)((int *)hb + 2 * n), (int *)(hb + (size_t)n * 12)};
     int *next = pl.off + max_e + 2, *pair = next + max_e + 1, *cnt = pair + n;
     for (int e = 0; e <= max_e + 1; e++)
@@ -342,63 +447,197 @@ void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float
             pl.tok_pos[r * top_k + j] = 0;
             pl.tok_w[r * top_k + j] = 0.0f;
         }
-    bool ok = true;
-    for (int e = 0; e <= max_e && ok; e++)
-        if (pl.off[e + 1] > pl.off[e] &&
-            (gate_up[e].rows != 2 * inter || gate_up[e].cols != hidden || down[e].rows != hidden ||
-             down[e].cols != inter || !gate_up[e].data || !down[e].data)) {
-            cu_fail(c, PD_ERR_INVALID, "moe_experts: expert %d has gate_up [%d, %d], down [%d, %d]; want [%d, %d], [%d, %d]",
-                    e, gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
-            ok = false;
+    int *didx = (int *)cu_scratch_upload(c, CU_SCR_MOE_IDX, hb, (size_t)n * 12);
+    if (!didx)
+        return;
+    cu_host_scratch_queued(c, CU_HSCR_MOE_PLAN); /* the upload reads hb: the next call waits for it */
+    moe_run(c, rows, hidden, inter, x, top_k, max_e + 1, pl.off, didx, didx + n, (const float *)(didx + 2 * n),
+            gate_up, down, out);
+}
+
+/* ---- the prefill MoE's plan on the GPU ---------------------------------
+ *
+ * The same tables as cu_moe_experts' host plan (src_row in expert order,
+ * index order within an expert; each token's slots in that order), made
+ * by four small kernels over the route's ids where they are, so that the
+ * host waits only for the E + 2 counts it needs to launch one GEMM per
+ * expert (downloading the ids and planning on the host left the GPU idle
+ * ~1.3 ms a MoE layer of an 8K prefill, measured with cupti_trace.c).
+ * Pairs go MP_PAIRS a block; a block's warps take MP_PAIRS / MP_WARPS
+ * consecutive pairs each, 32 at a time. */
+#define MP_WARPS 8
+#define MP_PAIRS 2048
+#define MP_MAX_TOPK 8
+
+/* bcnt[b][e] = pairs of block b routed to expert e (e < E); bcnt[b][E] = ids
+ * outside [-1, E) (an error the host reports). */
+static __global__ void __launch_bounds__(MP_WARPS * 32)
+    k_mp_count(int n, int E, const int32_t *__restrict__ ids, int *__restrict__ bcnt) {
+    extern __shared__ int mp_sm[]; /* [E + 1] */
+    for (int e = threadIdx.x; e <= E; e += blockDim.x)
+        mp_sm[e] = 0;
+    __syncthreads();
+    const int k0 = blockIdx.x * MP_PAIRS, k1 = min(n, k0 + MP_PAIRS);
+    for (int k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+        const int e = ids[k];
+        if (e >= 0 && e < E)
+            atomicAdd(&mp_sm[e], 1);
+        else if (e != -1)
+            atomicAdd(&mp_sm[E], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x)
+        bcnt[(size_t)blockIdx.x * (E + 1) + e] = mp_sm[e];
+}
+
+/* One block: off[e] = Σ_{e' < e} pairs of e' (off[E] = kept pairs), off[E +
+ * 1] = invalid ids; bbase[b][e] = off[e] + Σ_{b' < b} bcnt[b'][e]. */
+static __global__ void k_mp_scan(int nb, int E, const int *__restrict__ bcnt, int *__restrict__ bbase,
+                                 int *__restrict__ off) {
+    extern __shared__ int mp_sm[]; /* [E + 1] totals */
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+        int run = 0;
+        for (int b = 0; b < nb; b++) {
+            bbase[(size_t)b * (E + 1) + e] = run;
+            run += bcnt[(size_t)b * (E + 1) + e];
         }
-    /* bf16 weights: the rows are rounded to bf16 once, by the gather and by
-     * SwiGLU, and every expert's GEMM reads them as they are (the same
-     * numbers as rounding before each GEMM, two launches instead of one per
-     * GEMM); PD_MOE_ROWS=f32 keeps the fp32 rows, for A/B runs */
-    const bool rows16 = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->moe_f32_rows;
-    const size_t esz = rows16 ? sizeof(__nv_bfloat16) : sizeof(float);
-    int *didx = ok ? (int *)cu_scratch_upload(c, CU_SCR_MOE_IDX, hb, (size_t)n * 12) : NULL;
-    void *xin = ok ? cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * esz) : NULL;
-    float *gu = ok ? (float *)cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * sizeof(float)) : NULL;
-    void *act = ok ? cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * esz) : NULL;
-    float *y = ok ? (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float)) : NULL;
-    ok = didx && xin && gu && act && y;
-    const int *d_src = didx, *d_pos = didx + n;
-    const float *d_w = (const float *)(didx + 2 * n);
-    if (ok && rows16) {
-        k_moe_gather_bf16<<<n_kept, 256, 0, c->stream>>>(hidden, d_src, x, (__nv_bfloat16 *)xin);
-        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe gather");
-    } else if (ok) {
-        ok = CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, (float *)xin, c->stream), "moe gather");
+        mp_sm[e] = run;
     }
-    for (int e = 0; e <= max_e && ok; e++) {
-        int o = pl.off[e], m = pl.off[e + 1] - o;
-        if (m && rows16)
-            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
-                                  (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter, false);
-        else if (m)
-            ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter,
-                             false);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < E; e++) {
+            const int t = mp_sm[e];
+            mp_sm[e] = run;
+            run += t;
+        }
+        off[E + 1] = mp_sm[E];
+        mp_sm[E] = run;
+        for (int e = 0; e <= E; e++)
+            off[e] = mp_sm[e];
     }
-    if (ok && rows16) {
-        k_moe_silu_mul_bf16<<<cu_blocks((size_t)n_kept * inter, 256, 16384), 256, 0, c->stream>>>(
-            n_kept, inter, gu, (__nv_bfloat16 *)act);
-        ok = CU_LAUNCHED(c, cudaGetLastError(), "moe silu_mul");
-    } else if (ok) {
-        ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, (float *)act, c->stream), "moe silu_mul");
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int b = 0; b < nb; b++)
+            bbase[(size_t)b * (E + 1) + e] += mp_sm[e];
+}
+
+/* src_row[j] = the token of pair k and jpos[k] = j, j its place in expert
+ * order (jpos -1: dropped or invalid). Stable: a warp's pairs of one expert
+ * get consecutive places in index order (__match_any_sync ranks the lanes
+ * of a step), after the earlier warps' and blocks'. */
+static __global__ void __launch_bounds__(MP_WARPS * 32)
+    k_mp_assign(int n, int E, int top_k, const int32_t *__restrict__ ids, const int *__restrict__ bbase,
+                int *__restrict__ src_row, int *__restrict__ jpos) {
+    extern __shared__ int mp_sm[]; /* wcnt [MP_WARPS][E], then run [MP_WARPS][E] */
+    int *wcnt = mp_sm, *run = mp_sm + MP_WARPS * E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < MP_WARPS * E; i += blockDim.x)
+        wcnt[i] = 0;
+    __syncthreads();
+    constexpr int WP = MP_PAIRS / MP_WARPS;
+    const int k0 = blockIdx.x * MP_PAIRS + warp * WP, k1 = min(n, k0 + WP);
+    for (int k = k0 + lane; k < k1; k += 32) {
+        const int e = ids[k];
+        if (e >= 0 && e < E)
+            atomicAdd(&wcnt[warp * E + e], 1);
     }
-    for (int e = 0; e <= max_e && ok; e++) {
-        int o = pl.off[e], m = pl.off[e + 1] - o;
-        if (m && rows16)
-            ok = cu_gemm_bf16_run(c, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
-                                  (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden, false);
-        else if (m)
-            ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int base = bbase[(size_t)blockIdx.x * (E + 1) + e];
+        for (int w = 0; w < MP_WARPS; w++) {
+            run[w * E + e] = base;
+            base += wcnt[w * E + e];
+        }
     }
-    if (ok)
-        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");
-    /* the upload above has left hb (pageable copy), so it can go now */
-    free(hb);
+    __syncthreads();
+    for (int kb = k0; kb < k1; kb += 32) {
+        const int k = kb + lane;
+        const int e = k < k1 ? ids[k] : -1;
+        const bool kept = e >= 0 && e < E;
+        const unsigned act = __ballot_sync(0xffffffffu, kept);
+        if (kept) {
+            const unsigned m = __match_any_sync(act, e);
+            const int j = run[warp * E + e] + __popc(m & ((1u << lane) - 1u));
+            src_row[j] = k / top_k;
+            jpos[k] = j;
+            __syncwarp(act);
+            if (lane == __ffs(m) - 1)
+                run[warp * E + e] += __popc(m);
+        } else if (k < k1) {
+            jpos[k] = -1;
+        }
+        __syncwarp();
+    }
+}
+
+/* A token's kept pairs in expert order (ascending j) into its top_k slots:
+ * tok_pos = j, tok_w = its weight; 0 / 0 after them. */
+static __global__ void k_mp_tokens(int rows, int top_k, const int *__restrict__ jpos, const float *__restrict__ weights,
+                                   int *__restrict__ tok_pos, float *__restrict__ tok_w) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    int js[MP_MAX_TOPK];
+    float ws[MP_MAX_TOPK];
+    int c = 0;
+    for (int i = 0; i < top_k; i++) {
+        const int j = jpos[(size_t)r * top_k + i];
+        if (j < 0)
+            continue;
+        const float w = weights[(size_t)r * top_k + i];
+        int s = c++;
+        for (; s > 0 && js[s - 1] > j; s--) {
+            js[s] = js[s - 1];
+            ws[s] = ws[s - 1];
+        }
+        js[s] = j;
+        ws[s] = w;
+    }
+    for (int s = 0; s < top_k; s++) {
+        tok_pos[(size_t)r * top_k + s] = s < c ? js[s] : 0;
+        tok_w[(size_t)r * top_k + s] = s < c ? ws[s] : 0.0f;
+    }
+}
+
+/* The plan of n = rows × top_k pairs on the GPU, then the experts (moe_run).
+ * Returns false, with nothing queued, when this path cannot take the call
+ * (the caller plans on the host); errors are recorded in c. */
+static bool moe_experts_device_plan(cu_ctx *c, int rows, int hidden, int inter, const float *x, const int32_t *ids,
+                                    const float *weights, int top_k, int E, const pd_weight *gate_up,
+                                    const pd_weight *down, float *out) {
+    const size_t n = (size_t)rows * top_k;
+    const int nb = (int)((n + MP_PAIRS - 1) / MP_PAIRS);
+    const size_t smem = (size_t)2 * MP_WARPS * E * sizeof(int);
+    if (top_k > MP_MAX_TOPK || n > (size_t)INT32_MAX / 4 || smem > c->smem_optin || c->moe_host_plan)
+        return false;
+    /* CU_SCR_MOE_IDX: src_row [n] | tok_pos [n] | tok_w [n] | jpos [n] | bcnt, bbase [nb][E + 1] | off [E + 2] */
+    int *t = (int *)cu_scratch(c, CU_SCR_MOE_IDX, (4 * n + 2 * (size_t)nb * (E + 1) + E + 2) * sizeof(int));
+    int *hoff = (int *)cu_host_scratch(c, CU_HSCR_MOE_IDS, (size_t)(E + 2) * sizeof(int));
+    if (!t || !hoff)
+        return true;
+    int *src_row = t, *tok_pos = t + n, *jpos = t + 3 * n, *bcnt = t + 4 * n, *bbase = bcnt + (size_t)nb * (E + 1);
+    float *tok_w = (float *)(t + 2 * n);
+    int *off = bbase + (size_t)nb * (E + 1);
+    cudaError_t e = CU_SMEM_OPTIN(k_mp_assign, smem);
+    if (e == cudaSuccess) {
+        k_mp_count<<<nb, MP_WARPS * 32, (E + 1) * sizeof(int), c->stream>>>((int)n, E, ids, bcnt);
+        k_mp_scan<<<1, 256, (E + 1) * sizeof(int), c->stream>>>(nb, E, bcnt, bbase, off);
+        k_mp_assign<<<nb, MP_WARPS * 32, smem, c->stream>>>((int)n, E, top_k, ids, bbase, src_row, jpos);
+        k_mp_tokens<<<(rows + 127) / 128, 128, 0, c->stream>>>(rows, top_k, jpos, weights, tok_pos, tok_w);
+        e = cudaGetLastError();
+    }
+    if (!CU_LAUNCHED(c, e, "moe plan (prefill)") ||
+        !CU_OK(c, cudaMemcpyAsync(hoff, off, (size_t)(E + 2) * sizeof(int), cudaMemcpyDeviceToHost, c->stream)) ||
+        !CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return true;
+    if (hoff[E + 1] > 0) {
+        cu_fail(c, PD_ERR_INVALID, "moe_experts_ids: %d expert ids outside [-1, %d)", hoff[E + 1], E);
+        return true;
+    }
+    if (hoff[E] > 0)
+        moe_run(c, rows, hidden, inter, x, top_k, E, hoff, src_row, tok_pos, tok_w, gate_up, down, out);
+    return true;
 }
 
 /* ---- step operations: routing results stay in device memory ----------- */
@@ -529,16 +768,15 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                     gate_up[e].rows, gate_up[e].cols, down[e].rows, down[e].cols, 2 * inter, hidden, hidden, inter);
             return;
         }
+    if (!dev && moe_experts_device_plan(c, rows, hidden, inter, x, ids, weights, top_k, n_experts, gate_up, down, out))
+        return;
     if (!dev) {
-        /* host path: ids and weights back to the host, then moe_experts */
-        int32_t *hids = (int32_t *)malloc((size_t)n * sizeof(int32_t));
-        float *hw = (float *)malloc((size_t)n * sizeof(float));
-        if (!hids || !hw) {
-            free(hids);
-            free(hw);
-            cu_fail(c, PD_ERR_NOMEM, "moe_experts_ids: out of host memory");
+        /* host path: ids and weights back to the host (page-locked scratch:
+         * DMA, no page faults), then moe_experts */
+        int32_t *hids = (int32_t *)cu_host_scratch(c, CU_HSCR_MOE_IDS, (size_t)n * (sizeof(int32_t) + sizeof(float)));
+        if (!hids)
             return;
-        }
+        float *hw = (float *)(hids + n);
         if (CU_OK(c, cudaMemcpyAsync(hids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream)) &&
             CU_OK(c, cudaMemcpyAsync(hw, weights, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, c->stream)) &&
             CU_OK(c, cudaStreamSynchronize(c->stream))) {
@@ -551,8 +789,6 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
             if (ok)
                 cu_moe_experts(be, rows, hidden, inter, x, hids, hw, top_k, gate_up, down, out);
         }
-        free(hids);
-        free(hw);
         return;
     }
     const void *const *tgu = cu_wtable_get(c, gate_up, n_experts);
