@@ -412,6 +412,11 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->gemm_exact_plans = gp && !strcmp(gp, "exact");
         const char *mr = getenv("PD_MOE_ROWS");
         c->moe_f32_rows = mr && !strcmp(mr, "f32");
+        const char *mf = getenv("PD_MLA_FLASH"), *vs = getenv("PD_MLA_FLASH_VSWAP");
+        c->mla_flash_wgmma = c->mla_flash_wgmma_start = prop.major >= 9 && !(mf && !strcmp(mf, "mma"));
+        c->mla_flash_vswap = vs && !strcmp(vs, "1");
+        const char *w2 = getenv("PD_MLA_FLASH_WG");
+        c->mla_flash_wg2 = !(w2 && !strcmp(w2, "1"));
         const char *mh = getenv("PD_MOE_PLAN");
         c->moe_host_plan = mh && !strcmp(mh, "host");
     }
@@ -509,6 +514,7 @@ void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f) {
     c->mla_prefill_gemm = f->mla_prefill_gemm;
     c->mla_prefill_flash = f->mla_prefill_flash;
     c->mla_prefill_chunk = f->mla_prefill_chunk > 0 ? f->mla_prefill_chunk : 0;
+    c->mla_flash_wgmma = c->mla_flash_wgmma_start && !f->mla_flash_mma;
 }
 
 } /* extern "C" */

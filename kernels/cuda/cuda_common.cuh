@@ -99,6 +99,10 @@ typedef struct {
     bool mla_prefill_gemm;       /* expanded MLA through cuBLAS batched GEMMs (PD_MLA_PREFILL=gemm) */
     int mla_prefill_chunk;       /* its queries per chunk; 0: sized by CU_MLA_PREFILL_SCRATCH */
     bool mla_prefill_flash;      /* expanded MLA by the fused kernel (mla_flash.cu; PD_MLA_PREFILL=flash) */
+    bool mla_flash_wgmma;        /* ... on warpgroup MMA (sm_90 and later; PD_MLA_FLASH=mma: mma.sync, A/B runs) */
+    bool mla_flash_wgmma_start;  /* that choice at start (pd_backend_cuda_set_features' mla_flash_mma overrides it) */
+    bool mla_flash_wg2;          /* two warpgroups a block share each k, v tile (PD_MLA_FLASH_WG=1: one, A/B runs) */
+    int mla_flash_vswap;         /* PD_MLA_FLASH_VSWAP=1: the wgmma kernel's v descriptor offsets swapped (layout check) */
     bool gemm_exact_plans;       /* PD_CUDA_GEMM_PLANS=exact: a cuBLASLt plan per exact M (gemm.cu plan_bucket) */
     bool moe_host_plan;          /* PD_MOE_PLAN=host: the prefill MoE's plan made on the host (A/B runs) */
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */

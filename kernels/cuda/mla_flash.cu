@@ -240,6 +240,248 @@ static __global__ void __launch_bounds__(FL_WARPS * 32)
     }
 }
 
+/* ---- the same attention on Hopper's warpgroup MMA (wgmma) ---------------
+ *
+ * mma.sync above gives each warp 16 query rows, so every warp reads the
+ * whole k and v tile from shared memory through ldmatrix for 16 rows: at
+ * QD 192 a warp moves 41 KB of shared memory per 64-key tile for 655 KFLOP,
+ * about twice the time the tensor cores need (232 TFLOP/s measured; v2-lite
+ * 8K prefill 0.143 s, 32K 1.065 s; with this kernel 0.134 s and 0.885 s,
+ * H200, 2026-11-30). Here a
+ * warpgroup (four warps) issues wgmma.mma_async m64nNk16 for 64 query rows
+ * with k and v read by the tensor cores straight from shared memory (the
+ * 128-byte swizzled layout of the PTX ISA's "shared memory matrix layout"
+ * for warpgroup MMA), so a tile is read once per 64 rows, not once per 16.
+ * NWG warpgroups a block share the k, v tiles: 64 · NWG queries a block.
+ * Each warpgroup waits for its own MMAs (no producer warps, no ping-pong
+ * between groups as FlashAttention-3 schedules them): what is left.
+ *   S = q kᵀ:  m64n64k16 × 12 (QD / 16), A = q from registers (the warp's
+ *              16 rows as mma.sync A fragments), B = k tile, K-major;
+ *   O += P v:  m64n128k16 × 4 (64 keys / 16), A = bf16(P) from registers
+ *              (S's accumulator layout is the A fragment layout, as above),
+ *              B = v tile, MN-major (transposed).
+ * The accumulators of m64nNk16 sit in the registers the way N / 8 m16n8
+ * C fragments would (warp w of the group: rows 16w..16w+15), so the
+ * softmax, masking and output code are the mma.sync kernel's.
+ * Tiles: k [64 keys][192] as three 64-column panels and v [64 keys][128] as
+ * two, each panel 64 rows of 128 bytes with the 16-byte chunk c of row r
+ * stored at chunk c ^ (r % 8) (1024-byte aligned panels), by cp.async, the
+ * next tile while the current one is used. */
+#define FW_BK 64  /* keys a tile */
+#define FW_PANEL 8192 /* bytes: 64 rows × 128 */
+
+template <int NWG> struct fw_smem {
+    static constexpr int QS = 192 + FL_PAD;                      /* q rows (ldmatrix, unswizzled), elements */
+    static constexpr size_t q = (size_t)64 * NWG * QS * 2;       /* bytes */
+    static constexpr size_t k = 3 * FW_PANEL, v = 2 * FW_PANEL; /* one stage */
+    static constexpr size_t bytes = 1024 + 2 * (k + v) + q;      /* 1024: the panels' alignment */
+};
+
+/* Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "matrix
+ * descriptor format"): start address, leading and stride byte offsets, all
+ * >> 4; bits 62-63 = 1. */
+__device__ __forceinline__ uint64_t fw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)((lbo & 0x3ffffu) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3ffffu) >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void fw_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void fw_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void fw_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/* keeps the compiler from moving accesses of an accumulator across the wait */
+__device__ __forceinline__ void fw_pin(float &x) {
+    asm volatile("" : "+f"(x)::"memory");
+}
+
+/* d[64 × 64] (+)= a (registers) · B (k tile, K-major) */
+__device__ __forceinline__ void fw_mma_s(float *d, const unsigned *a, uint64_t desc, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+/* d[64 × 128] += a (registers) · B (v tile, MN-major) */
+__device__ __forceinline__ void fw_mma_o(float *d, const unsigned *a, uint64_t desc, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+
+template <int NWG>
+static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
+    k_mla_flash_wg(int nh, int n_q, int start_pos, float scale_log2, int vswap, const __nv_bfloat16 *__restrict__ qb,
+                   const __nv_bfloat16 *__restrict__ kb, const __nv_bfloat16 *__restrict__ vb, float *__restrict__ out) {
+    using SM = fw_smem<NWG>;
+    constexpr int QD = 192, DV = 128, QS = SM::QS, NT = FW_BK / 8, OT = DV / 8, QK = QD / 16;
+    constexpr int FW_BQ = 64 * NWG, NTH = 128 * NWG;
+    extern __shared__ uint4 fw_sm4[];
+    const unsigned base = (smem_u32(fw_sm4) + 1023u) & ~1023u; /* shared address of the first panel */
+    char *gbase = (char *)fw_sm4 + (base - smem_u32(fw_sm4));
+    /* stage st: k panels at gbase + st · (k + v), then its v panels */
+    __nv_bfloat16 *sq = (__nv_bfloat16 *)(gbase + 2 * (SM::k + SM::v));
+    const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31;
+    const int n_qt = (n_q + FW_BQ - 1) / FW_BQ;
+    const int qt = n_qt - 1 - (int)blockIdx.x, h = blockIdx.y; /* longest first */
+    const int q0 = qt * FW_BQ;
+    const int L = start_pos + n_q;
+    const int n_kt = min(start_pos + q0 + FW_BQ, L) / FW_BK + ((min(start_pos + q0 + FW_BQ, L) % FW_BK) != 0);
+    const int last_wg = min(start_pos + q0 + wg * 64 + 63, L - 1); /* this warpgroup's rows see keys 0 .. last_wg */
+    const int n_kt_wg = last_wg / FW_BK + 1;
+    const size_t qrow = (size_t)nh * QD, vrow = (size_t)nh * DV;
+
+    constexpr int QC = QD / 8, VC = DV / 8; /* 16-byte chunks a row */
+    for (int c = tid; c < FW_BQ * QC; c += NTH) {
+        const int r = c / QC, cc = c % QC, i = q0 + r;
+        cp16(sq + r * QS + cc * 8, qb + (size_t)min(i, n_q - 1) * qrow + (size_t)h * QD + cc * 8, i < n_q);
+    }
+    auto load_kv = [&](int kt, int st) {
+        const int t0 = kt * FW_BK;
+        for (int c = tid; c < FW_BK * QC; c += NTH) {
+            const int r = c / QC, cc = c % QC, t = t0 + r;
+            char *dst = gbase + st * (SM::k + SM::v) + (cc >> 3) * FW_PANEL + r * 128 + (((cc & 7) ^ (r & 7)) << 4);
+            cp16(dst, kb + (size_t)min(t, L - 1) * qrow + (size_t)h * QD + cc * 8, t < L);
+        }
+        for (int c = tid; c < FW_BK * VC; c += NTH) {
+            const int r = c / VC, cc = c % VC, t = t0 + r;
+            char *dst = gbase + st * (SM::k + SM::v) + SM::k + (cc >> 3) * FW_PANEL + r * 128 + (((cc & 7) ^ (r & 7)) << 4);
+            cp16(dst, vb + (size_t)min(t, L - 1) * vrow + (size_t)h * DV + cc * 8, t < L);
+        }
+    };
+    load_kv(0, 0);
+    cp_commit();
+
+    /* rows of this thread: g and g + 8 of its warp's 16 */
+    const int g = lane >> 2, cq = (lane & 3) * 2;
+    const int qa0 = start_pos + q0 + warp * 16 + g, qa1 = qa0 + 8; /* absolute positions */
+    float o[OT][4];
+#pragma unroll
+    for (int j = 0; j < OT; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    unsigned qf[QK][4];
+    /* v's leading / stride byte offsets (PD_MLA_FLASH_VSWAP swaps them: a check of the layout on new hardware) */
+    const unsigned v_lbo = vswap ? 1024u : (unsigned)FW_PANEL, v_sbo = vswap ? (unsigned)FW_PANEL : 1024u;
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int st = kt & 1;
+        if (kt + 1 < n_kt) {
+            load_kv(kt + 1, st ^ 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's writes, seen by wgmma */
+        __syncthreads();
+        if (kt == 0) {
+            const __nv_bfloat16 *qbase = sq + (warp * 16 + (lane & 15)) * QS + (lane >> 4) * 8;
+#pragma unroll
+            for (int ks = 0; ks < QK; ks++)
+                ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], qbase + ks * 16);
+        }
+        if (kt < n_kt_wg) {
+            const unsigned kaddr = base + (unsigned)(st * (SM::k + SM::v)), vaddr = kaddr + (unsigned)SM::k;
+            float s[NT][4];
+            fw_fence();
+#pragma unroll
+            for (int ks = 0; ks < QK; ks++)
+                fw_mma_s(&s[0][0], qf[ks], fw_desc(kaddr + (ks >> 2) * FW_PANEL + (ks & 3) * 32, 16, 1024), ks > 0);
+            fw_commit();
+            fw_wait0();
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                fw_pin(s[j][0]);
+                fw_pin(s[j][1]);
+                fw_pin(s[j][2]);
+                fw_pin(s[j][3]);
+            }
+            const int t0 = kt * FW_BK;
+            if (t0 + FW_BK - 1 > start_pos + q0 + warp * 16) {
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const int t = t0 + j * 8 + cq;
+                    if (t > qa0) s[j][0] = -INFINITY;
+                    if (t + 1 > qa0) s[j][1] = -INFINITY;
+                    if (t > qa1) s[j][2] = -INFINITY;
+                    if (t + 1 > qa1) s[j][3] = -INFINITY;
+                }
+            }
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            const float b0s = mx0 == -INFINITY ? 0.0f : mx0 * scale_log2;
+            const float b1s = mx1 == -INFINITY ? 0.0f : mx1 * scale_log2;
+            const float al0 = exp2f(m0 * scale_log2 - b0s), al1 = exp2f(m1 * scale_log2 - b1s);
+            m0 = mx0;
+            m1 = mx1;
+            float ls0 = 0.0f, ls1 = 0.0f;
+            unsigned pf[NT / 2][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float p0 = exp2f(s[j][0] * scale_log2 - b0s), p1 = exp2f(s[j][1] * scale_log2 - b0s);
+                const float p2 = exp2f(s[j][2] * scale_log2 - b1s), p3 = exp2f(s[j][3] * scale_log2 - b1s);
+                ls0 += p0 + p1;
+                ls1 += p2 + p3;
+                pf[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
+                pf[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+            }
+            l0 = l0 * al0 + ls0;
+            l1 = l1 * al1 + ls1;
+#pragma unroll
+            for (int j = 0; j < OT; j++) {
+                o[j][0] *= al0;
+                o[j][1] *= al0;
+                o[j][2] *= al1;
+                o[j][3] *= al1;
+            }
+            fw_fence();
+#pragma unroll
+            for (int ks = 0; ks < FW_BK / 16; ks++)
+                fw_mma_o(&o[0][0], pf[ks], fw_desc(vaddr + ks * 2048, v_lbo, v_sbo), 1);
+            fw_commit();
+            fw_wait0();
+#pragma unroll
+            for (int j = 0; j < OT; j++) {
+                fw_pin(o[j][0]);
+                fw_pin(o[j][1]);
+                fw_pin(o[j][2]);
+                fw_pin(o[j][3]);
+            }
+        }
+        __syncthreads(); /* this stage is refilled by the next iteration's prefetch */
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int j = 0; j < OT; j++) {
+        const int col = j * 8 + cq;
+        if (r0 < n_q)
+            *(float2 *)(out + ((size_t)r0 * nh + h) * DV + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
+        if (r1 < n_q)
+            *(float2 *)(out + ((size_t)r1 * nh + h) * DV + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
+    }
+}
+
 bool cu_mla_flash_ok(int qd, int dv) {
     return qd == 192 && dv == 128;
 }
@@ -250,8 +492,29 @@ bool cu_mla_flash_run(cu_ctx *c, int nh, int qd, int dv, int n_q, int start_pos,
         cu_fail(c, PD_ERR_UNSUPPORTED, "mla flash: q dim %d, v dim %d (192 and 128 only)", qd, dv);
         return false;
     }
+    cudaError_t e;
+    if (c->mla_flash_wgmma) {
+        /* two warpgroups a block sharing each k, v tile (8K prefill 0.134 s
+         * against 0.136 with one a block, 32K 0.885 against 0.933);
+         * PD_MLA_FLASH_WG=1: one (A/B runs) */
+        const int two = c->mla_flash_wg2;
+        const size_t smem = two ? fw_smem<2>::bytes : fw_smem<1>::bytes;
+        e = two ? CU_SMEM_OPTIN(k_mla_flash_wg<2>, smem) : CU_SMEM_OPTIN(k_mla_flash_wg<1>, smem);
+        if (e == cudaSuccess) {
+            const int bq = two ? 128 : 64;
+            dim3 grid((unsigned)((n_q + bq - 1) / bq), (unsigned)nh);
+            if (two)
+                k_mla_flash_wg<2><<<grid, 256, smem, c->stream>>>(nh, n_q, start_pos, scale * 1.4426950408889634f,
+                                                                  c->mla_flash_vswap, qb, kb, vb, out);
+            else
+                k_mla_flash_wg<1><<<grid, 128, smem, c->stream>>>(nh, n_q, start_pos, scale * 1.4426950408889634f,
+                                                                  c->mla_flash_vswap, qb, kb, vb, out);
+            e = cudaGetLastError();
+        }
+        return CU_LAUNCHED(c, e, "mla prefill: flash attention (wgmma)");
+    }
     const size_t smem = fl_smem<192, 128>::bytes;
-    cudaError_t e = CU_SMEM_OPTIN((k_mla_flash<192, 128>), smem);
+    e = CU_SMEM_OPTIN((k_mla_flash<192, 128>), smem);
     if (e == cudaSuccess) {
         dim3 grid((unsigned)((n_q + FL_BQ - 1) / FL_BQ), (unsigned)nh);
         k_mla_flash<192, 128><<<grid, FL_WARPS * 32, smem, c->stream>>>(nh, n_q, start_pos,

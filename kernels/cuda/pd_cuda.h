@@ -81,7 +81,9 @@ void *pd_backend_cuda_stream(pd_backend *be);
  * fp32, for bf16 weights; else the fp32 one-block-per-query kernel) and
  * mla_prefill_flash (the same attention by one fused kernel that keeps the
  * scores on chip, mla_flash.cu; q dim 192 and v dim 128, DeepSeek-V2/V3;
- * other dims take the GEMMs) are on by default; PD_MLA_PREFILL=gemm starts
+ * other dims take the GEMMs) are on by default, the fused kernel on
+ * warpgroup MMA (wgmma, sm_90) unless mla_flash_mma (mma.sync; also
+ * PD_MLA_FLASH=mma at start, for A/B runs); PD_MLA_PREFILL=gemm starts
  * with the GEMMs, =kernel with the fp32 kernel. mla_prefill_chunk: the
  * GEMM path's queries per chunk (0: as many as CU_MLA_PREFILL_SCRATCH
  * bytes of scores allow; tests set it small to cover the chunk loop). */
@@ -89,6 +91,7 @@ typedef struct {
     bool graphs, gemv, moe_device, mla_prefill_gemm;
     int mla_prefill_chunk;
     bool mla_prefill_flash;
+    bool mla_flash_mma;
 } pd_cuda_features;
 void pd_backend_cuda_set_features(pd_backend *be, const pd_cuda_features *f);
 

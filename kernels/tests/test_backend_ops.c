@@ -29,13 +29,14 @@
 
 enum {
     OP_GEMM, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_EMBED, OP_MLA_EXP, OP_MLA_ABS, OP_ROUTE, OP_EXPERTS,
-    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_SAMPLE, OP_FUSED, OP_N
+    OP_STEP, OP_MLA_DEC, OP_ROUTE_IDS, OP_EXPERTS_IDS, OP_MLA_EXP_GEMM, OP_MLA_EXP_FLASH, OP_MLA_EXP_FLASH_MMA,
+    OP_SAMPLE, OP_FUSED, OP_N
 };
 static const char *op_names[OP_N] = {"gemm",         "rmsnorm",     "rope",          "silu_mul",       "add",
                                      "embed",        "mla expanded", "mla absorbed", "moe_route",      "moe_experts",
                                      "step ops",     "mla_decode",  "moe_route_ids", "moe_experts_ids",
-                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash)", "sample_rows",
-                                     "fused ops"};
+                                     "mla expanded (tensor-core GEMMs)", "mla expanded (flash, wgmma)",
+                                     "mla expanded (flash, mma.sync)", "sample_rows", "fused ops"};
 
 typedef struct {
     const char *name;
@@ -619,15 +620,19 @@ static void test_mla(void **state) {
                         snprintf(sh2, sizeof sh2, "%s, chunk %d", shape, chunk);
                         check(s, OP_MLA_EXP_GEMM, sh2, nerr(got, want, no), s->tol_w);
                     }
-                /* the fused kernel, where it has the dims (q 192, v 128: DeepSeek-V2/V3) */
-                if (!absorbed && s->cuda && s->fmt == PD_CUDA_WEIGHTS_BF16 && c->dn + c->dr == 192 && c->dv == 128) {
-                    pd_cuda_features f = {.graphs = true, .gemv = true, .moe_device = true, .mla_prefill_flash = true};
-                    pd_backend_cuda_set_features(s->be, &f);
-                    run_mla(s, s->be, &in, false, got);
-                    f.mla_prefill_flash = false;
-                    pd_backend_cuda_set_features(s->be, &f);
-                    check(s, OP_MLA_EXP_FLASH, shape, nerr(got, want, no), s->tol_w);
-                }
+                /* the fused kernel, where it has the dims (q 192, v 128: DeepSeek-V2/V3):
+                 * on warpgroup MMA (sm_90), then on mma.sync */
+                if (!absorbed && s->cuda && s->fmt == PD_CUDA_WEIGHTS_BF16 && c->dn + c->dr == 192 && c->dv == 128)
+                    for (int mma = 0; mma < 2; mma++) {
+                        pd_cuda_features f = {.graphs = true, .gemv = true, .moe_device = true,
+                                              .mla_prefill_flash = true, .mla_flash_mma = mma};
+                        pd_backend_cuda_set_features(s->be, &f);
+                        run_mla(s, s->be, &in, false, got);
+                        f.mla_prefill_flash = false;
+                        f.mla_flash_mma = false;
+                        pd_backend_cuda_set_features(s->be, &f);
+                        check(s, mma ? OP_MLA_EXP_FLASH_MMA : OP_MLA_EXP_FLASH, shape, nerr(got, want, no), s->tol_w);
+                    }
 #endif
             }
             free(rd);
