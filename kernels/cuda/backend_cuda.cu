@@ -417,6 +417,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_flash_vswap = vs && !strcmp(vs, "1");
         const char *w2 = getenv("PD_MLA_FLASH_WG");
         c->mla_flash_wg2 = !(w2 && !strcmp(w2, "1"));
+        const char *my = getenv("PD_MOE_Y");
+        c->moe_y_f32 = my && !strcmp(my, "f32");
         const char *mh = getenv("PD_MOE_PLAN");
         c->moe_host_plan = mh && !strcmp(mh, "host");
     }

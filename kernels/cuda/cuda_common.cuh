@@ -106,6 +106,7 @@ typedef struct {
     bool gemm_exact_plans;       /* PD_CUDA_GEMM_PLANS=exact: a cuBLASLt plan per exact M (gemm.cu plan_bucket) */
     bool moe_host_plan;          /* PD_MOE_PLAN=host: the prefill MoE's plan made on the host (A/B runs) */
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
+    bool moe_y_f32;              /* PD_MOE_Y=f32: the prefill MoE's GEMM outputs (gate_up, down) in fp32 (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     size_t dev_bytes; /* device memory this backend holds: cu_alloc buffers, weights, scratch, tables, workspace */
@@ -164,6 +165,17 @@ __device__ __forceinline__ float cu_ldw(const float *p, size_t i) {
 }
 __device__ __forceinline__ float cu_ldw(const __nv_bfloat16 *p, size_t i) {
     return __bfloat162float(p[i]);
+}
+
+/* Four consecutive values as fp32: one 16-byte load of fp32, one 8-byte
+ * load of bf16 (p 16- or 8-byte aligned). */
+__device__ __forceinline__ float4 cu_ld4(const float *p) {
+    return __ldg((const float4 *)p);
+}
+__device__ __forceinline__ float4 cu_ld4(const __nv_bfloat16 *p) {
+    const uint2 v = __ldg((const uint2 *)p);
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
 }
 
 /* Programmatic dependent launch (sm_90; CUDA programming guide, "Programmatic
@@ -267,6 +279,10 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
  * bf16 [N×K]: the cuBLASLt path of cu_gemm_run without the rounding of x. */
 bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
                       bool accumulate);
+/* cu_gemm_bf16_run writing y [M×N] in bf16 (each value rounded once from
+ * the fp32 accumulation); false (error recorded) on failure. */
+bool cu_gemm_bf16_run_y16(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w,
+                          __nv_bfloat16 *y);
 cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
 /* Fused causal attention of prefill (mla_flash.cu): qb [n_q, nh, qd], kb
  * [start_pos + n_q, nh, qd], vb [.., nh, dv] bf16 → out [n_q, nh, dv] fp32

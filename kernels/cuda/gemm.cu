@@ -1,4 +1,5 @@
-/* Dense GEMM y[M×N] (+)= x[M×K] · W[N×K]^T, fp32 activations in and out.
+/* Dense GEMM y[M×N] (+)= x[M×K] · W[N×K]^T, fp32 activations in and out
+ * (the experts' cuBLASLt GEMMs of moe.cu may also write bf16).
  *
  * In column-major terms (cuBLAS's) this is yᵀ[N×M] = W(op T of a K×N
  * column-major matrix, lda K) · xᵀ (K×M, ldb K), ldc N: the "TN" layout
@@ -25,6 +26,7 @@
 
 struct cu_gemm_plan {
     int M, N, K;
+    cudaDataType_t yt; /* the output's type: CUDA_R_32F or CUDA_R_16BF */
     unsigned al_a, al_b, al_c;
     cublasLtMatrixLayout_t a, b, cd;
     cublasLtMatmulAlgo_t algo;
@@ -59,7 +61,8 @@ void cu_gemm_plans_free(cu_ctx *c) {
     c->plans = NULL;
 }
 
-static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsigned ab, unsigned ac);
+static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, cudaDataType_t yt, unsigned aa, unsigned ab,
+                               unsigned ac);
 
 /* The rows a plan is made for: M itself up to 64 (cuBLASLt's small-M
  * kernels depend on it), then multiples of 64 to 1024, of 256 to 8192, of
@@ -72,11 +75,12 @@ static int plan_bucket(const cu_ctx *c, int M) {
     return b > 0x7fffffffL ? M : (int)b;
 }
 
-/* The cached plan for this shape's bucket and these alignments, made on
- * first use, its layouts set to M rows. */
-static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, const void *w, const void *xb, const void *y) {
+/* The cached plan for this shape's bucket, output type and alignments,
+ * made on first use, its layouts set to M rows. */
+static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, cudaDataType_t yt, const void *w, const void *xb,
+                              const void *y) {
     unsigned aa = ptr_align(w), ab = ptr_align(xb), ac = ptr_align(y);
-    cu_gemm_plan *p = plan_find(c, plan_bucket(c, M), N, K, aa, ab, ac);
+    cu_gemm_plan *p = plan_find(c, plan_bucket(c, M), N, K, yt, aa, ab, ac);
     if (p && p->cur_m != M) {
         uint64_t m64 = (uint64_t)M;
         if (!CU_BLAS_OK(c, cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &m64, sizeof m64)) ||
@@ -87,15 +91,19 @@ static cu_gemm_plan *plan_get(cu_ctx *c, int M, int N, int K, const void *w, con
     return p;
 }
 
-/* The plan for exactly (M, N, K, alignments), the heuristic asked on first use. */
-static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsigned ab, unsigned ac) {
+/* The plan for exactly (M, N, K, output type, alignments), the heuristic
+ * asked on first use. One matmul desc (c->mm_desc: fp32 compute and scale)
+ * serves both output types; the C/D layout carries the type. */
+static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, cudaDataType_t yt, unsigned aa, unsigned ab,
+                               unsigned ac) {
     if (!c->plans && !(c->plans = (cu_gemm_plan *)calloc(CU_MAX_PLANS, sizeof(cu_gemm_plan)))) {
         cu_fail(c, PD_ERR_NOMEM, "gemm: out of memory for plans");
         return NULL;
     }
     for (int i = 0; i < c->n_plans; i++) {
         cu_gemm_plan *p = &c->plans[i];
-        if (p->used && p->M == M && p->N == N && p->K == K && p->al_a == aa && p->al_b == ab && p->al_c == ac)
+        if (p->used && p->M == M && p->N == N && p->K == K && p->yt == yt && p->al_a == aa && p->al_b == ab &&
+            p->al_c == ac)
             return p;
     }
     cu_gemm_plan *p;
@@ -107,14 +115,14 @@ static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsi
         plan_release(p);
     }
     memset(p, 0, sizeof *p);
-    p->M = M, p->N = N, p->K = K, p->al_a = aa, p->al_b = ab, p->al_c = ac, p->cur_m = M;
+    p->M = M, p->N = N, p->K = K, p->yt = yt, p->al_a = aa, p->al_b = ab, p->al_c = ac, p->cur_m = M;
     if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K)))
         return NULL;
     if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K))) {
         cublasLtMatrixLayoutDestroy(p->a);
         return NULL;
     }
-    if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->cd, CUDA_R_32F, N, M, N))) {
+    if (!CU_BLAS_OK(c, cublasLtMatrixLayoutCreate(&p->cd, yt, N, M, N))) {
         cublasLtMatrixLayoutDestroy(p->b);
         cublasLtMatrixLayoutDestroy(p->a);
         return NULL;
@@ -140,15 +148,17 @@ static cu_gemm_plan *plan_find(cu_ctx *c, int M, int N, int K, unsigned aa, unsi
         cublasLtMatmulPreferenceDestroy(pref);
     }
     if (!p->lt_ok)
-        CU_LOGD("gemm %dx%dx%d: no cuBLASLt heuristic, using cublasGemmEx", M, N, K);
+        CU_LOGD("gemm %dx%dx%d (%s out): no cuBLASLt heuristic, using cublasGemmEx", M, N, K,
+                yt == CUDA_R_16BF ? "bf16" : "fp32");
     return p;
 }
 
-bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
-                      bool accumulate) {
+/* y (+)= xb · W^T, y of type yt (CUDA_R_32F or CUDA_R_16BF), fp32 accumulation. */
+static bool gemm_lt(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, void *y,
+                    cudaDataType_t yt, bool accumulate) {
     if (M == 0 || N == 0)
         return true;
-    cu_gemm_plan *p = plan_get(c, M, N, K, w, xb, y);
+    cu_gemm_plan *p = plan_get(c, M, N, K, yt, w, xb, y);
     if (!p)
         return false;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -164,8 +174,17 @@ bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, c
         p->lt_ok = false;
     }
     return CU_BLAS_OK(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, xb,
-                                      CUDA_R_16BF, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+                                      CUDA_R_16BF, K, &beta, y, yt, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w, float *y,
+                      bool accumulate) {
+    return gemm_lt(c, M, N, K, xb, w, y, CUDA_R_32F, accumulate);
+}
+
+bool cu_gemm_bf16_run_y16(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w,
+                          __nv_bfloat16 *y) {
+    return gemm_lt(c, M, N, K, xb, w, y, CUDA_R_16BF, false);
 }
 
 static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv_bfloat16 *w, float *y,
@@ -175,7 +194,7 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
         return false;
     if (!CU_LAUNCHED(c, cu_f32_to_bf16_launch(x, xb, (size_t)M * K, c->stream), "gemm: f32_to_bf16"))
         return false;
-    return cu_gemm_bf16_run(c, M, N, K, xb, w, y, accumulate);
+    return gemm_lt(c, M, N, K, xb, w, y, CUDA_R_32F, accumulate);
 }
 
 /* ---- skinny GEMM: decode-sized batches ----------------------------------

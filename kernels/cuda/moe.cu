@@ -242,16 +242,17 @@ static __global__ void k_moe_gather_bf16(int hidden, const int *__restrict__ src
 }
 
 /* act[r, i] = bf16(silu(gu[r, i]) · gu[r, I + i]): SwiGLU (elementwise.cu's
- * k_silu_mul) with its result rounded for the down GEMM; four values a
- * thread when inter % 4 == 0 and rows · inter / 4 < 2^32 (indexed in 32
- * bits), else one. */
-static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const float *__restrict__ gu,
+ * k_silu_mul) with its result rounded for the down GEMM; gu fp32 or bf16
+ * (the gate_up GEMMs' output, PD_MOE_Y); four values a thread when inter %
+ * 4 == 0 and rows · inter / 4 < 2^32 (indexed in 32 bits), else one. */
+template <typename GU>
+static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const GU *__restrict__ gu,
                                            __nv_bfloat16 *__restrict__ act) {
     if (inter % 4 || (size_t)rows * (inter / 4) >= 0xffffffffu) { /* one value a thread */
         const size_t n1 = (size_t)rows * inter;
         for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n1; k += (size_t)gridDim.x * blockDim.x) {
             const size_t r = k / inter, i = k - r * inter;
-            const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
+            const float g = cu_ldw(gu, r * 2 * inter + i), u = cu_ldw(gu, r * 2 * inter + inter + i);
             act[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
         }
         return;
@@ -259,8 +260,8 @@ static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const float *__r
     const unsigned q4 = (unsigned)inter / 4, n = (unsigned)rows * q4;
     for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
         const unsigned r = k / q4, i4 = k - r * q4;
-        const float4 g = __ldg((const float4 *)(gu + (size_t)r * 2 * inter) + i4);
-        const float4 u = __ldg((const float4 *)(gu + (size_t)r * 2 * inter + inter) + i4);
+        const float4 g = cu_ld4(gu + (size_t)r * 2 * inter + 4 * (size_t)i4);
+        const float4 u = cu_ld4(gu + (size_t)r * 2 * inter + inter + 4 * (size_t)i4);
         __nv_bfloat162 lo = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
         __nv_bfloat162 hi = __floats2bfloat162_rn(g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
         *(uint2 *)(act + (size_t)r * inter + 4 * (size_t)i4) = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
@@ -268,10 +269,13 @@ static __global__ void k_moe_silu_mul_bf16(int rows, int inter, const float *__r
 }
 
 /* out[r] += Σ_j tok_w[r, j] · y[tok_pos[r, j]] over the token's top_k
- * routed pairs, in expert order; four columns a thread when hidden % 4 ==
- * 0 (rows 16-byte aligned), the top_k rows' loads in flight together. */
+ * routed pairs, in expert order, in fp32 (y fp32 or bf16: the down GEMMs'
+ * output, PD_MOE_Y); four columns a thread when hidden % 4 == 0 (rows of
+ * out 16-byte, of y 16- or 8-byte aligned), the top_k rows' loads in
+ * flight together. */
+template <typename Y>
 static __global__ void k_moe_combine(int hidden, int top_k, const int *__restrict__ tok_pos,
-                                     const float *__restrict__ tok_w, const float *__restrict__ y,
+                                     const float *__restrict__ tok_w, const Y *__restrict__ y,
                                      float *__restrict__ out) {
     cu_pdl_launch_dependents();
     const int r = blockIdx.x;
@@ -282,7 +286,7 @@ static __global__ void k_moe_combine(int hidden, int top_k, const int *__restric
         for (int d = threadIdx.x; d < hidden; d += blockDim.x) {
             float acc = o1[d];
             for (int j = 0; j < top_k; j++)
-                acc += w[j] * y[(size_t)pos[j] * hidden + d];
+                acc += w[j] * cu_ldw(y, (size_t)pos[j] * hidden + d);
             o1[d] = acc;
         }
         return;
@@ -291,7 +295,7 @@ static __global__ void k_moe_combine(int hidden, int top_k, const int *__restric
     for (int d = threadIdx.x; d < hidden / 4; d += blockDim.x) {
         float4 acc = o[d];
         for (int j = 0; j < top_k; j++) {
-            const float4 v = __ldg((const float4 *)(y + (size_t)pos[j] * hidden) + d);
+            const float4 v = cu_ld4(y + (size_t)pos[j] * hidden + 4 * (size_t)d);
             const float wj = w[j];
             acc.x += wj * v.x;
             acc.y += wj * v.y;
@@ -307,8 +311,9 @@ static cudaError_t gather_launch(int n, int hidden, const int *src_row, const fl
     return cudaGetLastError();
 }
 
+template <typename Y>
 static cudaError_t combine_launch(int rows, int hidden, int top_k, const int *tok_pos, const float *tok_w,
-                                  const float *y, float *out, cudaStream_t s) {
+                                  const Y *y, float *out, cudaStream_t s) {
     k_moe_combine<<<rows, 256, 0, s>>>(hidden, top_k, tok_pos, tok_w, y, out);
     return cudaGetLastError();
 }
@@ -344,14 +349,22 @@ static void moe_run(cu_ctx *c, int rows, int hidden, int inter, const float *x, 
     /* bf16 weights: the rows are rounded to bf16 once, by the gather and by
      * SwiGLU, and every expert's GEMM reads them as they are (the same
      * numbers as rounding before each GEMM, two launches instead of one per
-     * GEMM); PD_MOE_ROWS=f32 keeps the fp32 rows, for A/B runs */
+     * GEMM); PD_MOE_ROWS=f32 keeps the fp32 rows, for A/B runs. With them
+     * the GEMMs write bf16 too (y16: fp32 accumulation, each output rounded
+     * once, as transformers' bf16 projections round theirs), which SwiGLU
+     * and the combine read back into fp32 arithmetic: half the bytes of the
+     * [n, 2I] and [n, H] round trips; PD_MOE_Y=f32 keeps fp32 outputs. */
     const bool rows16 = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->moe_f32_rows;
+    const bool y16 = rows16 && !c->moe_y_f32;
     const size_t esz = rows16 ? sizeof(__nv_bfloat16) : sizeof(float);
+    const size_t ysz = y16 ? sizeof(__nv_bfloat16) : sizeof(float);
     void *xin = ok ? cu_scratch(c, CU_SCR_MOE_X, (size_t)n * hidden * esz) : NULL;
-    float *gu = ok ? (float *)cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * sizeof(float)) : NULL;
+    void *gu = ok ? cu_scratch(c, CU_SCR_MOE_GU, (size_t)n * 2 * inter * ysz) : NULL;
     void *act = ok ? cu_scratch(c, CU_SCR_MOE_ACT, (size_t)n * inter * esz) : NULL;
-    float *y = ok ? (float *)cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * sizeof(float)) : NULL;
+    void *y = ok ? cu_scratch(c, CU_SCR_MOE_Y, (size_t)n * hidden * ysz) : NULL;
     ok = ok && xin && gu && act && y;
+    __nv_bfloat16 *gu16 = (__nv_bfloat16 *)gu, *y16p = (__nv_bfloat16 *)y;
+    float *gu32 = (float *)gu, *y32 = (float *)y;
     if (ok && rows16) {
         k_moe_gather_bf16<<<n_kept, 256, 0, c->stream>>>(hidden, d_src, x, (__nv_bfloat16 *)xin);
         ok = CU_LAUNCHED(c, cudaGetLastError(), "moe gather");
@@ -359,31 +372,42 @@ static void moe_run(cu_ctx *c, int rows, int hidden, int inter, const float *x, 
         ok = CU_LAUNCHED(c, gather_launch(n_kept, hidden, d_src, x, (float *)xin, c->stream), "moe gather");
     }
     for (int e = 0; e < n_groups && ok; e++) {
-        int o = off[e], m = off[e + 1] - o;
-        if (m && rows16)
-            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, (const __nv_bfloat16 *)xin + (size_t)o * hidden,
-                                  (const __nv_bfloat16 *)gate_up[e].data, gu + (size_t)o * 2 * inter, false);
+        const int o = off[e], m = off[e + 1] - o;
+        const __nv_bfloat16 *xe = (const __nv_bfloat16 *)xin + (size_t)o * hidden;
+        const __nv_bfloat16 *we = (const __nv_bfloat16 *)gate_up[e].data;
+        if (m && y16)
+            ok = cu_gemm_bf16_run_y16(c, m, 2 * inter, hidden, xe, we, gu16 + (size_t)o * 2 * inter);
+        else if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, 2 * inter, hidden, xe, we, gu32 + (size_t)o * 2 * inter, false);
         else if (m)
-            ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu + (size_t)o * 2 * inter,
+            ok = cu_gemm_run(c, m, (const float *)xin + (size_t)o * hidden, &gate_up[e], gu32 + (size_t)o * 2 * inter,
                              false);
     }
     if (ok && rows16) {
-        k_moe_silu_mul_bf16<<<cu_blocks((size_t)n_kept * inter, 256, 16384), 256, 0, c->stream>>>(
-            n_kept, inter, gu, (__nv_bfloat16 *)act);
+        const unsigned blocks = cu_blocks((size_t)n_kept * inter, 256, 16384);
+        if (y16)
+            k_moe_silu_mul_bf16<<<blocks, 256, 0, c->stream>>>(n_kept, inter, gu16, (__nv_bfloat16 *)act);
+        else
+            k_moe_silu_mul_bf16<<<blocks, 256, 0, c->stream>>>(n_kept, inter, gu32, (__nv_bfloat16 *)act);
         ok = CU_LAUNCHED(c, cudaGetLastError(), "moe silu_mul");
     } else if (ok) {
-        ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu, (float *)act, c->stream), "moe silu_mul");
+        ok = CU_LAUNCHED(c, cu_silu_mul_launch(n_kept, inter, gu32, (float *)act, c->stream), "moe silu_mul");
     }
     for (int e = 0; e < n_groups && ok; e++) {
-        int o = off[e], m = off[e + 1] - o;
-        if (m && rows16)
-            ok = cu_gemm_bf16_run(c, m, hidden, inter, (const __nv_bfloat16 *)act + (size_t)o * inter,
-                                  (const __nv_bfloat16 *)down[e].data, y + (size_t)o * hidden, false);
+        const int o = off[e], m = off[e + 1] - o;
+        const __nv_bfloat16 *ae = (const __nv_bfloat16 *)act + (size_t)o * inter;
+        const __nv_bfloat16 *we = (const __nv_bfloat16 *)down[e].data;
+        if (m && y16)
+            ok = cu_gemm_bf16_run_y16(c, m, hidden, inter, ae, we, y16p + (size_t)o * hidden);
+        else if (m && rows16)
+            ok = cu_gemm_bf16_run(c, m, hidden, inter, ae, we, y32 + (size_t)o * hidden, false);
         else if (m)
-            ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y + (size_t)o * hidden, false);
+            ok = cu_gemm_run(c, m, (const float *)act + (size_t)o * inter, &down[e], y32 + (size_t)o * hidden, false);
     }
-    if (ok)
-        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y, out, c->stream), "moe combine");
+    if (ok && y16)
+        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y16p, out, c->stream), "moe combine");
+    else if (ok)
+        CU_LAUNCHED(c, combine_launch(rows, hidden, top_k, d_pos, d_w, y32, out, c->stream), "moe combine");
 }
 
 void cu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
