@@ -214,6 +214,7 @@ typedef struct {
 
 static pd_status cu_graph_begin(pd_backend *be) {
     cu_ctx *c = cu_of(be);
+    cu_x16_forget(c);
     if (c->graphs_off)
         return PD_ERR_UNSUPPORTED;
     if (c->status != PD_OK || c->capturing)
@@ -226,6 +227,7 @@ static pd_status cu_graph_begin(pd_backend *be) {
 
 static pd_status cu_graph_end(pd_backend *be, void **graph_p) {
     cu_ctx *c = cu_of(be);
+    cu_x16_forget(c);
     if (!c->capturing)
         return PD_ERR_INVALID;
     c->capturing = false;
@@ -264,6 +266,7 @@ static pd_status cu_graph_end(pd_backend *be, void **graph_p) {
 static pd_status cu_graph_launch(pd_backend *be, void *graph) {
     cu_ctx *c = cu_of(be);
     cu_graph *cg = (cu_graph *)graph;
+    cu_x16_forget(c); /* the replay rewrites what it wrote when recorded */
     if (c->status != PD_OK)
         return c->status;
     if (c->graphs_off)
@@ -318,49 +321,129 @@ static void cu_destroy(pd_backend *be) {
     cudaSetDevice(prev);
 }
 
+/* ---- the table's entries ----
+ *
+ * Every operation but gemm and gemm_swiglu enters through a wrapper that
+ * first forgets the bf16 copy of the last GEMM input (cu_ctx.x16; gemm.cu
+ * states the rule): whatever an operation writes, no later GEMM can read a
+ * copy made before it. One place, so that an operation added to the table
+ * cannot forget to. */
+#define CU_OP(ret, name, params, args)                                                                             \
+    static ret op_##name params {                                                                                  \
+        cu_x16_forget(cu_of(be));                                                                                  \
+        return cu_##name args;                                                                                     \
+    }
+CU_OP(void *, alloc, (pd_backend * be, size_t bytes), (be, bytes))
+CU_OP(void, free, (pd_backend * be, void *p), (be, p))
+CU_OP(void, upload, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+CU_OP(void, download, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+CU_OP(void, copy, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+CU_OP(pd_status, weight_from_f32, (pd_backend * be, const float *host, int rows, int cols, pd_weight *w_p),
+      (be, host, rows, cols, w_p))
+CU_OP(void, weight_free, (pd_backend * be, pd_weight *w), (be, w))
+CU_OP(void, rmsnorm,
+      (pd_backend * be, int rows, int dim, const float *x, int x_stride, const float *w, float eps, float *y,
+       int y_stride),
+      (be, rows, dim, x, x_stride, w, eps, y, y_stride))
+CU_OP(void, rope,
+      (pd_backend * be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+       const int *pos, const float *inv_freq, float mscale),
+      (be, rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale))
+CU_OP(void, silu_mul, (pd_backend * be, int rows, int inter, const float *gu, float *out), (be, rows, inter, gu, out))
+CU_OP(void, add, (pd_backend * be, size_t n, float *x, const float *y), (be, n, x, y))
+CU_OP(void, embed, (pd_backend * be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out),
+      (be, rows, dim, ids, table, out))
+CU_OP(void, mla_attention, (pd_backend * be, const pd_mla_args *a), (be, a))
+CU_OP(void, moe_route,
+      (pd_backend * be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids, float *weights),
+      (be, rows, logits, p, ids, weights))
+CU_OP(void, moe_experts,
+      (pd_backend * be, int rows, int hidden, int inter, const float *x, const int32_t *ids, const float *weights,
+       int top_k, const pd_weight *gate_up, const pd_weight *down, float *out),
+      (be, rows, hidden, inter, x, ids, weights, top_k, gate_up, down, out))
+CU_OP(void, embed_ids, (pd_backend * be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out),
+      (be, rows, dim, ids, table, out))
+CU_OP(void, rope_pos,
+      (pd_backend * be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
+       const int32_t *pos, const float *inv_freq, float mscale),
+      (be, rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale))
+CU_OP(void, kv_store,
+      (pd_backend * be, int rows, int dim, const float *src, int src_stride, float *cache, const int32_t *slots,
+       size_t slot_offset),
+      (be, rows, dim, src, src_stride, cache, slots, slot_offset))
+CU_OP(void, mla_decode, (pd_backend * be, const pd_mla_decode_args *a), (be, a))
+CU_OP(void, moe_route_ids,
+      (pd_backend * be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids, float *weights),
+      (be, rows, logits, p, ids, weights))
+CU_OP(void, moe_experts_ids,
+      (pd_backend * be, int rows, int hidden, int inter, const float *x, const int32_t *ids, const float *weights,
+       int top_k, int n_experts, const pd_weight *gate_up, const pd_weight *down, float *out),
+      (be, rows, hidden, inter, x, ids, weights, top_k, n_experts, gate_up, down, out))
+CU_OP(void, moe_ids_local, (pd_backend * be, size_t n, int32_t *ids, int first, int count), (be, n, ids, first, count))
+CU_OP(void, mla_prep, (pd_backend * be, const pd_mla_prep_args *a), (be, a))
+CU_OP(void, add_rmsnorm,
+      (pd_backend * be, int rows, int dim, float *x, const float *y, const float *w, float eps, float *h),
+      (be, rows, dim, x, y, w, eps, h))
+CU_OP(void, all_reduce_sum, (pd_backend * be, float *x, size_t n), (be, x, n))
+CU_OP(void *, host_alloc, (pd_backend * be, size_t bytes), (be, bytes))
+CU_OP(void, host_free, (pd_backend * be, void *p), (be, p))
+CU_OP(pd_status, host_register, (pd_backend * be, void *p, size_t bytes), (be, p, bytes))
+CU_OP(void, host_unregister, (pd_backend * be, void *p), (be, p))
+CU_OP(pd_status, weight_alloc, (pd_backend * be, int rows, int cols, pd_weight *w_p), (be, rows, cols, w_p))
+CU_OP(pd_status, weight_set_bf16, (pd_backend * be, pd_weight *w, int row0, int n_rows, const uint16_t *src),
+      (be, w, row0, n_rows, src))
+CU_OP(void, graph_free, (pd_backend * be, void *graph), (be, graph))
+CU_OP(void, thread_bind, (pd_backend * be), (be))
+CU_OP(size_t, device_bytes, (pd_backend * be), (be))
+CU_OP(void, sample_rows,
+      (pd_backend * be, int n, int vocab, float *logits, const pd_sample_row *rows, const pd_sample_tok *toks,
+       int n_toks, pd_sample_out *out),
+      (be, n, vocab, logits, rows, toks, n_toks, out))
+#undef CU_OP
+
 static const pd_backend_i cu_ops = {
     .name = "cuda",
-    .alloc = cu_alloc,
-    .free = cu_free,
-    .upload = cu_upload,
-    .download = cu_download,
-    .copy = cu_copy,
-    .weight_from_f32 = cu_weight_from_f32,
-    .weight_free = cu_weight_free,
+    .alloc = op_alloc,
+    .free = op_free,
+    .upload = op_upload,
+    .download = op_download,
+    .copy = op_copy,
+    .weight_from_f32 = op_weight_from_f32,
+    .weight_free = op_weight_free,
     .gemm = cu_gemm,
-    .rmsnorm = cu_rmsnorm,
-    .rope = cu_rope,
-    .silu_mul = cu_silu_mul,
-    .add = cu_add,
-    .embed = cu_embed,
-    .mla_attention = cu_mla_attention,
-    .moe_route = cu_moe_route,
-    .moe_experts = cu_moe_experts,
+    .rmsnorm = op_rmsnorm,
+    .rope = op_rope,
+    .silu_mul = op_silu_mul,
+    .add = op_add,
+    .embed = op_embed,
+    .mla_attention = op_mla_attention,
+    .moe_route = op_moe_route,
+    .moe_experts = op_moe_experts,
     .destroy = cu_destroy,
-    .embed_ids = cu_embed_ids,
-    .rope_pos = cu_rope_pos,
-    .kv_store = cu_kv_store,
-    .mla_decode = cu_mla_decode,
-    .moe_route_ids = cu_moe_route_ids,
-    .moe_experts_ids = cu_moe_experts_ids,
-    .moe_ids_local = cu_moe_ids_local,
-    .mla_prep = cu_mla_prep,
+    .embed_ids = op_embed_ids,
+    .rope_pos = op_rope_pos,
+    .kv_store = op_kv_store,
+    .mla_decode = op_mla_decode,
+    .moe_route_ids = op_moe_route_ids,
+    .moe_experts_ids = op_moe_experts_ids,
+    .moe_ids_local = op_moe_ids_local,
+    .mla_prep = op_mla_prep,
     .gemm_swiglu = cu_gemm_swiglu,
-    .add_rmsnorm = cu_add_rmsnorm,
-    .all_reduce_sum = cu_all_reduce_sum,
-    .host_alloc = cu_host_alloc,
-    .host_free = cu_host_free,
-    .host_register = cu_host_register,
-    .host_unregister = cu_host_unregister,
-    .weight_alloc = cu_weight_alloc,
-    .weight_set_bf16 = cu_weight_set_bf16,
+    .add_rmsnorm = op_add_rmsnorm,
+    .all_reduce_sum = op_all_reduce_sum,
+    .host_alloc = op_host_alloc,
+    .host_free = op_host_free,
+    .host_register = op_host_register,
+    .host_unregister = op_host_unregister,
+    .weight_alloc = op_weight_alloc,
+    .weight_set_bf16 = op_weight_set_bf16,
     .graph_begin = cu_graph_begin,
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
-    .graph_free = cu_graph_free,
-    .thread_bind = cu_thread_bind,
-    .device_bytes = cu_device_bytes,
-    .sample_rows = cu_sample_rows,
+    .graph_free = op_graph_free,
+    .thread_bind = op_thread_bind,
+    .device_bytes = op_device_bytes,
+    .sample_rows = op_sample_rows,
 };
 
 extern "C" {

@@ -20,7 +20,7 @@ extern "C" {
 enum {
     CU_SCR_ARG0,      /* host arrays copied for one call: pos, ids, block table, route ids */
     CU_SCR_ARG1,      /* inv_freq, route weights */
-    CU_SCR_GEMM_X,    /* bf16 copy of a GEMM's activations */
+    CU_SCR_GEMM_X,    /* bf16 copy of a GEMM's activations, kept for the next GEMM (cu_ctx.x16) */
     CU_SCR_WCONV,     /* fp32 staging of weight_from_f32 (bf16) */
     CU_SCR_MLA_LAT,   /* expanded: gathered latents [L, kvr] */
     CU_SCR_MLA_KPE,   /* expanded: gathered k_pe [L, dr] */
@@ -79,6 +79,15 @@ typedef struct {
     size_t lt_ws_bytes;
     struct cu_gemm_plan *plans;
     int n_plans, next_plan;
+    /* The bf16 copy in scratch CU_SCR_GEMM_X of the fp32 activations src
+     * [n] (NULL: none), which a table GEMM on the same x and n reads
+     * instead of rounding x again. Forgotten at the entry of every other
+     * table operation and wherever src may change: gemm.cu, top, states
+     * the rule; cu_x16_forget. */
+    struct {
+        const float *src;
+        size_t n;
+    } x16;
     struct {
         void *p;
         size_t bytes;
@@ -283,6 +292,10 @@ bool cu_gemm_bf16_run(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, c
  * the fp32 accumulation); false (error recorded) on failure. */
 bool cu_gemm_bf16_run_y16(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *xb, const __nv_bfloat16 *w,
                           __nv_bfloat16 *y);
+/* Forgets the bf16 copy of the last GEMM input (cu_ctx.x16): called at the
+ * entry of every table operation other than gemm and gemm_swiglu
+ * (backend_cuda.cu) and by graph_begin / graph_end / graph_launch. */
+void cu_x16_forget(cu_ctx *c);
 cudaError_t cu_f32_to_bf16_launch(const float *x, __nv_bfloat16 *y, size_t n, cudaStream_t s);
 /* Fused causal attention of prefill (mla_flash.cu): qb [n_q, nh, qd], kb
  * [start_pos + n_q, nh, qd], vb [.., nh, dv] bf16 → out [n_q, nh, dv] fp32
@@ -292,6 +305,10 @@ bool cu_mla_flash_ok(int qd, int dv);
 bool cu_mla_flash_run(cu_ctx *c, int nh, int qd, int dv, int n_q, int start_pos, float scale,
                       const __nv_bfloat16 *qb, const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, float *out);
 cudaError_t cu_silu_mul_launch(int rows, int inter, const float *gu, float *out, cudaStream_t s);
+/* SwiGLU (elementwise.cu) writing out [rows × inter] in fp32 and also
+ * rounded to bf16 into out16 (the down projection's input). */
+cudaError_t cu_silu_mul_x16_launch(int rows, int inter, const float *gu, float *out, __nv_bfloat16 *out16,
+                                   cudaStream_t s);
 void cu_gemm_plans_free(cu_ctx *c);
 
 /* ---- the table's entries, one family per file ---- */

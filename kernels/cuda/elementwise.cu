@@ -1,24 +1,68 @@
 /* Element-wise operations and the embedding gather:
- *   silu_mul: out[r, i] = silu(gu[r, i]) * gu[r, I + i]   (SwiGLU, gate rows then up rows)
+ *   silu_mul: out[r, i] = silu(gu[r, i]) * gu[r, I + i]   (SwiGLU, gate rows then up rows; gemm_swiglu's
+ *             also leaves out in bf16 for the down projection)
  *   add:      x += y
  *   embed:    out[r] = table[ids[r]]   (ids in host memory, checked against the table, then copied)
  */
 #include "cuda_common.cuh"
 
-static __global__ void k_silu_mul(int rows, int inter, const float *__restrict__ gu, float *__restrict__ out) {
+static __device__ __forceinline__ float silu_mul1(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* out[r, i] = silu(gu[r, i]) · gu[r, I + i], also rounded to bf16 into
+ * out16 when B16 (gemm_swiglu: the down projection's input). vec: four
+ * values a thread (inter % 4 == 0, gu and out 16-byte aligned, out16 8,
+ * rows · inter / 4 < 2^32: indexed in 32 bits); else one. */
+template <bool B16>
+static __global__ void k_silu_mul(int rows, int inter, int vec, const float *__restrict__ gu, float *__restrict__ out,
+                                  __nv_bfloat16 *__restrict__ out16) {
     cu_pdl_launch_dependents();
-    size_t n = (size_t)rows * inter;
-    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
-        size_t r = k / inter, i = k - r * inter;
-        float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
-        out[k] = g / (1.0f + expf(-g)) * u;
+    if (!vec) {
+        const size_t n = (size_t)rows * inter;
+        for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
+            const size_t r = k / inter, i = k - r * inter;
+            const float a = silu_mul1(gu[r * 2 * inter + i], gu[r * 2 * inter + inter + i]);
+            out[k] = a;
+            if (B16)
+                out16[k] = __float2bfloat16_rn(a);
+        }
+        return;
     }
+    const unsigned q4 = (unsigned)inter / 4, n = (unsigned)rows * q4;
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
+        const unsigned r = k / q4, i4 = k - r * q4;
+        const float4 g = __ldg((const float4 *)(gu + (size_t)r * 2 * inter) + i4);
+        const float4 u = __ldg((const float4 *)(gu + (size_t)r * 2 * inter + inter) + i4);
+        const float4 a = make_float4(silu_mul1(g.x, u.x), silu_mul1(g.y, u.y), silu_mul1(g.z, u.z), silu_mul1(g.w, u.w));
+        ((float4 *)out)[k] = a;
+        if (B16) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(a.x, a.y), hi = __floats2bfloat162_rn(a.z, a.w);
+            ((uint2 *)out16)[k] = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
+        }
+    }
+}
+
+static cudaError_t silu_mul_launch(int rows, int inter, const float *gu, float *out, __nv_bfloat16 *out16,
+                                   cudaStream_t s) {
+    const int vec = inter % 4 == 0 && ((uintptr_t)gu & 15) == 0 && ((uintptr_t)out & 15) == 0 &&
+                    ((uintptr_t)out16 & 7) == 0 && (size_t)rows * (inter / 4) < 0xffffffffu;
+    const unsigned blocks = cu_blocks((size_t)rows * inter / (vec ? 4 : 1), 256, 16384);
+    if (out16)
+        k_silu_mul<true><<<blocks, 256, 0, s>>>(rows, inter, vec, gu, out, out16);
+    else
+        k_silu_mul<false><<<blocks, 256, 0, s>>>(rows, inter, vec, gu, out, NULL);
+    return cudaGetLastError();
 }
 
 /* Also used by moe.cu. */
 cudaError_t cu_silu_mul_launch(int rows, int inter, const float *gu, float *out, cudaStream_t s) {
-    k_silu_mul<<<cu_blocks((size_t)rows * inter, 256, 16384), 256, 0, s>>>(rows, inter, gu, out);
-    return cudaGetLastError();
+    return silu_mul_launch(rows, inter, gu, out, NULL, s);
+}
+
+cudaError_t cu_silu_mul_x16_launch(int rows, int inter, const float *gu, float *out, __nv_bfloat16 *out16,
+                                   cudaStream_t s) {
+    return silu_mul_launch(rows, inter, gu, out, out16, s);
 }
 
 void cu_silu_mul(pd_backend *be, int rows, int inter, const float *gu, float *out) {

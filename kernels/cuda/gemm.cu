@@ -16,6 +16,25 @@
  *   all the same, that call and the plan's later ones take cublasGemmEx.
  *   When the heuristic offers nothing, cublasGemmEx with the same types.
  *   fp32 weights: cublasSgemm, CUBLAS_DEFAULT_MATH (no TF32).
+ *
+ * The bf16 copy of x is kept for the next GEMM (cu_ctx.x16, scratch
+ * CU_SCR_GEMM_X): a table gemm / gemm_swiglu whose x is the same pointer
+ * and element count as the last copy's source reads the copy instead of
+ * rounding x again (the model's q and kv_a projections of one normed h),
+ * and gemm_swiglu leaves the bf16 act it computes there for the down
+ * projection. The copy stays valid only while nothing can have written its
+ * source, so it is forgotten
+ *   - at the entry of every other operation of the table (backend_cuda.cu
+ *     wraps each of them: the one choke point, whatever an op writes),
+ *     and at graph_begin, graph_end and graph_launch;
+ *   - when a GEMM's output (y; gu and act of gemm_swiglu) overlaps the
+ *     source range, whichever path (skinny kernel, cuBLASLt, cublasSgemm);
+ *   - when the scratch is taken for another copy (x16_claim), including
+ *     the GEMMs other files run inside their ops (cu_gemm_run), which
+ *     never record or reuse a copy.
+ * Memory written behind the table's back (kernels of one's own on
+ * pd_backend_cuda_stream, cudaMemcpy) between two GEMMs on it is not seen:
+ * call any table operation in between.
  */
 #include "cuda_common.cuh"
 
@@ -187,13 +206,50 @@ bool cu_gemm_bf16_run_y16(cu_ctx *c, int M, int N, int K, const __nv_bfloat16 *x
     return gemm_lt(c, M, N, K, xb, w, y, CUDA_R_16BF, false);
 }
 
+/* ---- the bf16 copy of the last GEMM input (the rule: top of the file) ---- */
+
+void cu_x16_forget(cu_ctx *c) {
+    c->x16.src = NULL;
+    c->x16.n = 0;
+}
+
+/* Forgets the copy when [p, p + bytes) overlaps its source. */
+static void x16_clobbered(cu_ctx *c, const void *p, size_t bytes) {
+    if (!c->x16.src || !p || !bytes)
+        return;
+    const uintptr_t a0 = (uintptr_t)p, a1 = a0 + bytes;
+    const uintptr_t s0 = (uintptr_t)c->x16.src, s1 = s0 + c->x16.n * sizeof(float);
+    if (a0 < s1 && s0 < a1)
+        cu_x16_forget(c);
+}
+
+/* The copy's scratch for n new values (the old copy forgotten); NULL (error recorded) on failure. */
+static __nv_bfloat16 *x16_claim(cu_ctx *c, size_t n) {
+    cu_x16_forget(c);
+    return (__nv_bfloat16 *)cu_scratch(c, CU_SCR_GEMM_X, n * sizeof(__nv_bfloat16));
+}
+
+/* The copy of x [n], when it is the one held. */
+static const __nv_bfloat16 *x16_find(const cu_ctx *c, const float *x, size_t n) {
+    return c->x16.src == x && c->x16.n == n ? (const __nv_bfloat16 *)c->scr[CU_SCR_GEMM_X].p : NULL;
+}
+
+/* bf16 weights: x rounded to bf16 (or the copy held, when reuse), then
+ * cuBLASLt; with reuse the rounding made is recorded as the copy. */
 static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv_bfloat16 *w, float *y,
-                      bool accumulate) {
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_scratch(c, CU_SCR_GEMM_X, (size_t)M * K * sizeof(__nv_bfloat16));
-    if (!xb)
-        return false;
-    if (!CU_LAUNCHED(c, cu_f32_to_bf16_launch(x, xb, (size_t)M * K, c->stream), "gemm: f32_to_bf16"))
-        return false;
+                      bool accumulate, bool reuse) {
+    const size_t n = (size_t)M * K;
+    const __nv_bfloat16 *xb = reuse ? x16_find(c, x, n) : NULL;
+    if (!xb) {
+        __nv_bfloat16 *xw = x16_claim(c, n);
+        if (!xw || !CU_LAUNCHED(c, cu_f32_to_bf16_launch(x, xw, n, c->stream), "gemm: f32_to_bf16"))
+            return false;
+        if (reuse) {
+            c->x16.src = x;
+            c->x16.n = n;
+        }
+        xb = xw;
+    }
     return gemm_lt(c, M, N, K, xb, w, y, CUDA_R_32F, accumulate);
 }
 
@@ -430,10 +486,13 @@ cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N
 /* GEMMs of at most this many rows go through k_gemv. */
 #define GV_MAX_M 4
 
-bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
+/* y (+)= x · W^T on c's stream; reuse: a table GEMM, which may read and
+ * record the bf16 copy of x (the rule: top of the file). */
+static bool gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate, bool reuse) {
     int N = w->rows, K = w->cols;
     if (M == 0 || N == 0)
         return true;
+    x16_clobbered(c, y, (size_t)M * N * sizeof(float));
     if (K == 0) {
         if (!accumulate)
             return CU_OK(c, cudaMemsetAsync(y, 0, (size_t)M * N * sizeof(float), c->stream));
@@ -445,10 +504,14 @@ bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y,
                                           accumulate, c->pdl, c->stream),
                            "gemv");
     if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
-        return gemm_bf16(c, M, N, K, x, (const __nv_bfloat16 *)w->data, y, accumulate);
+        return gemm_bf16(c, M, N, K, x, (const __nv_bfloat16 *)w->data, y, accumulate, reuse);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     return CU_BLAS_OK(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, (const float *)w->data, K, x,
                                      K, &beta, y, N));
+}
+
+bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
+    return gemm_run(c, M, x, w, y, accumulate, false);
 }
 
 void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act) {
@@ -460,6 +523,8 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
         return;
     }
     const int I = w->rows / 2, K = w->cols;
+    x16_clobbered(c, gu, (size_t)M * 2 * I * sizeof(float));
+    x16_clobbered(c, act, (size_t)M * I * sizeof(float));
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K)) { /* the skinny GEMM's SwiGLU epilogue */
         CU_LAUNCHED(c,
                     cu_gemv_launch(c->wfmt, true, 1, I, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, act, I,
@@ -467,8 +532,20 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
                     "gemm_swiglu");
         return;
     }
-    if (cu_gemm_run(c, M, x, w, gu, false))
+    if (!gemm_run(c, M, x, w, gu, false, true))
+        return;
+    if (c->wfmt != PD_CUDA_WEIGHTS_BF16) {
         CU_LAUNCHED(c, cu_silu_mul_launch(M, I, gu, act, c->stream), "gemm_swiglu: silu_mul");
+        return;
+    }
+    /* bf16 weights: SwiGLU also leaves act rounded to bf16 as the copy the
+     * down projection (x == act) reads instead of rounding act itself */
+    const size_t n = (size_t)M * I;
+    __nv_bfloat16 *a16 = x16_claim(c, n);
+    if (a16 && CU_LAUNCHED(c, cu_silu_mul_x16_launch(M, I, gu, act, a16, c->stream), "gemm_swiglu: silu_mul")) {
+        c->x16.src = act;
+        c->x16.n = n;
+    }
 }
 
 void cu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {
@@ -480,5 +557,5 @@ void cu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y
                 w ? w->cols : -1, (const void *)x, (const void *)y);
         return;
     }
-    cu_gemm_run(c, M, x, w, y, accumulate);
+    gemm_run(c, M, x, w, y, accumulate, true);
 }

@@ -5,7 +5,11 @@
  * upload and download return when the bytes have arrived. Weights are kept
  * as bf16 (the default) or fp32; activations are fp32 everywhere, GEMMs
  * accumulate in fp32 (bf16: cuBLASLt, activations rounded to bf16 on the way
- * in; fp32: cublasSgemm without TF32).
+ * in; fp32: cublasSgemm without TF32). With bf16 weights the rounded copy
+ * of a GEMM's input is kept for a following gemm on the same x (gemm_swiglu
+ * leaves act's for the down projection) and forgotten at every other
+ * operation (gemm.cu states the rule); the prefill MoE's expert GEMMs
+ * write bf16 outputs, read back in fp32 arithmetic (PD_MOE_Y=f32: fp32).
  *
  * Errors: the table's operations return void, so the backend keeps the
  * first failure (a bad argument, a failed launch, an out-of-memory scratch

@@ -207,6 +207,122 @@ static void test_gemm(void **state) {
     END(s);
 }
 
+/* ---- gemm chains ------------------------------------------------------ */
+
+/* r [M×N] = x [M×K] · w [N×K]^T in double. */
+static void gemm_ref(int M, int N, int K, const float *x, const float *w, double *r) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double a = 0.0;
+            for (int k = 0; k < K; k++)
+                a += (double)x[(size_t)m * K + k] * w[(size_t)n * K + k];
+            r[(size_t)m * N + n] = a;
+        }
+}
+
+/* Downloads dy [M×N] and compares it with x · w^T in double. */
+static void chain_check(suite *s, const char *what, const float *dy, int M, int N, int K, const float *x,
+                        const float *w) {
+    float *y = malloc((size_t)M * N * sizeof(float));
+    double *r = malloc((size_t)M * N * sizeof(double));
+    get(s, s->be, y, dy, (size_t)M * N);
+    gemm_ref(M, N, K, x, w, r);
+    check(s, OP_GEMM, what, nerr_d(y, r, (size_t)M * N), s->tol_w);
+    free(y);
+    free(r);
+}
+
+/* GEMMs on one x queued back to back, and on an x another operation has
+ * rewritten in between (nothing downloaded until the end), against the
+ * double formula. The CUDA backend keeps the bf16 copy of a GEMM's input
+ * for the next GEMM on the same x, and gemm_swiglu leaves act's (gemm.cu):
+ * a copy read after x changed would give the old x's product, off by
+ * O(1), far over tolerance. M > 4: its cuBLASLt path. */
+static void test_gemm_chain(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    const int M = 37, M2 = 20, K = 96, N1 = 80, N2 = 64, I = 48, ND = 72, MZ = 2, KZ = 64;
+    const size_t nx = (size_t)M * K;
+    float *xa = rnd(s, nx, 1.0), *xb = rnd(s, nx, 1.0), *xc = rnd(s, nx, 1.0), *d = rnd(s, nx, 1.0);
+    float *z = rnd(s, (size_t)MZ * KZ, 1.0), *nw = rnd(s, (size_t)K, 1.0), *d2 = rnd(s, (size_t)M * I, 1.0);
+    float *w1 = rnd(s, (size_t)N1 * K, 1.0 / sqrt(K)), *w2 = rnd(s, (size_t)N2 * K, 1.0 / sqrt(K));
+    float *wz = rnd(s, (size_t)K * KZ, 1.0 / sqrt(KZ)), *wgu = rnd(s, (size_t)2 * I * K, 1.0 / sqrt(K));
+    float *wd = rnd(s, (size_t)ND * I, 1.0 / sqrt(I));
+    pd_weight W1, W2, WZ, WGU, WD;
+    assert_int_equal(b->ops->weight_from_f32(b, w1, N1, K, &W1), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, w2, N2, K, &W2), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, wz, K, KZ, &WZ), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, wgu, 2 * I, K, &WGU), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, wd, ND, I, &WD), PD_OK);
+    float *dxa = put(b, xa, nx * 4), *dxb = put(b, xb, nx * 4), *dxc = put(b, xc, nx * 4), *dd = put(b, d, nx * 4);
+    float *dz = put(b, z, (size_t)MZ * KZ * 4), *dnw = put(b, nw, (size_t)K * 4);
+    float *dd2 = put(b, d2, (size_t)M * I * 4);
+    float *dgu = b->ops->alloc(b, (size_t)M * 2 * I * 4), *dact = b->ops->alloc(b, (size_t)M * I * 4);
+    enum { NY = 12 };
+    float *dy[NY];
+    const int yn[NY] = {N1, N2, N1, N2, N1, N1, N1, N1, N1, ND, ND, N1};
+    for (int i = 0; i < NY; i++)
+        assert_non_null(dy[i] = b->ops->alloc(b, (size_t)M * yn[i] * 4));
+
+    /* the queue: nothing downloaded (an operation too) until all is queued */
+    b->ops->gemm(b, M, dxa, &W1, dy[0], false);            /* xa */
+    b->ops->gemm(b, M, dxa, &W2, dy[1], false);            /* xa again: the copy */
+    b->ops->add(b, nx, dxa, dd);                           /* xa += d */
+    b->ops->gemm(b, M, dxa, &W1, dy[2], false);            /* xa + d, not the copy of xa */
+    b->ops->rmsnorm(b, M, K, dxa, K, dnw, 1e-6f, dxa, K);  /* in place */
+    b->ops->gemm(b, M, dxa, &W2, dy[3], false);            /* the normed xa */
+    b->ops->gemm(b, M, dxc, &W1, dy[4], false);            /* xc */
+    b->ops->add(b, nx, dxc, dd);                           /* xc += d */
+    b->ops->gemm(b, M2, dxc, &W1, dy[5], false);           /* its first M2 rows */
+    b->ops->gemm(b, M, dxc, &W1, dy[6], false);            /* all rows: not the M2 rows' copy, older below */
+    b->ops->gemm(b, M, dxb, &W1, dy[7], false);            /* xb */
+    b->ops->gemm(b, MZ, dz, &WZ, dxb, false);              /* a GEMM into xb's first rows (CUDA: the skinny one) */
+    b->ops->gemm(b, M, dxb, &W1, dy[8], false);            /* the new xb */
+    b->ops->gemm_swiglu(b, M, dxa, &WGU, dgu, dact);
+    b->ops->gemm(b, M, dact, &WD, dy[9], false);           /* act: on CUDA the bf16 copy gemm_swiglu left */
+    b->ops->add(b, (size_t)M * I, dact, dd2);              /* act += d2 */
+    b->ops->gemm(b, M, dact, &WD, dy[10], false);          /* act + d2 */
+    b->ops->gemm(b, M, dxa, &W1, dy[11], false);           /* the normed xa after all that */
+
+    float *xa1 = malloc(nx * 4), *xa2 = malloc(nx * 4), *xb1 = malloc(nx * 4), *xc1 = malloc(nx * 4);
+    float *act = malloc((size_t)M * I * 4);
+    for (size_t i = 0; i < nx; i++) {
+        xa1[i] = xa[i] + d[i]; /* what add computes, in fp32 */
+        xc1[i] = xc[i] + d[i];
+    }
+    get(s, b, xa2, dxa, nx);
+    get(s, b, xb1, dxb, nx);
+    get(s, b, act, dact, (size_t)M * I);
+    chain_check(s, "x", dy[0], M, N1, K, xa, w1);
+    chain_check(s, "x again", dy[1], M, N2, K, xa, w2);
+    chain_check(s, "after add into x", dy[2], M, N1, K, xa1, w1);
+    chain_check(s, "after rmsnorm into x", dy[3], M, N2, K, xa2, w2);
+    chain_check(s, "x3", dy[4], M, N1, K, xc, w1);
+    chain_check(s, "fewer rows of x3 + d", dy[5], M2, N1, K, xc1, w1);
+    chain_check(s, "all rows of x3 + d", dy[6], M, N1, K, xc1, w1);
+    chain_check(s, "x2", dy[7], M, N1, K, xb, w1);
+    chain_check(s, "after a gemm into x2", dy[8], M, N1, K, xb1, w1);
+    chain_check(s, "gemm_swiglu, then act + d2", dy[10], M, ND, I, act, wd);
+    chain_check(s, "x after gemm_swiglu", dy[11], M, N1, K, xa2, w1);
+    for (size_t i = 0; i < (size_t)M * I; i++)
+        act[i] = (float)((double)act[i] - d2[i]); /* act before the add, up to that add's fp32 rounding */
+    chain_check(s, "gemm_swiglu, then act", dy[9], M, ND, I, act, wd);
+
+    for (int i = 0; i < NY; i++)
+        b->ops->free(b, dy[i]);
+    float *dev[] = {dxa, dxb, dxc, dd, dz, dnw, dd2, dgu, dact};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        b->ops->free(b, dev[i]);
+    pd_weight *ws[] = {&W1, &W2, &WZ, &WGU, &WD};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        b->ops->weight_free(b, ws[i]);
+    float *host[] = {xa, xb, xc, d, z, nw, d2, w1, w2, wz, wgu, wd, xa1, xa2, xb1, xc1, act};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    END(s);
+}
+
 /* ---- rmsnorm ---------------------------------------------------------- */
 
 static void run_rmsnorm(suite *s, pd_backend *b, int rows, int dim, int xs, int ys, bool in_place, const float *x,
@@ -2067,7 +2183,8 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_chain), cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
         cmocka_unit_test(test_silu_mul),  cmocka_unit_test(test_add),       cmocka_unit_test(test_embed),
         cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
