@@ -265,7 +265,19 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
                 add_reduced(rk, T, H, x, w->mo);
             continue;
         }
+        /* x += shared(h) + routed(h); with one rank and no shared experts
+         * the routed outputs go straight into x, else they add up in mo
+         * (the experts accumulate into it: zeros first without shared ones).
+         * The router's GEMM and the shared experts' gate_up read the same h
+         * one after the other, so a backend may round h to bf16 once for
+         * both (the CUDA backend's kept GEMM input, gemm.cu); the routing
+         * follows. */
+        float *mo = c->n_shared_experts > 0 || tp ? w->mo : x;
         be->ops->gemm(be, T, h, &L->router, w->rlog, false);
+        if (c->n_shared_experts > 0)
+            mlp_forward(be, fused, &L->shared, T, h, w->gu, w->act, mo, false);
+        else if (tp)
+            be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
         pd_moe_route_params rp = {
             .n_experts = c->n_routed_experts, .top_k = c->num_experts_per_tok, .n_group = c->n_group,
             .topk_group = c->topk_group, .scoring = c->scoring_func == PD_SCORE_SIGMOID ? 1 : 0,
@@ -273,14 +285,6 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             .routed_scaling_factor = c->routed_scaling_factor, .e_score_correction_bias = L->router_bias,
         };
         be->ops->moe_route_ids(be, T, w->rlog, &rp, w->eids, w->ew);
-        /* x += shared(h) + routed(h); with one rank and no shared experts
-         * the routed outputs go straight into x, else they add up in mo
-         * (the experts accumulate into it: zeros first without shared ones) */
-        float *mo = c->n_shared_experts > 0 || tp ? w->mo : x;
-        if (c->n_shared_experts > 0)
-            mlp_forward(be, fused, &L->shared, T, h, w->gu, w->act, mo, false);
-        else if (tp)
-            be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
         int moe_inter = c->moe_intermediate_size / rk->n_ranks;
         if (rk->expert_parallel) {
             /* this rank's whole experts only: the other ranks' pairs drop
