@@ -275,6 +275,7 @@ static void send_register(pd_replica *r) {
     m.geometry = &geo;
     m.model_fingerprint = pd_config_fingerprint(c);
     m.pid = (uint32_t)getpid();
+    m.kv_staging_slots = r->staging ? (uint32_t)pd_kv_staging_num_slots(r->staging) : 0;
     pd_msg_send(r->sock, NULL, 0, PD_MSG_REGISTER, &m.base);
     r->last_register = pd_now_s();
 }

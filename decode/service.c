@@ -302,6 +302,10 @@ static void send_heartbeat(decode_svc *d) {
     h.num_waiting = (uint32_t)st.num_waiting;
     h.free_blocks = (uint32_t)st.free_blocks;
     h.total_blocks = (uint32_t)st.total_blocks;
+    if (d->staging) {
+        h.free_staging_slots = (uint32_t)pd_kv_staging_num_free(d->staging);
+        h.total_staging_slots = (uint32_t)pd_kv_staging_num_slots(d->staging);
+    }
     h.tokens_in_flight = st.tokens_in_flight;
     h.prefill_tokens_total = st.prefill_tokens_total;
     h.generation_tokens_total = st.generation_tokens_total;
@@ -353,20 +357,41 @@ static void handle(void *user, pd_msg *msg) {
         int32_t *blocks = NULL, *slots = NULL;
         int nb = 0, ns = 0;
         uint64_t resv = 0;
-        pd_status st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
+        pd_status st = PD_OK;
+        /* a prompt that needs more than the whole cache or the whole
+         * staging pool can never be reserved here: the gateway answers 400
+         * (REFUSAL_NEVER_FITS); too few free now: it queues the request
+         * again (REFUSAL_NO_ROOM) */
+        const pd_kv_cache *kv = pd_sched_kv(d->sched);
+        const int bs = pd_kv_cache_block_size(kv);
+        const int64_t need_b = ((int64_t)g->n_prompt_ids + 1 + bs - 1) / bs; /* the first token's room too */
+        const int64_t need_s = d->staging ? ((int64_t)g->n_prompt_ids + bs - 1) / bs : 0; /* the prompt's */
+        rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM;
+        if (g->n_prompt_ids > 0 && need_b > pd_kv_cache_num_blocks(kv)) {
+            st = pd_err_set(&err, PD_ERR_LIMIT, "prompt of %zu tokens needs %lld KV blocks of %d tokens (its first "
+                            "token included); the decode replica's KV cache holds %d", g->n_prompt_ids,
+                            (long long)need_b, bs, pd_kv_cache_num_blocks(kv));
+            rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_NEVER_FITS;
+        } else if (d->staging && need_s > pd_kv_staging_num_slots(d->staging)) {
+            st = pd_err_set(&err, PD_ERR_LIMIT, "prompt of %zu tokens needs %lld KV staging slots of %d tokens; the "
+                            "decode replica's staging pool holds %d (--kv-staging-blocks)", g->n_prompt_ids,
+                            (long long)need_s, bs, pd_kv_staging_num_slots(d->staging));
+            rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_NEVER_FITS;
+        }
+        if (st == PD_OK) {
+            st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
+            if (st != PD_OK && st != PD_ERR_LIMIT) rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_OTHER;
+        }
         if (st == PD_OK && d->staging) {
             /* slots for the blocks the prefill replica writes: the prompt's
              * (the cache's reservation also holds the first token's room) */
-            const int bs = pd_kv_cache_block_size(pd_sched_kv(d->sched));
-            ns = (int)(((int64_t)g->n_prompt_ids + bs - 1) / bs);
+            ns = (int)need_s;
             PD_ASSERT(ns <= nb);
             slots = pd_xmalloc((size_t)ns * sizeof *slots);
             if (pd_kv_staging_alloc(d->staging, ns, slots) != PD_OK) {
-                /* refused as a full cache is: the gateway answers 503 */
-                st = pd_err_set(&err, PD_ERR_LIMIT, "%d KV staging slots needed, %d of %d free%s", ns,
-                                pd_kv_staging_num_free(d->staging), pd_kv_staging_num_slots(d->staging),
-                                ns > pd_kv_staging_num_slots(d->staging) ? " (the prompt is longer than "
-                                                                           "--kv-staging-blocks holds)" : "");
+                /* refused as a full cache is: the gateway retries later */
+                st = pd_err_set(&err, PD_ERR_LIMIT, "%d KV staging slots needed, %d of %d free", ns,
+                                pd_kv_staging_num_free(d->staging), pd_kv_staging_num_slots(d->staging));
                 pd_sched_free_blocks(d->sched, blocks, nb);
                 free(blocks);
                 free(slots);
@@ -380,6 +405,7 @@ static void handle(void *user, pd_msg *msg) {
             st = pd_kvx_resv_create(d->resv, g->request_id, writer_id(g->prefill_replica_id), ids, (size_t)n_ids,
                                     d->reservation_ttl_s, pd_now_s(), 0, &resv, &err);
             if (st != PD_OK) {
+                rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_OTHER;
                 if (slots) pd_kv_staging_release(d->staging, slots, ns);
                 pd_sched_free_blocks(d->sched, blocks, nb);
                 free(blocks);
@@ -406,10 +432,13 @@ static void handle(void *user, pd_msg *msg) {
             msg->msg = NULL; /* keep it */
             p->next = d->parked;
             d->parked = p;
+            rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_OTHER; /* 0: none */
         } else {
             rr.ok = false;
             rr.reason = err.msg;
         }
+        rr.free_blocks = (uint32_t)pd_kv_cache_num_free(kv);
+        rr.free_staging_slots = d->staging ? (uint32_t)pd_kv_staging_num_free(d->staging) : 0;
         pd_msg_send(d->r.sock, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base);
         free(ublocks);
         break;

@@ -797,6 +797,13 @@ void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const ch
     schedule_complete(req);
 }
 
+void pd_gw_on_error_retry(pd_gw_request *req, int http_status_if_not_started, int retry_after_s,
+                          const char *message) {
+    if (req && !req->engine_done)
+        req->retry_after = retry_after_s;
+    pd_gw_on_error(req, http_status_if_not_started, message);
+}
+
 void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
                         const char *message) {
     if (!req)
@@ -941,8 +948,10 @@ static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
     }
     if (req->st) {
         if (req->failed && !req->started) {
-            /* 503: a transient failure (a replica, a KV transfer): retry after a second */
-            respond_error(req, req->err_status, req->err_msg, NULL, req->err_status == 503 ? 1 : 0);
+            /* 503: a transient failure (a replica, a KV transfer): retry after a
+             * second, or what the engine estimated (pd_gw_on_error_retry) */
+            respond_error(req, req->err_status, req->err_msg, NULL,
+                          req->err_status != 503 ? 0 : req->retry_after > 0 ? req->retry_after : 1);
         } else if (req->failed) {
             /* after the 200: an in-band error event, then [DONE] */
             char *e = gw_error_json(req->err_status, req->err_msg, NULL);
@@ -1145,7 +1154,7 @@ static void req_prepared(gw_job *job, void *ud) {
     req->submit_status = 0;
     int rc = req->srv->engine.submit(req->srv->engine_ctx, req, &req->gp);
     if (rc < 0) {
-        int st = req->submit_status == 429 ? 429 : 503;
+        int st = req->submit_status == 429 || req->submit_status == 400 ? req->submit_status : 503;
         const char *msg = req->submit_msg[0] ? req->submit_msg
                           : st == 429        ? "too many requests are queued; retry later"
                                              : "no replica is available to serve the request";

@@ -165,8 +165,10 @@ typedef struct {
 typedef void (*pd_gw_abort_choice_fn)(void *engine, pd_gw_request *req, int choice);
 
 /** Inside submit, before returning < 0: the status the client gets (429
- * queue full, 503 no replica; anything else is answered 503), a Retry-After
- * in seconds (<= 0: no header) and a message (copied; NULL: a default). */
+ * queue full, 503 no replica, 400 the request can never be served, e.g. a
+ * prompt larger than every replica's KV capacity; anything else is answered
+ * 503), a Retry-After in seconds (<= 0: no header) and a message (copied;
+ * NULL: a default). */
 void pd_gw_submit_error(pd_gw_request *req, int http_status, int retry_after_s,
                         const char *message);
 
@@ -214,6 +216,12 @@ void pd_gw_on_finish(pd_gw_request *req, int choice, const char *finish_reason);
  * body with message; a stream that already started gets an SSE error event
  * then "data: [DONE]". req is released when this call returns. */
 void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const char *message);
+
+/** As pd_gw_on_error, with the Retry-After (seconds, >= 1) a 503 answer
+ * carries (pd_gw_on_error's 503 carries 1); ignored for other statuses and
+ * once the response started. */
+void pd_gw_on_error_retry(pd_gw_request *req, int http_status_if_not_started, int retry_after_s,
+                          const char *message);
 
 /** The request's generation parameters (same pointer as given to submit). */
 const pd_gw_gen_params *pd_gw_request_params(const pd_gw_request *req);

@@ -24,6 +24,9 @@ typedef struct {
     int max_running[2];            /* --max-concurrent-requests-short/-long */
     int max_queued[2];             /* --max-queued-requests-short/-long; full -> 429 */
     double request_timeout_s;      /* --request-timeout: deadline from arrival; 0 = none */
+    double queue_timeout_s;        /* --queue-timeout: longest wait in a class queue from arrival (for a
+                                      dispatch slot, a prefill job slot or a decode replica's KV room),
+                                      then 503 with Retry-After; 0 = none */
     int max_prefill_jobs_per_replica; /* --max-prefill-jobs-per-replica: long-route jobs one prefill
                                          replica holds (reserving, queued, computing); more wait in
                                          the gateway's long queue; <= 0: 2 */

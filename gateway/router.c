@@ -17,7 +17,16 @@
 #define LOGM "router"
 
 enum { ROLE_PREFILL = 0, ROLE_DECODE = 1 };
-enum { SUB_DECODING = 0, SUB_RESERVING, SUB_PREFILLING, SUB_DONE };
+/* A sub-request's state: SUB_WAITING not on any replica yet (queued, or
+ * queued again after a decode replica refused its reservation for want of
+ * room), SUB_RESERVING its Generate(kv_reserved) sent, SUB_PREFILLING its
+ * Prefill sent, SUB_DECODING on its decode replica, SUB_DONE ended. */
+enum { SUB_DECODING = 0, SUB_RESERVING, SUB_PREFILLING, SUB_DONE, SUB_WAITING };
+
+/* After a decode replica refused a reservation for want of room, it is not
+ * asked again for this long, unless a heartbeat shows more free, or a
+ * request on it ends or its KV arrives, first. */
+#define RESERVE_BACKOFF_S 0.25
 
 typedef struct gw_replica {
     char id[128];
@@ -34,6 +43,18 @@ typedef struct gw_replica {
     bool alive;
     int n_assigned;
     uint64_t assigned_tokens;
+    /* decode, the long route: its KV staging pool's slots (0: none; from
+     * Register and heartbeats), and what the gateway believes is free for
+     * reservations: the last report (heartbeat or ReserveReply) plus what
+     * requests that ended or whose KV arrived since gave back; resv_* is
+     * what reservations in flight (SUB_RESERVING) ask on top */
+    uint32_t staging_slots;
+    uint32_t free_b, free_s;
+    uint64_t resv_b, resv_s;
+    bool refused; /* refused a reservation for want of room: not asked until refused_until */
+    double refused_until;
+    uint32_t refused_free_b, refused_free_s; /* what it had free then */
+    uint64_t refusals;                        /* reservations it refused for want of room */
     struct gw_replica *next;
 } gw_replica;
 
@@ -45,6 +66,8 @@ typedef struct gw_sub {
     gw_replica *decode, *prefill;
     uint64_t reservation;
     uint64_t tokens; /* prompt + max_tokens, for load accounting */
+    uint32_t need_b, need_s; /* long route: cache blocks and staging slots its reservation takes */
+    bool routed;             /* counted in requests_short/long */
     struct gw_sub *next_all;
 } gw_sub;
 
@@ -57,7 +80,11 @@ typedef struct gw_req {
     gw_sub *subs;
     int n_open;
     int cls;
-    bool queued;                 /* waiting in its class queue, nothing sent yet */
+    bool queued;                 /* in its class queue: some subs are SUB_WAITING */
+    bool counted_running;        /* counted in its class's running (some sub was sent) */
+    bool counted_tokens;         /* its prompt tokens counted (first dispatch) */
+    bool queue_time_noted;       /* its queue time observed (dispatch accepted) */
+    int n_refused;               /* reservations refused for want of room */
     double t_arrival, t_dispatch, t_first, t_last;
     uint64_t n_generated;
     struct gw_req *qnext;
@@ -74,7 +101,7 @@ typedef struct {
     pd_hist ttft, itl, e2e, queue_time, prefill_time, decode_time;
     uint64_t prompt_tokens, generation_tokens;
     uint64_t finished_stop, finished_length, finished_error, finished_abort;
-    uint64_t rejected_queue_full, rejected_no_replica, rejected_timeout;
+    uint64_t rejected_queue_full, rejected_no_replica, rejected_timeout, rejected_kv_limit;
 } class_state;
 
 struct pd_router {
@@ -171,10 +198,118 @@ static bool prefill_has_room(pd_router *r, int n) {
     return room >= (n < total ? n : total);
 }
 
-/* Whether a request of class cls and n choices may leave the class queue now. */
-static bool class_has_room(pd_router *r, int cls, int n) {
+/* ---- decode capacity for the long route ---- */
+
+static uint32_t blocks_for(const gw_replica *x, uint64_t tokens) {
+    uint64_t bs = x->block_size ? x->block_size : 1;
+    uint64_t n = (tokens + bs - 1) / bs;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* Cache blocks a reservation of an n-token prompt takes on decode replica
+ * x: the prompt's and its first token's (decode/service.c). */
+static uint32_t need_blocks(const gw_replica *x, int n_prompt) {
+    return blocks_for(x, (uint64_t)n_prompt + 1);
+}
+
+/* Staging slots it takes: the prompt's blocks, or 0 without a pool. */
+static uint32_t need_slots(const gw_replica *x, int n_prompt) {
+    return x->staging_slots ? blocks_for(x, (uint64_t)n_prompt) : 0;
+}
+
+static uint32_t cache_blocks(const gw_replica *x) {
+    return x->hb.total_blocks ? x->hb.total_blocks : x->num_blocks;
+}
+
+/* Whether an n-token prompt can ever be reserved on x (its whole cache and
+ * staging pool free). */
+static bool fits_ever(const gw_replica *x, int n_prompt) {
+    return need_blocks(x, n_prompt) <= cache_blocks(x) &&
+           (!x->staging_slots || need_slots(x, n_prompt) <= x->staging_slots);
+}
+
+/* Whether x is believed to have room for the reservation of an n-token
+ * prompt now (free blocks and free slots alike, less what reservations in
+ * flight ask), and did not refuse one lately. */
+static bool has_room(const gw_replica *x, int n_prompt) {
+    if (!x->alive || x->role != ROLE_DECODE || x->refused || !fits_ever(x, n_prompt)) return false;
+    if ((uint64_t)x->free_b < x->resv_b + need_blocks(x, n_prompt)) return false;
+    return !x->staging_slots || (uint64_t)x->free_s >= x->resv_s + need_slots(x, n_prompt);
+}
+
+/* The long route's decode replica for an n-token prompt: among those with
+ * room (has_room), the least loaded (tokens assigned), then the one with
+ * the most free slots and blocks. NULL: none has room now. A replica with
+ * free blocks but no free staging slots is never chosen. */
+static gw_replica *pick_decode_with_room(pd_router *r, int n_prompt) {
+    gw_replica *best = NULL;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!has_room(x, n_prompt)) continue;
+        uint64_t xs = x->free_s - x->resv_s, bs = best ? best->free_s - best->resv_s : 0;
+        uint64_t xb = x->free_b - x->resv_b, bb = best ? best->free_b - best->resv_b : 0;
+        if (!best || x->assigned_tokens < best->assigned_tokens ||
+            (x->assigned_tokens == best->assigned_tokens && (xs > bs || (xs == bs && xb > bb))))
+            best = x;
+    }
+    return best;
+}
+
+/* True when decode replicas are alive and none could ever hold the
+ * reservation of an n-token prompt; msg (when not NULL) then names the
+ * limit, of the replica that comes closest. */
+static bool never_fits(pd_router *r, int n_prompt, char *msg, size_t len) {
+    gw_replica *best = NULL;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
+        if (!x->alive || x->role != ROLE_DECODE) continue;
+        if (fits_ever(x, n_prompt)) return false;
+        /* the closest: its cache holds the prompt (the staging pool is the
+         * limit), then the largest cache */
+        bool xc = need_blocks(x, n_prompt) <= cache_blocks(x);
+        bool bc = best && need_blocks(best, n_prompt) <= cache_blocks(best);
+        if (!best || (xc && !bc) || (xc == bc && cache_blocks(x) > cache_blocks(best))) best = x;
+    }
+    if (!best) return false;
+    if (msg && need_blocks(best, n_prompt) > cache_blocks(best))
+        snprintf(msg, len, "prompt of %d tokens needs %u KV blocks of %u tokens (its first token included); "
+                 "the decode replica's KV cache holds %u (decode replica %s: --num-kv-blocks, "
+                 "--gpu-memory-utilization)", n_prompt, need_blocks(best, n_prompt), best->block_size,
+                 cache_blocks(best), best->id);
+    else if (msg)
+        snprintf(msg, len, "prompt of %d tokens needs %u KV staging slots (blocks of %u tokens); the decode "
+                 "replica's staging pool holds %u (decode replica %s: --kv-staging-blocks)", n_prompt, need_slots(best, n_prompt),
+                 best->block_size, best->staging_slots, best->id);
+    return true;
+}
+
+/* Whether a long request's decode side lets it go now: a decode replica
+ * has room for its prompt, or it cannot go anywhere at all (no decode
+ * replica, or it never fits: dispatch then fails it at once). */
+static bool decode_has_room(pd_router *r, int n_prompt) {
+    return !pick(r, ROLE_DECODE) || never_fits(r, n_prompt, NULL, 0) || pick_decode_with_room(r, n_prompt);
+}
+
+/* Whether a new request of class cls, n choices and an n_prompt-token
+ * prompt may be dispatched at once. */
+static bool class_has_room(pd_router *r, int cls, int n, int n_prompt) {
     const class_state *c = &r->cls[cls];
-    return c->running < c->max_running && (cls != CLASS_LONG || prefill_has_room(r, n));
+    return c->running < c->max_running &&
+           (cls != CLASS_LONG || (prefill_has_room(r, n) && decode_has_room(r, n_prompt)));
+}
+
+/* Choices of q not on any replica yet. */
+static int n_waiting(const gw_req *q) {
+    int n = 0;
+    for (int i = 0; i < q->p->n; i++) n += q->subs[i].state == SUB_WAITING;
+    return n;
+}
+
+/* Whether q, the head of its class queue, may be dispatched now. */
+static bool head_ready(pd_router *r, const gw_req *q) {
+    const class_state *c = &r->cls[q->cls];
+    int n = n_waiting(q);
+    if (n == 0) return true; /* its waiting choices were aborted: it only leaves the queue */
+    if (!q->counted_running && c->running >= c->max_running) return false;
+    return q->cls != CLASS_LONG || (prefill_has_room(r, n) && decode_has_room(r, q->p->n_prompt));
 }
 
 static void count_alive(pd_router *r) {
@@ -194,10 +329,25 @@ static gw_sub *sub_find(pd_router *r, const char *rid) {
     return NULL;
 }
 
+/* s leaves its replicas. On the decode replica what it held frees up: its
+ * reservation in flight no longer counts; the blocks of a running sequence
+ * (an estimate: the prompt's and what the request generated) come back,
+ * and a replica that refused a reservation may be asked again. */
 static void sub_unassign(gw_sub *s) {
-    if (s->decode) {
-        s->decode->n_assigned--;
-        s->decode->assigned_tokens -= s->tokens;
+    gw_replica *d = s->decode;
+    if (d) {
+        d->n_assigned--;
+        d->assigned_tokens -= s->tokens;
+        if (s->state == SUB_RESERVING) {
+            d->resv_b -= d->resv_b < s->need_b ? d->resv_b : s->need_b;
+            d->resv_s -= d->resv_s < s->need_s ? d->resv_s : s->need_s;
+        } else if (s->state == SUB_DECODING || s->state == SUB_PREFILLING) {
+            const gw_req *q = s->parent;
+            uint64_t gen = q->p->n > 0 ? q->n_generated / (uint64_t)q->p->n : 0;
+            uint64_t fb = (uint64_t)d->free_b + blocks_for(d, (uint64_t)q->p->n_prompt + gen + 1);
+            d->free_b = (uint32_t)(fb < cache_blocks(d) ? fb : cache_blocks(d));
+        }
+        d->refused = false;
     }
     if (s->prefill) {
         s->prefill->n_assigned--;
@@ -227,14 +377,38 @@ static void class_unqueue(class_state *c, gw_req *q) {
     q->queued = false;
 }
 
+/* Puts q in its class queue at its place by arrival (FIFO: a request
+ * queued again after a refused reservation goes before later arrivals).
+ * No longer counted running when none of its choices is on a replica. */
+static void class_enqueue(class_state *c, gw_req *q) {
+    bool active = false;
+    for (int i = 0; i < q->p->n; i++)
+        active |= q->subs[i].state != SUB_WAITING && q->subs[i].state != SUB_DONE;
+    if (q->counted_running && !active) {
+        c->running--;
+        q->counted_running = false;
+    }
+    if (q->queued) return;
+    gw_req **pp = &c->qhead;
+    if (c->qtail && c->qtail->t_arrival <= q->t_arrival)
+        pp = &c->qtail->qnext;
+    else
+        while (*pp && (*pp)->t_arrival <= q->t_arrival) pp = &(*pp)->qnext;
+    q->qnext = *pp;
+    *pp = q;
+    if (!q->qnext) c->qtail = q;
+    c->queued++;
+    q->queued = true;
+}
+
 /* The request leaves its class (finished, failed or aborted): accounting,
  * metrics, and a deferred dispatch of whatever waits in the queue. */
 static void req_finished(pd_router *r, gw_req *q, const char *outcome) {
     class_state *c = &r->cls[q->cls];
     double now = pd_now_s();
-    if (q->queued) {
-        class_unqueue(c, q);
-    } else {
+    if (q->queued) class_unqueue(c, q);
+    if (q->counted_running) {
+        q->counted_running = false;
         c->running--;
         c->done_at[c->done_i] = now;
         c->done_i = (c->done_i + 1) % DRAIN_WINDOW;
@@ -357,37 +531,68 @@ static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
 
 /* ---- engine interface ---- */
 
-/* Sends a request to replicas. Returns false (nothing sent) when the
- * replicas it needs are gone. */
-static bool dispatch(pd_router *r, gw_req *q) {
+/* Sends the waiting choices of q (SUB_WAITING) to replicas: short ones to
+ * the least loaded decode replica; long ones each to a decode replica with
+ * room for its reservation (pick_decode_with_room) and a prefill replica
+ * with a free job slot. Returns 1 when every waiting choice was sent, 0
+ * when some still wait for room (q then goes back to its place in the
+ * queue), -1 (nothing sent) when the replicas it needs are gone, -2
+ * (nothing sent) when no decode replica could ever hold its prompt's
+ * reservation (why names the limit). */
+static int dispatch(pd_router *r, gw_req *q, char *why, size_t why_len) {
     const pd_gw_gen_params *p = q->p;
+    class_state *c = &r->cls[q->cls];
     bool is_long = q->cls == CLASS_LONG;
-    if (!pick(r, ROLE_DECODE) || (is_long && !pick(r, ROLE_PREFILL))) return false;
+    if (!pick(r, ROLE_DECODE) || (is_long && !pick(r, ROLE_PREFILL))) return -1;
+    if (is_long && never_fits(r, p->n_prompt, why, why_len)) return -2;
     q->t_dispatch = pd_now_s();
-    pd_hist_observe(&r->cls[q->cls].queue_time, q->t_dispatch - q->t_arrival);
-    r->cls[q->cls].prompt_tokens += (uint64_t)p->n_prompt * (uint64_t)p->n;
-    for (int c = 0; c < p->n; c++) {
-        gw_sub *s = &q->subs[c];
-        s->decode = pick(r, ROLE_DECODE);
-        s->decode->n_assigned++;
-        s->decode->assigned_tokens += s->tokens;
+    if (!q->counted_running) {
+        q->counted_running = true;
+        c->running++;
+    }
+    if (!q->counted_tokens) {
+        q->counted_tokens = true;
+        c->prompt_tokens += (uint64_t)p->n_prompt * (uint64_t)p->n;
+    }
+    if (!is_long && !q->queue_time_noted) { /* long: when a reservation is granted */
+        q->queue_time_noted = true;
+        pd_hist_observe(&c->queue_time, q->t_dispatch - q->t_arrival);
+    }
+    int left = 0;
+    for (int i = 0; i < p->n; i++) {
+        gw_sub *s = &q->subs[i];
+        if (s->state != SUB_WAITING) continue;
+        gw_replica *d = is_long ? pick_decode_with_room(r, p->n_prompt) : pick(r, ROLE_DECODE);
+        if (!d) {
+            left++;
+            continue;
+        }
+        s->decode = d;
+        d->n_assigned++;
+        d->assigned_tokens += s->tokens;
         s->next_all = r->subs;
         r->subs = s;
+        if (!s->routed) {
+            s->routed = true;
+            *(is_long ? &r->stats.requests_long : &r->stats.requests_short) += 1;
+        }
         if (!is_long) {
             s->state = SUB_DECODING;
             send_generate(r, s, false);
-            r->stats.requests_short++;
-        } else {
-            s->state = SUB_RESERVING;
-            s->prefill = pick_prefill_with_room(r);
-            if (!s->prefill) s->prefill = pick(r, ROLE_PREFILL); /* n above every slot: the rule admitted it alone */
-            s->prefill->n_assigned++;
-            s->prefill->assigned_tokens += s->tokens;
-            send_generate(r, s, true);
-            r->stats.requests_long++;
+            continue;
         }
+        s->state = SUB_RESERVING;
+        s->need_b = need_blocks(d, p->n_prompt);
+        s->need_s = need_slots(d, p->n_prompt);
+        d->resv_b += s->need_b;
+        d->resv_s += s->need_s;
+        s->prefill = pick_prefill_with_room(r);
+        if (!s->prefill) s->prefill = pick(r, ROLE_PREFILL); /* n above every slot: the rule admitted it alone */
+        s->prefill->n_assigned++;
+        s->prefill->assigned_tokens += s->tokens;
+        send_generate(r, s, true);
     }
-    return true;
+    return left ? 0 : 1;
 }
 
 static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_params *p) {
@@ -407,7 +612,13 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
         pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
         return -1;
     }
-    bool room = class_has_room(r, cls, p->n);
+    char why[512];
+    if (cls == CLASS_LONG && never_fits(r, p->n_prompt, why, sizeof why)) {
+        c->rejected_kv_limit++;
+        pd_gw_submit_error(gwr, 400, 0, why);
+        return -1;
+    }
+    bool room = class_has_room(r, cls, p->n, p->n_prompt);
     if (!room && c->queued >= c->max_queued) {
         char msg[256];
         snprintf(msg, sizeof msg, "too many %s requests: %d running and %d queued (--max-queued-requests-%s %d)",
@@ -428,57 +639,65 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
         snprintf(s->rid, sizeof s->rid, "%s-%d", p->request_id, i);
         s->parent = q;
         s->choice = i;
-        s->state = SUB_DONE; /* not on any replica yet */
+        s->state = SUB_WAITING; /* not on any replica yet */
         s->tokens = (uint64_t)p->n_prompt + (uint64_t)p->max_tokens;
     }
     pd_gw_request_set_engine_data(gwr, q);
-    if (room && !c->qhead) {
-        c->running++;
-        dispatch(r, q); /* replicas were checked above */
-    } else {
-        q->queued = true;
-        if (c->qtail) c->qtail->qnext = q;
-        else c->qhead = q;
-        c->qtail = q;
-        c->queued++;
-    }
+    /* replicas and the prompt's size were checked above: dispatch returns
+     * 0 or 1 (0: some choices wait for a decode replica's room) */
+    if (!(room && !c->qhead) || dispatch(r, q, why, sizeof why) == 0) class_enqueue(c, q);
     return 0;
 }
 
 /* Deferred: start queued requests where their class has room; fail those
- * whose replicas vanished or whose deadline passed. */
+ * whose replicas vanished, whose prompt no decode replica can hold, or
+ * whose deadline passed (--request-timeout from arrival, --queue-timeout
+ * waiting in the queue: 503 with Retry-After). */
 static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
     pd_router *r = arg;
     double now = pd_now_s();
     for (int k = 0; k < N_CLASSES; k++) {
         class_state *c = &r->cls[k];
         /* deadlines of queued requests */
-        if (r->cfg.request_timeout_s > 0)
-            for (gw_req *q = c->qhead; q;) {
-                gw_req *next = q->qnext;
-                if (now - q->t_arrival > r->cfg.request_timeout_s) {
-                    char msg[200];
+        for (gw_req *q = c->qhead; q;) {
+            gw_req *next = q->qnext;
+            double waited = now - q->t_arrival;
+            bool rt = r->cfg.request_timeout_s > 0 && waited > r->cfg.request_timeout_s;
+            bool qt = r->cfg.queue_timeout_s > 0 && waited > r->cfg.queue_timeout_s;
+            if (rt || qt) {
+                char msg[300];
+                if (rt)
                     snprintf(msg, sizeof msg, "request waited %.1f s in the %s queue (--request-timeout %g s)",
-                             now - q->t_arrival, class_name[k], r->cfg.request_timeout_s);
-                    c->rejected_timeout++;
-                    pd_gw_request *gw = q->gw;
-                    req_finished(r, q, "timeout");
-                    free(q->subs);
-                    free(q);
-                    pd_gw_on_error(gw, 503, msg);
-                }
-                q = next;
+                             waited, class_name[k], r->cfg.request_timeout_s);
+                else
+                    snprintf(msg, sizeof msg, "request waited %.1f s in the %s queue%s (--queue-timeout %g s)",
+                             waited, class_name[k],
+                             q->n_refused ? " for KV capacity on the decode replicas" : "",
+                             r->cfg.queue_timeout_s);
+                c->rejected_timeout++;
+                pd_gw_request *gw = q->gw;
+                req_finished(r, q, "timeout");
+                int ra = retry_after_s(c);
+                req_release(r, q, "timed out");
+                pd_gw_on_error_retry(gw, 503, ra, msg);
             }
-        while (c->qhead && class_has_room(r, k, c->qhead->p->n)) {
+            q = next;
+        }
+        while (c->qhead && head_ready(r, c->qhead)) {
             gw_req *q = c->qhead;
             class_unqueue(c, q);
-            c->running++;
-            if (!dispatch(r, q)) {
+            char why[512];
+            int rc = dispatch(r, q, why, sizeof why);
+            if (rc < 0) {
                 pd_gw_request *gw = q->gw;
+                if (rc == -2) c->rejected_kv_limit++;
                 req_finished(r, q, "error");
-                free(q->subs);
-                free(q);
-                pd_gw_on_error(gw, 503, "no replica is available for this request any more");
+                req_release(r, q, "failed");
+                pd_gw_on_error(gw, rc == -2 ? 400 : 503,
+                               rc == -2 ? why : "no replica is available for this request any more");
+            } else if (rc == 0) {
+                class_enqueue(c, q); /* back at the head: later long requests wait behind it */
+                break;
             }
         }
     }
@@ -589,6 +808,13 @@ static void on_register(pd_router *r, pd_msg *m) {
     x->kv_base = g->kv_base;
     x->pid = g->pid;
     x->hb.free_blocks = g->geometry->num_blocks;
+    x->staging_slots = g->kv_staging_slots;
+    if (!again) { /* a new process: nothing reserved on it, everything free */
+        x->free_b = g->geometry->num_blocks;
+        x->free_s = g->kv_staging_slots;
+        x->resv_b = x->resv_s = 0;
+        x->refused = false;
+    }
     x->last_seen = pd_now_s();
     x->alive = true;
     rep.accepted = true;
@@ -623,6 +849,14 @@ static void on_heartbeat(pd_router *r, pd_msg *m) {
     x->hb.base.unknown_fields = NULL;
     x->hb.base.n_unknown_fields = 0;
     x->last_seen = pd_now_s();
+    if (x->role == ROLE_DECODE) {
+        x->free_b = h->free_blocks;
+        x->free_s = h->free_staging_slots;
+        x->staging_slots = h->total_staging_slots;
+        if (x->refused && (h->free_blocks > x->refused_free_b || h->free_staging_slots > x->refused_free_s))
+            x->refused = false;
+        if (r->cls[CLASS_LONG].qhead) event_active(r->ev_dispatch, 0, 0); /* room may have freed */
+    }
 }
 
 /* TTFT (arrival to first token), prefill time (dispatch to first token),
@@ -735,11 +969,48 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
         }
         return;
     }
-    if (!rr->ok) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "no KV capacity on decode replica %s: %s", s->decode->id, rr->reason);
-        fail_request(r, s->parent, 503, msg);
+    gw_replica *d = s->decode;
+    gw_req *q = s->parent;
+    if (d) { /* its freshest count of free blocks and slots */
+        d->free_b = rr->free_blocks;
+        d->free_s = rr->free_staging_slots;
+    }
+    if (!rr->ok && rr->refusal == PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM && d) {
+        /* not an error: the choice waits in the long queue again, at its
+         * place, for a decode replica with room; this one is not asked
+         * again until something on it frees up or RESERVE_BACKOFF_S */
+        d->refusals++;
+        d->refused = true;
+        d->refused_until = pd_now_s() + RESERVE_BACKOFF_S;
+        d->refused_free_b = rr->free_blocks;
+        d->refused_free_s = rr->free_staging_slots;
+        PD_LOGD(LOGM, "%s: decode replica %s has no room (%s): queued again", s->rid, d->id, rr->reason);
+        sub_unassign(s);
+        sub_unlink(r, s);
+        s->state = SUB_WAITING;
+        q->n_refused++;
+        class_enqueue(&r->cls[q->cls], q);
+        event_active(r->ev_dispatch, 0, 0);
         return;
+    }
+    if (!rr->ok) {
+        /* a prompt that can never be reserved there is the request's
+         * fault (400); anything else fails it as before */
+        bool never = rr->refusal == PDSERVE__RESERVE_REFUSAL__REFUSAL_NEVER_FITS;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s decode replica %s: %s", never ? "KV capacity of" : "no KV capacity on",
+                 d ? d->id : "?", rr->reason);
+        if (never) r->cls[q->cls].rejected_kv_limit++;
+        fail_request(r, q, never ? 400 : 503, msg);
+        return;
+    }
+    if (d) {
+        d->resv_b -= d->resv_b < s->need_b ? d->resv_b : s->need_b;
+        d->resv_s -= d->resv_s < s->need_s ? d->resv_s : s->need_s;
+    }
+    if (!q->queue_time_noted) {
+        q->queue_time_noted = true;
+        pd_hist_observe(&r->cls[q->cls].queue_time, pd_now_s() - q->t_arrival);
     }
     gw_replica *pf = s->prefill;
     if (!pf || !pf->alive) {
@@ -809,6 +1080,12 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
         event_active(r->ev_dispatch, 0, 0); /* its job slot is free: queued long requests may go */
     }
     s->state = SUB_DECODING;
+    if (s->decode) { /* it copies the KV out of its staging slots and frees them */
+        gw_replica *d = s->decode;
+        uint64_t fs = (uint64_t)d->free_s + s->need_s;
+        d->free_s = (uint32_t)(fs < d->staging_slots ? fs : d->staging_slots);
+        d->refused = false;
+    }
     r->stats.kv_bytes_transferred += k->kv_bytes;
     r->stats.kv_transfer_seconds += k->transfer_seconds;
     send_to(r, s->decode, PD_MSG_KV_COMPLETE, &k->base);
@@ -881,6 +1158,7 @@ static void replica_gone(pd_router *r, gw_replica *x, const char *what) {
     }
     x->n_assigned = 0;
     x->assigned_tokens = 0;
+    x->resv_b = x->resv_s = 0;
     if (x->role == ROLE_PREFILL) /* decode replicas may reuse blocks it was granted */
         for (gw_replica *d = r->replicas; d; d = d->next)
             if (d->alive && d->role == ROLE_DECODE) {
@@ -926,11 +1204,22 @@ static void enforce_deadlines(pd_router *r) {
     event_active(r->ev_dispatch, 0, 0); /* queued deadlines */
 }
 
+/* Decode replicas whose refusal backoff ended may be asked again; queued
+ * requests are looked at (room, --queue-timeout) while any wait. */
+static void wake_queues(pd_router *r) {
+    double now = pd_now_s();
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->refused && now >= x->refused_until) x->refused = false;
+    for (int k = 0; k < N_CLASSES; k++)
+        if (r->cls[k].qhead) event_active(r->ev_dispatch, 0, 0);
+}
+
 static void on_timer(evutil_socket_t fd, short what, void *arg) {
     pd_router *r = arg;
     drain(r);
     expire(r);
     enforce_deadlines(r);
+    wake_queues(r);
 }
 
 pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, pd_router **r_p, pd_err *err) {
@@ -1058,6 +1347,20 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
         if (x->alive)
             evbuffer_add_printf(body, "pdserve:kv_cache_free_blocks{replica=\"%s\",role=\"%s\"} %u\n", x->id,
                                 x->role == ROLE_DECODE ? "decode" : "prefill", x->hb.free_blocks);
+    evbuffer_add_printf(body, "# HELP pdserve:kv_staging_free_slots Free KV staging slots of a decode replica "
+                              "(--kv-staging-blocks; a long prompt's reservation takes one per block).\n"
+                              "# TYPE pdserve:kv_staging_free_slots gauge\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && x->role == ROLE_DECODE && x->staging_slots)
+            evbuffer_add_printf(body, "pdserve:kv_staging_free_slots{replica=\"%s\",role=\"decode\"} %u\n", x->id,
+                                x->hb.free_staging_slots);
+    evbuffer_add_printf(body, "# HELP pdserve:kv_reservations_refused_total Long-route KV reservations a decode "
+                              "replica refused for want of free blocks or staging slots (the request waits again).\n"
+                              "# TYPE pdserve:kv_reservations_refused_total counter\n");
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && x->role == ROLE_DECODE)
+            evbuffer_add_printf(body, "pdserve:kv_reservations_refused_total{replica=\"%s\"} %llu\n", x->id,
+                                (unsigned long long)x->refusals);
     evbuffer_add_printf(body, "# HELP pdserve:replica_prefill_tokens_total Prompt tokens a replica computed itself.\n"
                               "# TYPE pdserve:replica_prefill_tokens_total counter\n");
     for (gw_replica *x = r->replicas; x; x = x->next)
@@ -1112,7 +1415,8 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
     for (int k = 0; k < N_CLASSES; k++)
         pd_strbuf_printf(&sb, "pdserve:num_requests_running_class{model_name=\"%s\",class=\"%s\"} %d\n", r->model_name,
                          class_name[k], r->cls[k].running);
-    pd_strbuf_printf(&sb, "# HELP pdserve:num_requests_waiting_class Requests in the gateway's class queue.\n"
+    pd_strbuf_printf(&sb, "# HELP pdserve:num_requests_waiting_class Requests in the gateway's class queue "
+                          "(long: also those waiting for a decode replica's KV room).\n"
                           "# TYPE pdserve:num_requests_waiting_class gauge\n");
     for (int k = 0; k < N_CLASSES; k++)
         pd_strbuf_printf(&sb, "pdserve:num_requests_waiting_class{model_name=\"%s\",class=\"%s\"} %d\n", r->model_name,
@@ -1151,6 +1455,8 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
                          r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_no_replica);
         pd_strbuf_printf(&sb, "pdserve:requests_rejected_total{model_name=\"%s\",class=\"%s\",reason=\"timeout\"} %llu\n",
                          r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_timeout);
+        pd_strbuf_printf(&sb, "pdserve:requests_rejected_total{model_name=\"%s\",class=\"%s\",reason=\"kv_limit\"} %llu\n",
+                         r->model_name, class_name[k], (unsigned long long)r->cls[k].rejected_kv_limit);
     }
     if (sb.len) evbuffer_add(body, sb.data, sb.len);
     pd_strbuf_free(&sb);

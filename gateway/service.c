@@ -49,7 +49,7 @@ int pd_gateway_main(int argc, char **argv) {
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
     int run_short = 256, run_long = 16, q_short = 1024, q_long = 256, prefill_jobs = 2;
-    double request_timeout = 0;
+    double request_timeout = 0, queue_timeout = 300;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, tokenizer.json)"},
         {"served-model-name", PD_FLAG_STR, &served, "the model name clients use (default: --model)"},
@@ -70,6 +70,9 @@ int pd_gateway_main(int argc, char **argv) {
         {"max-prefill-jobs-per-replica", PD_FLAG_INT, &prefill_jobs,
          "long prompts one prefill replica holds at once (reserved, queued or computing); more wait at the gateway (2)"},
         {"request-timeout", PD_FLAG_FLOAT, &request_timeout, "seconds from arrival to the last token (0: none)"},
+        {"queue-timeout", PD_FLAG_FLOAT, &queue_timeout,
+         "seconds a request may wait in the gateway's queue (for a dispatch slot, a prefill job slot or a decode "
+         "replica's KV room) before 503 with Retry-After (300; 0: none)"},
         {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
         {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
         {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (100)"},
@@ -109,9 +112,10 @@ int pd_gateway_main(int argc, char **argv) {
     char tokpath[4096];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
-    if (run_short < 1 || run_long < 1 || prefill_jobs < 1 || q_short < 0 || q_long < 0 || request_timeout < 0) {
+    if (run_short < 1 || run_long < 1 || prefill_jobs < 1 || q_short < 0 || q_long < 0 || request_timeout < 0 ||
+        queue_timeout < 0) {
         fprintf(stderr, "pdserve gateway: concurrency limits (and --max-prefill-jobs-per-replica) must be >= 1, "
-                        "queue sizes and --request-timeout >= 0\n");
+                        "queue sizes, --request-timeout and --queue-timeout >= 0\n");
         return 2;
     }
     if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
@@ -123,6 +127,7 @@ int pd_gateway_main(int argc, char **argv) {
                                .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc),
                                .model_name = served ? served : model, .max_running = {run_short, run_long},
                                .max_queued = {q_short, q_long}, .request_timeout_s = request_timeout,
+                               .queue_timeout_s = queue_timeout,
                                .max_prefill_jobs_per_replica = prefill_jobs};
     pd_router *router = NULL;
     if (pd_router_init(base, &rc_cfg, &router, &err) != PD_OK) {
