@@ -823,8 +823,8 @@ static void on_register(pd_router *r, pd_msg *m) {
     if (again)
         PD_LOGD(LOGM, "%s replica %s registered again (a resent Register, pid %u)", g->role, x->id, g->pid);
     else
-        PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens)", g->role, x->id, g->pid,
-                x->num_blocks, x->block_size);
+        PD_LOGI(LOGM, "%s replica %s registered (pid %u, %u KV blocks of %u tokens, %u KV staging slots)", g->role,
+                x->id, g->pid, x->num_blocks, x->block_size, x->staging_slots);
     count_alive(r);
 }
 

@@ -32,12 +32,18 @@ typedef struct {
     pd_router *router;
     pd_gw_server *gw;
     void *zctx, *decode, *prefill, *decode_new; /* decode_new: never registers */
-    bool beat_decode, beat_prefill; /* the fakes send heartbeats while pumping */
+    void *decode2;                              /* a second decode replica, "t-decode2" */
+    bool beat_decode, beat_prefill, beat_decode2; /* the fakes send heartbeats while pumping */
+    /* what the fake decode replicas report: free cache blocks (of 100), free
+     * and total KV staging slots (total 0: no staging pool) */
+    uint32_t dec_free_b, dec_free_s, dec_total_s;
+    uint32_t dec2_free_b, dec2_free_s, dec2_total_s;
     double last_beat;
     char endpoint[128];
 } fixture;
 
 #define HB_MS 200 /* a replica is out of rotation after 3 missed heartbeats */
+#define QUEUE_TIMEOUT_S 3.0 /* --queue-timeout */
 
 static double now_s(void) {
     struct timespec ts;
@@ -45,10 +51,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void beat(void *sock, const char *id) {
+static void beat(void *sock, const char *id, uint32_t free_b, uint32_t free_s, uint32_t total_s) {
     Pdserve__Heartbeat h = PDSERVE__HEARTBEAT__INIT;
     h.replica_id = (char *)id;
-    h.total_blocks = h.free_blocks = 100;
+    h.total_blocks = 100;
+    h.free_blocks = free_b;
+    h.free_staging_slots = free_s;
+    h.total_staging_slots = total_s;
     pd_msg_send(sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
 }
 
@@ -56,9 +65,11 @@ static void pump(fixture *f, int ms) {
     for (int i = 0; i < ms; i++) {
         if (now_s() - f->last_beat > HB_MS / 4000.0) {
             if (f->beat_decode)
-                beat(f->decode, "t-decode");
+                beat(f->decode, "t-decode", f->dec_free_b, f->dec_free_s, f->dec_total_s);
+            if (f->beat_decode2)
+                beat(f->decode2, "t-decode2", f->dec2_free_b, f->dec2_free_s, f->dec2_total_s);
             if (f->beat_prefill)
-                beat(f->prefill, "t-prefill");
+                beat(f->prefill, "t-prefill", 100, 0, 0);
             f->last_beat = now_s();
         }
         event_base_loop(f->base, EVLOOP_NONBLOCK);
@@ -89,8 +100,10 @@ static void *fake_replica(fixture *f, const char *id) {
     return s;
 }
 
-/* (Re)registers a fake replica as process `pid`; true when accepted. */
-static bool register_replica_pid(fixture *f, void *sock, const char *role, const char *id, uint32_t pid) {
+/* (Re)registers a fake replica as process `pid` with a KV staging pool of
+ * `slots` slots (0: none); true when accepted. */
+static bool register_replica_slots(fixture *f, void *sock, const char *role, const char *id, uint32_t pid,
+                                   uint32_t slots) {
     Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
     geo.block_size = 16;
     geo.num_layers = 2;
@@ -101,6 +114,7 @@ static bool register_replica_pid(fixture *f, void *sock, const char *role, const
     r.replica_id = (char *)id;
     r.geometry = &geo;
     r.pid = pid;
+    r.kv_staging_slots = slots;
     pd_msg_send(sock, NULL, 0, PD_MSG_REGISTER, &r.base);
     for (;;) { /* skip "unknown replica" answers to heartbeats sent before */
         pd_msg m;
@@ -114,6 +128,10 @@ static bool register_replica_pid(fixture *f, void *sock, const char *role, const
     }
 }
 
+static bool register_replica_pid(fixture *f, void *sock, const char *role, const char *id, uint32_t pid) {
+    return register_replica_slots(f, sock, role, id, pid, 0);
+}
+
 static bool register_replica(fixture *f, void *sock, const char *role, const char *id) {
     return register_replica_pid(f, sock, role, id, 0);
 }
@@ -121,7 +139,9 @@ static bool register_replica(fixture *f, void *sock, const char *role, const cha
 /* Both fakes registered and beating, nothing queued at either. */
 static void fakes_fresh(fixture *f) {
     f->beat_decode = f->beat_prefill = false;
-    assert_true(register_replica(f, f->decode, "decode", "t-decode"));
+    f->dec_free_b = 100;
+    f->dec_free_s = f->dec_total_s;
+    assert_true(register_replica_slots(f, f->decode, "decode", "t-decode", 0, f->dec_total_s));
     assert_true(register_replica(f, f->prefill, "prefill", "t-prefill"));
     f->beat_decode = f->beat_prefill = true;
     pump(f, 50);
@@ -152,6 +172,7 @@ static int setup(void **state) {
                            .long_prompt_threshold = 8,
                            .heartbeat_interval_ms = HB_MS,
                            .block_size = 16,
+                           .queue_timeout_s = QUEUE_TIMEOUT_S,
                            .model_name = "test-model"};
     if (pd_router_init(f->base, &rc, &f->router, &err) != PD_OK)
         return -1;
@@ -170,6 +191,8 @@ static int setup(void **state) {
     f->decode = fake_replica(f, "t-decode");
     f->prefill = fake_replica(f, "t-prefill");
     f->decode_new = fake_replica(f, "t-decode-new");
+    f->decode2 = fake_replica(f, "t-decode2");
+    f->dec_free_b = 100;
     *state = f;
     return 0;
 }
@@ -181,6 +204,7 @@ static int teardown(void **state) {
     zmq_close(f->decode);
     zmq_close(f->prefill);
     zmq_close(f->decode_new);
+    zmq_close(f->decode2);
     zmq_ctx_term(f->zctx);
     event_base_free(f->base);
     pd_tok_free(&f->tok);
@@ -195,7 +219,7 @@ static int post(fixture *f, const char *body) {
                              .sin_port = htons((uint16_t)pd_gw_server_port(f->gw)),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    char req[1024];
+    char req[16384];
     int n = snprintf(req, sizeof req,
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
@@ -607,6 +631,260 @@ static void test_long_waits_for_prefill_slot(void **state) {
     pump(f, 100);
 }
 
+
+/* ---- the long route when a decode replica has no room for a reservation ---- */
+
+#define LONG_BODY "{\"prompt\":\"one two three four five six seven eight nine ten\",\"max_tokens\":4}"
+
+/* The next Generate at sock: its request id into rid; whether kv_reserved. */
+static bool next_generate(fixture *f, void *sock, char *rid, size_t n) {
+    pd_msg m;
+    assert_true(wait_msg(f, sock, PD_MSG_GENERATE, &m));
+    Pdserve__Generate *g = (Pdserve__Generate *)m.msg;
+    snprintf(rid, n, "%s", g->request_id);
+    bool reserved = g->kv_reserved;
+    pd_msg_clear(&m);
+    return reserved;
+}
+
+/* A ReserveReply from the fake decode replica at sock. */
+static void reserve_reply(void *sock, const char *rid, bool ok, Pdserve__ReserveRefusal why, const char *reason,
+                          uint32_t free_b, uint32_t free_s) {
+    uint32_t blocks[1] = {1};
+    Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
+    rr.request_id = (char *)rid;
+    rr.ok = ok;
+    rr.refusal = why;
+    rr.reason = (char *)reason;
+    rr.free_blocks = free_b;
+    rr.free_staging_slots = free_s;
+    if (ok) {
+        rr.reservation_id = 21;
+        rr.block_ids = blocks;
+        rr.n_block_ids = 1;
+    }
+    assert_int_equal(pd_msg_send(sock, NULL, 0, PD_MSG_RESERVE_REPLY, &rr.base), PD_OK);
+}
+
+static void tokens_finished(void *sock, const char *rid) {
+    int32_t ids[1] = {300};
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = (char *)rid;
+    t.ids = ids;
+    t.n_ids = 1;
+    t.finished = true;
+    t.finish_reason = "length";
+    assert_int_equal(pd_msg_send(sock, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+}
+
+/* The gateway's /metrics text (caller frees). */
+static char *get_metrics(fixture *f) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)pd_gw_server_port(f->gw)),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    return read_all(f, fd);
+}
+
+/* The value of one series (its full name with labels) in m; -1 if absent. */
+static double series(const char *m, const char *name) {
+    for (const char *p = strstr(m, name); p; p = strstr(p + 1, name))
+        if ((p == m || p[-1] == '\n') && p[strlen(name)] == ' ')
+            return atof(p + strlen(name) + 1);
+    return -1;
+}
+
+#define WAITING_LONG "pdserve:num_requests_waiting_class{model_name=\"test-model\",class=\"long\"}"
+
+/* A decode replica that refuses a long prompt's reservation for want of
+ * free staging slots (REFUSAL_NO_ROOM) does not fail the request (it was a
+ * 503 "no KV capacity"): the request waits in the long queue (counted in
+ * num_requests_waiting_class), is not asked for again while the replica
+ * reports no free slot, short requests pass meanwhile, and it is reserved
+ * again, under the same id, once a heartbeat shows room; then it completes
+ * with 200. */
+static void test_refused_reservation_waits_and_retries(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 4;
+    fakes_fresh(f);
+    int fd = post(f, LONG_BODY);
+    char rid[160], again[160], srid[160];
+    assert_true(next_generate(f, f->decode, rid, sizeof rid));
+    f->dec_free_s = 0; /* its heartbeats from now on: no free slot */
+    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM,
+                  "1 KV staging slots needed, 0 of 4 free", 100, 0);
+    int fs = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
+    assert_false(next_generate(f, f->decode, srid, sizeof srid));
+    tokens_finished(f->decode, srid);
+    char *resp = read_all(f, fs);
+    assert_non_null(strstr(resp, "HTTP/1.1 200"));
+    free(resp);
+    char *m = get_metrics(f);
+    assert_true(series(m, WAITING_LONG) == 1);
+    assert_true(series(m, "pdserve:kv_reservations_refused_total{replica=\"t-decode\"}") >= 1);
+    free(m);
+    char ids[4][160];
+    assert_int_equal(collect_generates(f, 600, ids, 4), 0); /* past the backoff: still no room */
+    f->dec_free_s = 4;
+    assert_true(next_generate(f, f->decode, again, sizeof again));
+    assert_string_equal(again, rid);
+    reserve_reply(f->decode, rid, true, PDSERVE__RESERVE_REFUSAL__REFUSAL_OTHER, "", 99, 3);
+    pd_msg pm;
+    assert_true(wait_msg(f, f->prefill, PD_MSG_PREFILL, &pm));
+    assert_string_equal(((Pdserve__Prefill *)pm.msg)->request_id, rid);
+    pd_msg_clear(&pm);
+    Pdserve__KvComplete k = PDSERVE__KV_COMPLETE__INIT;
+    k.request_id = rid;
+    k.reservation_id = 21;
+    k.first_token = 5;
+    k.decode_replica_id = "t-decode";
+    k.prefill_replica_id = "t-prefill";
+    pd_msg_send(f->prefill, NULL, 0, PD_MSG_KV_COMPLETE, &k.base);
+    assert_true(wait_msg(f, f->decode, PD_MSG_KV_COMPLETE, &pm));
+    pd_msg_clear(&pm);
+    tokens_finished(f->decode, rid);
+    resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 200"));
+    assert_non_null(strstr(resp, "\"finish_reason\":\"length\""));
+    free(resp);
+    m = get_metrics(f);
+    assert_true(series(m, WAITING_LONG) == 0);
+    free(m);
+    f->dec_total_s = 0;
+}
+
+/* A refused request keeps its place: a long request that arrived after it
+ * waits behind it, and when room for one frees, the refused one goes.
+ * A queued client that goes away leaves the queue, and nothing is sent
+ * for it afterwards. */
+static void test_refused_keeps_its_place(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 4;
+    fakes_fresh(f);
+    int fa = post(f, LONG_BODY);
+    char ra[160], rb[160], ids[4][160];
+    assert_true(next_generate(f, f->decode, ra, sizeof ra));
+    f->dec_free_s = 0;
+    reserve_reply(f->decode, ra, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100, 0);
+    pump(f, 50);
+    int fb = post(f, "{\"prompt\":\"ten nine eight seven six five four three two one\",\"max_tokens\":4}");
+    assert_int_equal(collect_generates(f, 400, ids, 4), 0);
+    f->dec_free_s = 1; /* room for one reservation */
+    assert_true(next_generate(f, f->decode, rb, sizeof rb));
+    assert_string_equal(rb, ra);
+    assert_int_equal(collect_generates(f, 400, ids, 4), 0); /* the slot is asked for: none left */
+    char *m = get_metrics(f);
+    assert_true(series(m, WAITING_LONG) == 1);
+    free(m);
+    close(fb); /* the queued client goes */
+    pump(f, 100);
+    m = get_metrics(f);
+    assert_true(series(m, WAITING_LONG) == 0);
+    free(m);
+    f->dec_free_s = 4;
+    assert_int_equal(collect_generates(f, 400, ids, 4), 0);
+    close(fa);
+    pump(f, 100);
+    f->dec_total_s = 0;
+}
+
+/* A request that waits for room longer than --queue-timeout is answered
+ * 503 with Retry-After, naming the flag and what it waited for. */
+static void test_queue_timeout(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 4;
+    fakes_fresh(f);
+    double t0 = now_s();
+    int fd = post(f, LONG_BODY);
+    char rid[160];
+    assert_true(next_generate(f, f->decode, rid, sizeof rid));
+    f->dec_free_s = 0;
+    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100, 0);
+    char *resp = read_all(f, fd);
+    double waited = now_s() - t0;
+    assert_non_null(strstr(resp, "HTTP/1.1 503"));
+    assert_non_null(strstr(resp, "Retry-After: "));
+    assert_non_null(strstr(resp, "--queue-timeout 3 s"));
+    assert_non_null(strstr(resp, "for KV capacity on the decode replicas"));
+    assert_true(waited >= QUEUE_TIMEOUT_S && waited < QUEUE_TIMEOUT_S + 2);
+    free(resp);
+    f->dec_total_s = 0;
+}
+
+/* A prompt that needs more staging slots than the decode replica's whole
+ * pool (or more blocks than its whole cache) can never be served: 400
+ * naming the limit, at once, nothing sent to a replica. When the gateway
+ * could not know (a replica that registered no pool), the decode replica's
+ * REFUSAL_NEVER_FITS is answered 400 with its reason. */
+static void test_never_fits_is_400(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 2; /* 2 slots of 16 tokens */
+    fakes_fresh(f);
+    char body[8192], words[6000] = "";
+    for (int i = 0; i < 40; i++) strcat(words, " hello");
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4}", words);
+    char *resp = read_all(f, post(f, body));
+    assert_non_null(strstr(resp, "HTTP/1.1 400"));
+    assert_non_null(strstr(resp, "KV staging slots"));
+    assert_non_null(strstr(resp, "staging pool holds 2 (decode replica t-decode: --kv-staging-blocks)"));
+    assert_null(strstr(resp, "Retry-After"));
+    free(resp);
+    char ids[4][160];
+    assert_int_equal(collect_generates(f, 100, ids, 4), 0);
+    /* more blocks than the whole cache (100 of 16 tokens), no staging pool */
+    f->dec_total_s = 0;
+    fakes_fresh(f);
+    words[0] = 0;
+    for (int i = 0; i < 1700; i++) strcat(words, " a");
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4}", words);
+    resp = read_all(f, post(f, body));
+    assert_non_null(strstr(resp, "HTTP/1.1 400"));
+    assert_non_null(strstr(resp, "KV cache holds 100"));
+    free(resp);
+    assert_int_equal(collect_generates(f, 100, ids, 4), 0);
+    /* the decode replica says so itself */
+    int fd = post(f, LONG_BODY);
+    char rid[160];
+    assert_true(next_generate(f, f->decode, rid, sizeof rid));
+    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NEVER_FITS,
+                  "the decode replica's staging pool holds 0 (--kv-staging-blocks)", 100, 0);
+    resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 400"));
+    assert_non_null(strstr(resp, "decode replica t-decode: the decode replica's staging pool holds 0"));
+    free(resp);
+}
+
+/* The long route's choice of decode replica: one with free blocks but no
+ * free staging slot is not chosen while another has both, though it has
+ * more free blocks (which the choice went by before). */
+static void test_long_route_needs_free_slots(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 4;
+    fakes_fresh(f);
+    f->dec2_total_s = 4;
+    f->dec2_free_b = 50;
+    f->dec2_free_s = 4;
+    assert_true(register_replica_slots(f, f->decode2, "decode", "t-decode2", 0, 4));
+    f->beat_decode2 = true;
+    f->dec_free_s = 0;
+    pump(f, 150); /* heartbeats: t-decode 100 blocks and no slot, t-decode2 50 blocks and 4 slots */
+    pd_msg m;
+    pd_err err;
+    while (pd_msg_recv(f->decode2, false, &m, &err) == PD_OK)
+        pd_msg_clear(&m);
+    int fd = post(f, LONG_BODY);
+    char rid[160], ids[4][160];
+    assert_true(next_generate(f, f->decode2, rid, sizeof rid));
+    assert_int_equal(collect_generates(f, 100, ids, 4), 0); /* nothing at t-decode */
+    close(fd);
+    f->beat_decode2 = false; /* out of rotation after 3 missed heartbeats */
+    pump(f, 4 * HB_MS);
+    f->dec_total_s = 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heartbeat_refusal_names_its_registration),
@@ -618,6 +896,11 @@ int main(void) {
         cmocka_unit_test(test_tokens_top_logprobs),
         cmocka_unit_test(test_long_waits_for_prefill_slot),
         cmocka_unit_test(test_prefill_error_names_prefill),
+        cmocka_unit_test(test_refused_reservation_waits_and_retries),
+        cmocka_unit_test(test_refused_keeps_its_place),
+        cmocka_unit_test(test_queue_timeout),
+        cmocka_unit_test(test_never_fits_is_400),
+        cmocka_unit_test(test_long_route_needs_free_slots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

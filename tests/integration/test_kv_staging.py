@@ -12,16 +12,16 @@ Checks:
 - the staged path is the one taken (each replica logs its pool's size);
 - greedy and seeded sampled completions of long prompts (1..10 blocks)
   are the unstaged stack's, token for token (as text);
-- a prompt needing more slots than the decode pool holds is refused (503
-  naming the staging slots), never hangs;
-- concurrent long prompts that together need more slots than the decode
-  pool holds: each is answered, with the unstaged text or a 503 refusal
-  naming the staging slots (no hang, no wrong text), at least one refused;
-  retried one at a time, every refused one then succeeds with the
-  unstaged text;
-- clients that disconnect while their long prompt is being prefilled (the
-  Abort path: the reservation released, its slots quarantined until the
-  prefill replica's aborted KvComplete, its cache blocks freed at once);
+- a prompt needing more slots than the decode pool holds can never be
+  served: 400 naming the limit (--kv-staging-blocks), at once;
+- concurrent long prompts that together need far more slots than the
+  decode pool holds (8 of 9 blocks each, 10 slots: one at a time): the
+  gateway queues them until slots free (a refused reservation is not an
+  error) and every one is answered 200 with the unstaged text, none 503;
+- clients that disconnect while their long prompt is being prefilled or
+  while it waits in the gateway's queue for slots (the Abort path: the
+  reservation released, its slots quarantined until the prefill replica's
+  aborted KvComplete, its cache blocks freed at once);
 - no slot leaks: afterwards, prompts needing 9 of the 10 slots succeed one
   after another;
 - PD_KV_HOST_POOL=ucx (the decode replica's staging pool allocated by UCX
@@ -121,47 +121,60 @@ def main():
                     check(text == ref, f"{what}: staged {text!r} == unstaged {ref!r}")
                 st2, text = ucx.complete(ids, seed)
                 check(st2 == 200 and text == ref, f"{what}: PD_KV_HOST_POOL=ucx {st2} {text!r} == unstaged")
-        # ---- more blocks than the decode pool has slots: refused at once ----
+        # ---- more blocks than the decode pool has slots: never fits, 400 at once ----
         ids = [rng.randrange(3, 120000) for _ in range(DECODE_SLOTS * BLOCK + 1)]
         t0 = time.time()
         st, msg = staged.complete(ids, timeout=30)
-        check(st == 503 and "staging slots" in msg, f"a prompt of {DECODE_SLOTS + 1} blocks refused: {st} {msg!r}")
-        check(time.time() - t0 < 10, "refused without waiting")
-        # ---- concurrent: 4 prompts of 9 blocks each, 10 slots ----
-        prompts = [[rng.randrange(3, 120000) for _ in range(33)] for _ in range(4)]
+        check(st == 400 and f"staging pool holds {DECODE_SLOTS}" in msg and "--kv-staging-blocks" in msg
+              and f"needs {DECODE_SLOTS + 1} KV staging slots" in msg,
+              f"a prompt of {DECODE_SLOTS + 1} blocks: 400 naming the limit: {st} {msg!r}")
+        check(time.time() - t0 < 10, "answered without waiting")
+        # ---- concurrent: 8 prompts of 9 blocks each, 10 slots: they wait their turn ----
+        prompts = [[rng.randrange(3, 120000) for _ in range(33)] for _ in range(8)]
         refs = [plain.complete(p)[1] for p in prompts]
         results = [None] * len(prompts)
+        waiting = []
 
         def run(i):
             try:
-                results[i] = staged.complete(prompts[i], timeout=60)
+                results[i] = staged.complete(prompts[i], timeout=120)
             except Exception as e:  # noqa: BLE001 - recorded as a failure below
                 results[i] = (0, repr(e))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
         for t in threads:
             t.start()
+        while any(t.is_alive() for t in threads):
+            waiting.append(metric(metrics(staged.port), "pdserve:num_requests_waiting_class", **{"class": "long"}))
+            time.sleep(0.05)
         for t in threads:
-            t.join(90)
-        refused = []
+            t.join(150)
         for i, (st, text) in enumerate(results):
-            if st == 200:
-                check(text == refs[i], f"concurrent {i}: staged {text!r} == unstaged {refs[i]!r}")
-            elif check(st == 503 and "staging slots" in text, f"concurrent {i}: refused for slots, {st} {text!r}"):
-                refused.append(i)
-        check(len(refused) >= 1, f"{len(refused)} of 4 concurrent prompts refused for want of slots")
-        for i in refused:
-            st, text = staged.complete(prompts[i])
-            check(st == 200 and text == refs[i], f"retried {i}: {st} {text!r} == {refs[i]!r}")
-        # ---- clients gone mid-prefill: the Abort path frees the slots ----
-        for k in range(3):
+            check(st == 200 and text == refs[i], f"concurrent {i}: {st}, staged {text!r} == unstaged {refs[i]!r}")
+        time.sleep(3 * HB / 1000)  # a heartbeat after the last KvComplete
+        m = metrics(staged.port)
+        print(f"concurrent burst: most waiting in the long queue {max(waiting)}, reservations refused "
+              f"{metric(m, 'pdserve:kv_reservations_refused_total')}")
+        check(max(waiting) >= 3, f"the burst waited in the gateway's long queue (at most {max(waiting)} at once)")
+        check(metric(m, "pdserve:kv_staging_free_slots") == DECODE_SLOTS,
+              f"all {DECODE_SLOTS} staging slots free afterwards (gateway's view)")
+        # ---- clients gone mid-prefill or while queued: the Abort path frees the slots ----
+        socks = []
+        for k in range(4):
             s = socket.create_connection(("127.0.0.1", staged.port))
             body = json.dumps({"model": "tiny", "prompt": prompts[k], "max_tokens": 8, "stream": True}).encode()
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            time.sleep(0.05 + 0.05 * k)
+            socks.append(s)
+        time.sleep(0.1)
+        check(metric(metrics(staged.port), "pdserve:num_requests_waiting_class", **{"class": "long"}) >= 1,
+              "some of the 4 wait in the long queue when their clients go")
+        for k, s in enumerate(socks):
+            time.sleep(0.05 * k)
             s.close()
         time.sleep(1.5)
+        check(metric(metrics(staged.port), "pdserve:num_requests_waiting_class", **{"class": "long"}) == 0,
+              "the long queue is empty after its clients went")
         # ---- no slot leaked: 9 of 10 slots, again and again ----
         for k in range(6):
             st, text = staged.complete(prompts[k % 4])
