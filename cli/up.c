@@ -133,7 +133,7 @@ static bool port_in_use(const char *host, int port) {
 static bool is_gateway_flag(const char *a) {
     static const char *names[] = {"--max-concurrent-requests-short", "--max-concurrent-requests-long",
                                   "--max-queued-requests-short", "--max-queued-requests-long", "--request-timeout",
-                                  "--max-prefill-jobs-per-replica",
+                                  "--queue-timeout", "--max-prefill-jobs-per-replica",
                                   "--max-model-len", "--max-stop-strings", "--max-logprobs", "--tokenizer-pool-size",
                                   "--ssl-certfile", "--ssl-keyfile", "--max-concurrent-streams", "--tokenizer",
                                   "--max-request-body-bytes", "--timeout-keep-alive", "--max-connections",

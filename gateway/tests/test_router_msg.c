@@ -31,8 +31,8 @@ typedef struct {
     pd_tokenizer *tok;
     pd_router *router;
     pd_gw_server *gw;
-    void *zctx, *decode, *prefill, *decode_new; /* decode_new: never registers */
-    void *decode2;                              /* a second decode replica, "t-decode2" */
+    void *zctx, *decode, *prefill, *decode_new;   /* decode_new: never registers */
+    void *decode2;                                /* a second decode replica, "t-decode2" */
     bool beat_decode, beat_prefill, beat_decode2; /* the fakes send heartbeats while pumping */
     /* what the fake decode replicas report: free cache blocks (of 100), free
      * and total KV staging slots (total 0: no staging pool) */
@@ -42,7 +42,7 @@ typedef struct {
     char endpoint[128];
 } fixture;
 
-#define HB_MS 200 /* a replica is out of rotation after 3 missed heartbeats */
+#define HB_MS           200 /* a replica is out of rotation after 3 missed heartbeats */
 #define QUEUE_TIMEOUT_S 3.0 /* --queue-timeout */
 
 static double now_s(void) {
@@ -102,8 +102,8 @@ static void *fake_replica(fixture *f, const char *id) {
 
 /* (Re)registers a fake replica as process `pid` with a KV staging pool of
  * `slots` slots (0: none); true when accepted. */
-static bool register_replica_slots(fixture *f, void *sock, const char *role, const char *id, uint32_t pid,
-                                   uint32_t slots) {
+static bool register_replica_slots(fixture *f, void *sock, const char *role, const char *id,
+                                   uint32_t pid, uint32_t slots) {
     Pdserve__KvGeometry geo = PDSERVE__KV_GEOMETRY__INIT;
     geo.block_size = 16;
     geo.num_layers = 2;
@@ -128,7 +128,8 @@ static bool register_replica_slots(fixture *f, void *sock, const char *role, con
     }
 }
 
-static bool register_replica_pid(fixture *f, void *sock, const char *role, const char *id, uint32_t pid) {
+static bool register_replica_pid(fixture *f, void *sock, const char *role, const char *id,
+                                 uint32_t pid) {
     return register_replica_slots(f, sock, role, id, pid, 0);
 }
 
@@ -287,7 +288,8 @@ static void test_restarted_replica_fails_its_requests(void **state) {
     pd_msg m;
     assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
     pd_msg_clear(&m);
-    assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4242)); /* resent: nothing fails */
+    assert_true(
+        register_replica_pid(f, f->decode, "decode", "t-decode", 4242)); /* resent: nothing fails */
     struct pollfd p = {fd, POLLIN, 0};
     pump(f, 100);
     assert_int_equal(poll(&p, 1, 0), 0);
@@ -631,10 +633,10 @@ static void test_long_waits_for_prefill_slot(void **state) {
     pump(f, 100);
 }
 
-
 /* ---- the long route when a decode replica has no room for a reservation ---- */
 
-#define LONG_BODY "{\"prompt\":\"one two three four five six seven eight nine ten\",\"max_tokens\":4}"
+#define LONG_BODY                                                                                  \
+    "{\"prompt\":\"one two three four five six seven eight nine ten\",\"max_tokens\":4}"
 
 /* The next Generate at sock: its request id into rid; whether kv_reserved. */
 static bool next_generate(fixture *f, void *sock, char *rid, size_t n) {
@@ -648,8 +650,8 @@ static bool next_generate(fixture *f, void *sock, char *rid, size_t n) {
 }
 
 /* A ReserveReply from the fake decode replica at sock. */
-static void reserve_reply(void *sock, const char *rid, bool ok, Pdserve__ReserveRefusal why, const char *reason,
-                          uint32_t free_b, uint32_t free_s) {
+static void reserve_reply(void *sock, const char *rid, bool ok, Pdserve__ReserveRefusal why,
+                          const char *reason, uint32_t free_b, uint32_t free_s) {
     uint32_t blocks[1] = {1};
     Pdserve__ReserveReply rr = PDSERVE__RESERVE_REPLY__INIT;
     rr.request_id = (char *)rid;
@@ -768,9 +770,11 @@ static void test_refused_keeps_its_place(void **state) {
     char ra[160], rb[160], ids[4][160];
     assert_true(next_generate(f, f->decode, ra, sizeof ra));
     f->dec_free_s = 0;
-    reserve_reply(f->decode, ra, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100, 0);
+    reserve_reply(f->decode, ra, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100,
+                  0);
     pump(f, 50);
-    int fb = post(f, "{\"prompt\":\"ten nine eight seven six five four three two one\",\"max_tokens\":4}");
+    int fb = post(
+        f, "{\"prompt\":\"ten nine eight seven six five four three two one\",\"max_tokens\":4}");
     assert_int_equal(collect_generates(f, 400, ids, 4), 0);
     f->dec_free_s = 1; /* room for one reservation */
     assert_true(next_generate(f, f->decode, rb, sizeof rb));
@@ -802,7 +806,8 @@ static void test_queue_timeout(void **state) {
     char rid[160];
     assert_true(next_generate(f, f->decode, rid, sizeof rid));
     f->dec_free_s = 0;
-    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100, 0);
+    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no slots", 100,
+                  0);
     char *resp = read_all(f, fd);
     double waited = now_s() - t0;
     assert_non_null(strstr(resp, "HTTP/1.1 503"));
@@ -824,12 +829,14 @@ static void test_never_fits_is_400(void **state) {
     f->dec_total_s = 2; /* 2 slots of 16 tokens */
     fakes_fresh(f);
     char body[8192], words[6000] = "";
-    for (int i = 0; i < 40; i++) strcat(words, " hello");
+    for (int i = 0; i < 40; i++)
+        strcat(words, " hello");
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4}", words);
     char *resp = read_all(f, post(f, body));
     assert_non_null(strstr(resp, "HTTP/1.1 400"));
     assert_non_null(strstr(resp, "KV staging slots"));
-    assert_non_null(strstr(resp, "staging pool holds 2 (decode replica t-decode: --kv-staging-blocks)"));
+    assert_non_null(
+        strstr(resp, "staging pool holds 2 (decode replica t-decode: --kv-staging-blocks)"));
     assert_null(strstr(resp, "Retry-After"));
     free(resp);
     char ids[4][160];
@@ -838,7 +845,8 @@ static void test_never_fits_is_400(void **state) {
     f->dec_total_s = 0;
     fakes_fresh(f);
     words[0] = 0;
-    for (int i = 0; i < 1700; i++) strcat(words, " a");
+    for (int i = 0; i < 1700; i++)
+        strcat(words, " a");
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4}", words);
     resp = read_all(f, post(f, body));
     assert_non_null(strstr(resp, "HTTP/1.1 400"));
@@ -853,7 +861,8 @@ static void test_never_fits_is_400(void **state) {
                   "the decode replica's staging pool holds 0 (--kv-staging-blocks)", 100, 0);
     resp = read_all(f, fd);
     assert_non_null(strstr(resp, "HTTP/1.1 400"));
-    assert_non_null(strstr(resp, "decode replica t-decode: the decode replica's staging pool holds 0"));
+    assert_non_null(
+        strstr(resp, "decode replica t-decode: the decode replica's staging pool holds 0"));
     free(resp);
 }
 
