@@ -67,6 +67,92 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *(unsigned *)&v;
 }
 
+/* The per-tile work both kernels share, on a warp's 16 rows (rows g and
+ * g + 8 of the thread, a quad of lanes holding a row) and a tile of NT · 8
+ * keys from t0:
+ *   fl_mask: the causal mask where the tile crosses the warp's first row
+ *            (row0 = its absolute position); keys past L are past every query;
+ *   fl_online_softmax: the running max m and sum l of each row (exp2 of
+ *            scale · log2e · s), the accumulator o rescaled, and P = bf16(p)
+ *            as A fragments of the second product (C fragment of n-tile j →
+ *            A fragment of k-step j / 2);
+ *   fl_store: out = o / l over the quad's sums. */
+template <int NT>
+__device__ __forceinline__ void fl_mask(float (&s)[NT][4], int t0, int row0, int qa0, int qa1, int cq) {
+    if (t0 + NT * 8 - 1 <= row0)
+        return;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int t = t0 + j * 8 + cq;
+        if (t > qa0) s[j][0] = -INFINITY;
+        if (t + 1 > qa0) s[j][1] = -INFINITY;
+        if (t > qa1) s[j][2] = -INFINITY;
+        if (t + 1 > qa1) s[j][3] = -INFINITY;
+    }
+}
+
+template <int NT, int OT>
+__device__ __forceinline__ void fl_online_softmax(float (&s)[NT][4], float (&o)[OT][4], unsigned (&pf)[NT / 2][4],
+                                                  float &m0, float &m1, float &l0, float &l1, float scale_log2) {
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    /* a row whose keys so far are all masked keeps max -inf: no
+     * contribution yet (cannot persist: key 0 is in every row's tile 0) */
+    const float b0s = mx0 == -INFINITY ? 0.0f : mx0 * scale_log2;
+    const float b1s = mx1 == -INFINITY ? 0.0f : mx1 * scale_log2;
+    const float al0 = exp2f(m0 * scale_log2 - b0s), al1 = exp2f(m1 * scale_log2 - b1s); /* 0 when m was -inf */
+    m0 = mx0;
+    m1 = mx1;
+    float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float p0 = exp2f(s[j][0] * scale_log2 - b0s), p1 = exp2f(s[j][1] * scale_log2 - b0s);
+        const float p2 = exp2f(s[j][2] * scale_log2 - b1s), p3 = exp2f(s[j][3] * scale_log2 - b1s);
+        ls0 += p0 + p1;
+        ls1 += p2 + p3;
+        pf[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
+        pf[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l0 = l0 * al0 + ls0;
+    l1 = l1 * al1 + ls1;
+#pragma unroll
+    for (int j = 0; j < OT; j++) {
+        o[j][0] *= al0;
+        o[j][1] *= al0;
+        o[j][2] *= al1;
+        o[j][3] *= al1;
+    }
+}
+
+template <int OT>
+__device__ __forceinline__ void fl_store(const float (&o)[OT][4], float l0, float l1, int r0, int n_q, int nh, int h,
+                                         int cq, float *__restrict__ out) {
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    const int r1 = r0 + 8;
+#pragma unroll
+    for (int j = 0; j < OT; j++) {
+        const int col = j * 8 + cq;
+        if (r0 < n_q)
+            *(float2 *)(out + ((size_t)r0 * nh + h) * (OT * 8) + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
+        if (r1 < n_q)
+            *(float2 *)(out + ((size_t)r1 * nh + h) * (OT * 8) + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
+    }
+}
+
 template <int QD, int DV> struct fl_smem {
     static constexpr int QS = QD + FL_PAD, VS = DV + FL_PAD; /* row strides, elements */
     static constexpr size_t q = (size_t)FL_BQ * QS, k = (size_t)FL_BK * QS, v = (size_t)FL_BK * VS;
@@ -155,58 +241,9 @@ static __global__ void __launch_bounds__(FL_WARPS * 32)
                 mma16816(s[j + 1], qf[ks], b2, b3);
             }
         }
-        /* causal mask where the tile crosses the diagonal (keys past L are past every query) */
-        const int t0 = kt * FL_BK;
-        if (t0 + FL_BK - 1 > start_pos + q0 + warp * 16) {
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const int t = t0 + j * 8 + cq;
-                if (t > qa0) s[j][0] = -INFINITY;
-                if (t + 1 > qa0) s[j][1] = -INFINITY;
-                if (t > qa1) s[j][2] = -INFINITY;
-                if (t + 1 > qa1) s[j][3] = -INFINITY;
-            }
-        }
-        /* running max and sum of each row (a quad of lanes holds a row) */
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-#pragma unroll
-        for (int off = 1; off <= 2; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        /* a row whose keys so far are all masked keeps max -inf: no
-         * contribution yet (cannot persist: key 0 is in every row's tile 0) */
-        const float b0s = mx0 == -INFINITY ? 0.0f : mx0 * scale_log2;
-        const float b1s = mx1 == -INFINITY ? 0.0f : mx1 * scale_log2;
-        const float al0 = exp2f(m0 * scale_log2 - b0s), al1 = exp2f(m1 * scale_log2 - b1s); /* 0 when m was -inf */
-        m0 = mx0;
-        m1 = mx1;
-        float ls0 = 0.0f, ls1 = 0.0f;
         unsigned pf[NT / 2][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const float p0 = exp2f(s[j][0] * scale_log2 - b0s), p1 = exp2f(s[j][1] * scale_log2 - b0s);
-            const float p2 = exp2f(s[j][2] * scale_log2 - b1s), p3 = exp2f(s[j][3] * scale_log2 - b1s);
-            ls0 += p0 + p1;
-            ls1 += p2 + p3;
-            /* C fragment of n-tile j → A fragment of k-step j/2 */
-            pf[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
-            pf[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
-        }
-        l0 = l0 * al0 + ls0;
-        l1 = l1 * al1 + ls1;
-#pragma unroll
-        for (int j = 0; j < OT; j++) {
-            o[j][0] *= al0;
-            o[j][1] *= al0;
-            o[j][2] *= al1;
-            o[j][3] *= al1;
-        }
+        fl_mask<NT>(s, kt * FL_BK, start_pos + q0 + warp * 16, qa0, qa1, cq);
+        fl_online_softmax<NT, OT>(s, o, pf, m0, m1, l0, l1, scale_log2);
         /* O += P v: k-steps of 16 keys, v columns 16 at a time */
 #pragma unroll
         for (int ks = 0; ks < FL_BK / 16; ks++) {
@@ -222,22 +259,7 @@ static __global__ void __launch_bounds__(FL_WARPS * 32)
         }
         __syncthreads(); /* this buffer is refilled by the next iteration's prefetch */
     }
-    /* the rows' sums over the quad, then out = o / l */
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-#pragma unroll
-    for (int j = 0; j < OT; j++) {
-        const int col = j * 8 + cq;
-        if (r0 < n_q)
-            *(float2 *)(out + ((size_t)r0 * nh + h) * DV + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < n_q)
-            *(float2 *)(out + ((size_t)r1 * nh + h) * DV + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
-    }
+    fl_store<OT>(o, l0, l1, q0 + warp * 16 + g, n_q, nh, h, cq, out);
 }
 
 /* ---- the same attention on Hopper's warpgroup MMA (wgmma) ---------------
@@ -402,53 +424,9 @@ static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                 fw_pin(s[j][2]);
                 fw_pin(s[j][3]);
             }
-            const int t0 = kt * FW_BK;
-            if (t0 + FW_BK - 1 > start_pos + q0 + warp * 16) {
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const int t = t0 + j * 8 + cq;
-                    if (t > qa0) s[j][0] = -INFINITY;
-                    if (t + 1 > qa0) s[j][1] = -INFINITY;
-                    if (t > qa1) s[j][2] = -INFINITY;
-                    if (t + 1 > qa1) s[j][3] = -INFINITY;
-                }
-            }
-            float mx0 = m0, mx1 = m1;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-            }
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-            }
-            const float b0s = mx0 == -INFINITY ? 0.0f : mx0 * scale_log2;
-            const float b1s = mx1 == -INFINITY ? 0.0f : mx1 * scale_log2;
-            const float al0 = exp2f(m0 * scale_log2 - b0s), al1 = exp2f(m1 * scale_log2 - b1s);
-            m0 = mx0;
-            m1 = mx1;
-            float ls0 = 0.0f, ls1 = 0.0f;
             unsigned pf[NT / 2][4];
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float p0 = exp2f(s[j][0] * scale_log2 - b0s), p1 = exp2f(s[j][1] * scale_log2 - b0s);
-                const float p2 = exp2f(s[j][2] * scale_log2 - b1s), p3 = exp2f(s[j][3] * scale_log2 - b1s);
-                ls0 += p0 + p1;
-                ls1 += p2 + p3;
-                pf[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
-                pf[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
-            }
-            l0 = l0 * al0 + ls0;
-            l1 = l1 * al1 + ls1;
-#pragma unroll
-            for (int j = 0; j < OT; j++) {
-                o[j][0] *= al0;
-                o[j][1] *= al0;
-                o[j][2] *= al1;
-                o[j][3] *= al1;
-            }
+            fl_mask<NT>(s, kt * FW_BK, start_pos + q0 + warp * 16, qa0, qa1, cq);
+            fl_online_softmax<NT, OT>(s, o, pf, m0, m1, l0, l1, scale_log2);
             fw_fence();
 #pragma unroll
             for (int ks = 0; ks < FW_BK / 16; ks++)
@@ -465,21 +443,7 @@ static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
         }
         __syncthreads(); /* this stage is refilled by the next iteration's prefetch */
     }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-#pragma unroll
-    for (int j = 0; j < OT; j++) {
-        const int col = j * 8 + cq;
-        if (r0 < n_q)
-            *(float2 *)(out + ((size_t)r0 * nh + h) * DV + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < n_q)
-            *(float2 *)(out + ((size_t)r1 * nh + h) * DV + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
-    }
+    fl_store<OT>(o, l0, l1, q0 + warp * 16 + g, n_q, nh, h, cq, out);
 }
 
 bool cu_mla_flash_ok(int qd, int dv) {
