@@ -978,14 +978,16 @@ static void on_reserve_reply(pd_router *r, pd_msg *m) {
     if (!rr->ok && rr->refusal == PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM && d) {
         /* not an error: the choice waits in the long queue again, at its
          * place, for a decode replica with room; this one is not asked
-         * again until something on it frees up or RESERVE_BACKOFF_S */
+         * again until something on it frees up or RESERVE_BACKOFF_S
+         * (flagged after sub_unassign, which clears the flag: the
+         * request's own reservation leaving is not room freeing up) */
+        PD_LOGD(LOGM, "%s: decode replica %s has no room (%s): queued again", s->rid, d->id, rr->reason);
+        sub_unassign(s);
         d->refusals++;
         d->refused = true;
         d->refused_until = pd_now_s() + RESERVE_BACKOFF_S;
         d->refused_free_b = rr->free_blocks;
         d->refused_free_s = rr->free_staging_slots;
-        PD_LOGD(LOGM, "%s: decode replica %s has no room (%s): queued again", s->rid, d->id, rr->reason);
-        sub_unassign(s);
         sub_unlink(r, s);
         s->state = SUB_WAITING;
         q->n_refused++;

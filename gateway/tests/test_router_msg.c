@@ -758,6 +758,34 @@ static void test_refused_reservation_waits_and_retries(void **state) {
     f->dec_total_s = 0;
 }
 
+/* The refusal backoff: a decode replica that refused a reservation for
+ * want of room (REFUSAL_NO_ROOM) is not asked again for RESERVE_BACKOFF_S
+ * (0.25 s) unless something on it frees up, even when the free counts it
+ * reported look like room (a count that raced the refusal, room held for
+ * something the gateway does not see). Found by hand: the request's own
+ * sub_unassign cleared the flag the refusal had just set, so the gateway
+ * asked again at once, a round trip after each refusal. */
+static void test_refusal_backs_off(void **state) {
+    fixture *f = *state;
+    f->dec_total_s = 4;
+    fakes_fresh(f);
+    int fd = post(f, LONG_BODY);
+    char rid[160], again[160], ids[4][160];
+    assert_true(next_generate(f, f->decode, rid, sizeof rid));
+    double t_refused = now_s();
+    /* refused, though the counts (and its heartbeats: 100 blocks, 4 slots,
+     * no more than it reported) say there is room */
+    reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no room", 100,
+                  4);
+    assert_int_equal(collect_generates(f, 150, ids, 4), 0); /* within the backoff */
+    assert_true(next_generate(f, f->decode, again, sizeof again)); /* after it */
+    assert_string_equal(again, rid);
+    assert_true(now_s() - t_refused >= 0.2);
+    close(fd);
+    pump(f, 100);
+    f->dec_total_s = 0;
+}
+
 /* A refused request keeps its place: a long request that arrived after it
  * waits behind it, and when room for one frees, the refused one goes.
  * A queued client that goes away leaves the queue, and nothing is sent
@@ -907,6 +935,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_error_names_prefill),
         cmocka_unit_test(test_refused_reservation_waits_and_retries),
         cmocka_unit_test(test_refused_keeps_its_place),
+        cmocka_unit_test(test_refusal_backs_off),
         cmocka_unit_test(test_queue_timeout),
         cmocka_unit_test(test_never_fits_is_400),
         cmocka_unit_test(test_long_route_needs_free_slots),
