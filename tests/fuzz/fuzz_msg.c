@@ -183,6 +183,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     rc.block_size = 16;
     rc.model_name = "test-model";
     rc.request_timeout_s = 30;
+    rc.queue_timeout_s = 1; /* a request left waiting for KV room ends within a second, not 300 */
     pd_err err = {{0}};
     if (pd_router_init(g_base, &rc, &g_router, &err) != PD_OK) {
         fprintf(stderr, "fuzz_msg: %s\n", err.msg);
@@ -350,6 +351,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     register_replica(g_decode, "decode", "fz-decode");
     register_replica(g_prefill, "prefill", "fz-prefill");
     FZ_CHECK(pump_until(replies_in, 2000), "registration unanswered");
+    /* and report an empty cache: a fuzzed Heartbeat or ReserveReply may have
+     * left the router believing the decode replica full, and a resent
+     * Register of the same process keeps the counts (long prompts would
+     * then wait in the long queue, each input up to --queue-timeout) */
+    Pdserve__Heartbeat hb = PDSERVE__HEARTBEAT__INIT;
+    hb.replica_id = "fz-decode";
+    hb.free_blocks = hb.total_blocks = 1000;
+    hb.registration = 1;
+    send_msg(g_decode, PD_MSG_HEARTBEAT, &hb.base);
+    sync_router(g_decode);
 
     bool is_long = flags & 8;
     int n = flags & 0x20 ? 2 : 1;
