@@ -344,8 +344,11 @@ static pd_status step(chat_toolcall *t, chat_sink *k, bool final) {
                 continue;
             }
             if (final) {
-                /* no call in the block: all of it as generated */
-                if (!t->block_has_call || !all_ws(b->p, b->n))
+                /* no call in the block: all of it as generated; after a
+                 * call, whitespace only where text of the block went out
+                 * (as when a marker follows it, and as when the text and
+                 * the whitespace come in one piece) */
+                if (!t->block_has_call || t->text_in_block || !all_ws(b->p, b->n))
                     st = block_content(t, k, b->p, b->n);
                 chat_buf_drop(b, b->n);
                 return st;

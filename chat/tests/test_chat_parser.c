@@ -276,6 +276,30 @@ static void test_tool_calls_dsml(void **state) {
     free(r);
 }
 
+/* Stray text after a call in a block that never closes, then whitespace
+ * (fuzz_chat, minimized): the whitespace is content with the text whether
+ * or not it arrives in a later piece. Cut right after the "~", the stream
+ * used to drop the " \n" ("~" vs the whole text's "~ \n"). */
+static void test_block_trailing_ws(void **state) {
+    static const char *const names[] = {"get_weather", "get_time", "f"};
+    pd_chat_parser_opts o = tools_opts(PD_CHAT_TOOLS_DEEPSEEK_DSML, PD_CHAT_THINK_AUTO);
+    o.tool_names = names;
+    o.n_tool_names = 3;
+    const char *in = FC INV " name=\"get_weather\"ar>\n" INVE "~ \n";
+    result *whole = malloc(sizeof *whole), *cut = malloc(sizeof *cut);
+    run(&o, in, NULL, 0, whole);
+    size_t n = strlen(in), cuts[2] = {n - 2, n}; /* the fuzzer's cuts */
+    run(&o, in, cuts, 2, cut);
+    same(whole, cut, in, cuts, 2);
+    parse_all_splits(&o, in, whole);
+    assert_int_equal(whole->n_calls, 1);
+    assert_string_equal(whole->calls[0][0], "get_weather");
+    assert_string_equal(whole->calls[0][1], "{}");
+    assert_string_equal(whole->content, "~ \n");
+    free(whole);
+    free(cut);
+}
+
 static void test_tools_prompt(void **state) {
     pd_chat_tool t[2] = {
         {"get_weather", "Weather of a city",
@@ -325,7 +349,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reasoning),         cmocka_unit_test(test_tool_calls_v3),
         cmocka_unit_test(test_malformed_is_text), cmocka_unit_test(test_tool_calls_dsml),
-        cmocka_unit_test(test_tools_prompt),      cmocka_unit_test(test_names),
+        cmocka_unit_test(test_block_trailing_ws), cmocka_unit_test(test_tools_prompt),
+        cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
