@@ -316,9 +316,13 @@ __device__ __forceinline__ void fw_commit() {
 __device__ __forceinline__ void fw_wait0() {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-/* keeps the compiler from moving accesses of an accumulator across the wait */
-__device__ __forceinline__ void fw_pin(float &x) {
-    asm volatile("" : "+f"(x)::"memory");
+/* keeps the compiler from moving accesses of an accumulator's registers across the wait */
+template <int N> __device__ __forceinline__ void fw_pin(float (&d)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            asm volatile("" : "+f"(d[j][i])::"memory");
 }
 
 /* d[64 × 64] (+)= a (registers) · B (k tile, K-major) */
@@ -353,7 +357,7 @@ static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     const int qt = n_qt - 1 - (int)blockIdx.x, h = blockIdx.y; /* longest first */
     const int q0 = qt * FW_BQ;
     const int L = start_pos + n_q;
-    const int n_kt = min(start_pos + q0 + FW_BQ, L) / FW_BK + ((min(start_pos + q0 + FW_BQ, L) % FW_BK) != 0);
+    const int n_kt = (min(start_pos + q0 + FW_BQ, L) + FW_BK - 1) / FW_BK; /* tiles up to the block's last key */
     const int last_wg = min(start_pos + q0 + wg * 64 + 63, L - 1); /* this warpgroup's rows see keys 0 .. last_wg */
     const int n_kt_wg = last_wg / FW_BK + 1;
     const size_t qrow = (size_t)nh * QD, vrow = (size_t)nh * DV;
@@ -417,13 +421,7 @@ static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                 fw_mma_s(&s[0][0], qf[ks], fw_desc(kaddr + (ks >> 2) * FW_PANEL + (ks & 3) * 32, 16, 1024), ks > 0);
             fw_commit();
             fw_wait0();
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                fw_pin(s[j][0]);
-                fw_pin(s[j][1]);
-                fw_pin(s[j][2]);
-                fw_pin(s[j][3]);
-            }
+            fw_pin(s);
             unsigned pf[NT / 2][4];
             fl_mask<NT>(s, kt * FW_BK, start_pos + q0 + warp * 16, qa0, qa1, cq);
             fl_online_softmax<NT, OT>(s, o, pf, m0, m1, l0, l1, scale_log2);
@@ -433,13 +431,7 @@ static __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                 fw_mma_o(&o[0][0], pf[ks], fw_desc(vaddr + ks * 2048, v_lbo, v_sbo), 1);
             fw_commit();
             fw_wait0();
-#pragma unroll
-            for (int j = 0; j < OT; j++) {
-                fw_pin(o[j][0]);
-                fw_pin(o[j][1]);
-                fw_pin(o[j][2]);
-                fw_pin(o[j][3]);
-            }
+            fw_pin(o);
         }
         __syncthreads(); /* this stage is refilled by the next iteration's prefetch */
     }
