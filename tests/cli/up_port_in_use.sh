@@ -16,11 +16,15 @@ for p in range(18700, 18900, 2):
     except OSError: pass')
 [ -n "$port" ] || { echo "FAIL: no free pair of ports"; exit 1; }
 hold() { # hold PORT: listen on 127.0.0.1:PORT until killed
+    # a fresh file: the previous holder's "up" must not be read as this one's
+    # (the background shell truncates it only when it gets to run)
+    rm -f "$T/hold"
     python3 -c 'import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("up", flush=True); time.sleep(60)' "$1" >"$T/hold" &
     holder=$!
-    for _ in 1 2 3 4 5 6 7 8 9 10; do grep -q up "$T/hold" 2>/dev/null && return; sleep 0.2; done
+    for _ in $(seq 50); do grep -q up "$T/hold" 2>/dev/null && return; sleep 0.2; done
+    echo "FAIL: could not hold port $1"; exit 1
 }
 trap 'kill $holder 2>/dev/null; rm -rf "$T"' EXIT
 for busy in "$port" "$((port + 1))"; do
