@@ -42,3 +42,27 @@ void pd_backend_free(pd_backend **be_p) {
         *be_p = NULL;
     }
 }
+
+void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a) {
+    const pd_backend_i *o = be->ops;
+    const int T = a->rows, H = a->hidden, E = a->route.n_experts, K = a->route.top_k;
+    if (T <= 0)
+        return;
+    o->rmsnorm(be, T, H, a->x, H, a->norm, a->eps, a->h, H);
+    o->gemm(be, T, a->h, a->router, a->logits, false);
+    o->moe_route_ids(be, T, a->logits, &a->route, a->ids, a->weights);
+    float *out = a->x; /* no shared experts: the routed ones add into x */
+    if (a->shared_gate_up) {
+        if (o->gemm_swiglu) {
+            o->gemm_swiglu(be, T, a->h, a->shared_gate_up, a->gu, a->act);
+        } else {
+            o->gemm(be, T, a->h, a->shared_gate_up, a->gu, false);
+            o->silu_mul(be, T, a->shared_gate_up->rows / 2, a->gu, a->act);
+        }
+        o->gemm(be, T, a->act, a->shared_down, a->mo, false);
+        out = a->mo;
+    }
+    o->moe_experts_ids(be, T, H, a->inter, a->h, a->ids, a->weights, K, E, a->gate_up, a->down, out);
+    if (out != a->x)
+        o->add(be, (size_t)T * H, a->x, out);
+}

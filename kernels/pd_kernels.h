@@ -127,6 +127,39 @@ typedef struct {
     size_t slot_offset;
 } pd_mla_prep_args;
 
+/** Arguments of the MoE block of rows tokens (moe_block), all backend
+ * memory: transformers' DeepseekV3DecoderLayer from post_attention_layernorm
+ * to the residual add, with DeepseekV3MoE between (DeepSeek-V2 §2.2, V3
+ * §2.1.2):
+ *   h = RMSNorm(x) · norm;  logits = h · router^T;  (ids, weights) = route(logits)
+ *   x += SharedExperts(h) + Σ_j weights[r, j] · Expert_{ids[r, j]}(h)
+ * with Expert(h) = down · (silu(gate · h) ⊙ up · h) and SharedExperts the
+ * same MLP over the shared weights (inter_shared = n_shared × inter units).
+ * One rank, no expert parallelism (the model calls the separate ops there).
+ * h, logits, ids, weights, gu, act and mo are the op's scratch, of the
+ * sizes given; the op may leave any of them unwritten, except h and ids /
+ * weights, which hold the norm and the routing afterwards. */
+typedef struct {
+    int rows, hidden;
+    float *x;            /* [rows, hidden] fp32, in place */
+    const float *norm;   /* [hidden] */
+    float eps;
+    const pd_weight *router; /* [n_experts, hidden] */
+    pd_moe_route_params route;
+    int inter;                    /* a routed expert's intermediate units */
+    const pd_weight *gate_up;     /* [n_experts] of [2 inter, hidden] (gate rows, then up rows) */
+    const pd_weight *down;        /* [n_experts] of [hidden, inter] */
+    const pd_weight *shared_gate_up; /* [2 inter_shared, hidden], or NULL: no shared experts */
+    const pd_weight *shared_down;    /* [hidden, inter_shared] */
+    float *h;                /* [rows, hidden] */
+    float *logits;           /* [rows, n_experts] */
+    int32_t *ids;            /* [rows, top_k] */
+    float *weights;          /* [rows, top_k] */
+    float *gu;               /* [rows, 2 max(inter, inter_shared)] */
+    float *act;              /* [rows, max(inter, inter_shared)] */
+    float *mo;               /* [rows, hidden] */
+} pd_moe_block_args;
+
 typedef struct pd_backend pd_backend;
 
 /** The operation table. ctx is the backend's own state. Every pointer
@@ -219,6 +252,15 @@ typedef struct {
      * and the next one's input norm). */
     void (*add_rmsnorm)(pd_backend *be, int rows, int dim, float *x, const float *y, const float *w, float eps,
                         float *h);
+    /** The MoE block of a step (pd_moe_block_args): rmsnorm, router,
+     * routing, shared and routed experts and the residual add in fewer
+     * passes than the separate ops (CUDA, decode-sized batches: four
+     * kernels, the shared experts run as experts of the grouped GEMMs).
+     * Returns false, having done nothing, where the backend has no faster
+     * path for these arguments (CUDA: more than 4 rows, shapes its kernels
+     * do not take, PD_MOE_BLOCK=0): the caller then runs the separate ops.
+     * Invalid arguments are recorded as the backend's error (true). */
+    bool (*moe_block)(pd_backend *be, const pd_moe_block_args *a);
 
     /* ---- tensor parallelism (pd_backend_init_tp) ---- */
     /** x[0..n) = the sum over every rank of the group of that rank's x[0..n),
@@ -388,6 +430,12 @@ pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_
                                       pd_all_reduce_check *res_p, pd_err *err);
 
 /** Destroys a backend; *be_p set to NULL. */
+/** moe_block as the ops it stands for, on be: rmsnorm, gemm (router),
+ * moe_route_ids, gemm_swiglu and gemm (shared experts, into a->mo),
+ * moe_experts_ids and add. The CPU backend's moe_block, and the CUDA
+ * backend's for batches its fused kernels do not take. Errors: those of
+ * the ops, recorded as each backend records them. */
+void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a);
 void pd_backend_free(pd_backend **be_p);
 
 #endif

@@ -49,6 +49,16 @@ static void mlp_forward(pd_backend *be, bool fused, const pd_mlp_weights *w, int
     be->ops->gemm(be, T, act, &w->down, out, accumulate);
 }
 
+/* The router's settings for layer L (transformers DeepseekV3TopkRouter). */
+static pd_moe_route_params moe_route_params(const pd_model_config *c, const pd_layer_weights *L) {
+    return (pd_moe_route_params){
+        .n_experts = c->n_routed_experts, .top_k = c->num_experts_per_tok, .n_group = c->n_group,
+        .topk_group = c->topk_group, .scoring = c->scoring_func == PD_SCORE_SIGMOID ? 1 : 0,
+        .topk_method = (int)c->topk_method, .norm_topk_prob = c->norm_topk_prob,
+        .routed_scaling_factor = c->routed_scaling_factor, .e_score_correction_bias = L->router_bias,
+    };
+}
+
 /* ---- buffers ---------------------------------------------------------- */
 
 static size_t args_ints(const pd_fwd_ws *w) {
@@ -188,6 +198,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
      * ones, for A/B runs) */
     const bool fused = m->fused_ops;
     const bool fuse_prep = fused && be->ops->mla_prep, fuse_add_norm = fused && be->ops->add_rmsnorm;
+    const bool fuse_moe = fused && be->ops->moe_block;
     const float *pending = NULL; /* the last layer's MoE output, not yet added to x */
 
     be->ops->embed_ids(be, T, H, ids, &rk->embed, x);
@@ -258,6 +269,19 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             add_reduced(rk, T, H, x, w->mo);
         }
         /* ---- MLP / MoE ---- */
+        if (L->is_moe && fuse_moe && !tp && !rk->expert_parallel) {
+            /* the whole block in one op where the backend has a faster
+             * path for it (CUDA: decode-sized batches) */
+            pd_moe_block_args mb = {
+                .rows = T, .hidden = H, .x = x, .norm = L->post_norm, .eps = c->rms_norm_eps, .router = &L->router,
+                .route = moe_route_params(c, L), .inter = c->moe_intermediate_size, .gate_up = L->experts_gate_up,
+                .down = L->experts_down, .shared_gate_up = c->n_shared_experts > 0 ? &L->shared.gate_up : NULL,
+                .shared_down = c->n_shared_experts > 0 ? &L->shared.down : NULL, .h = h, .logits = w->rlog,
+                .ids = w->eids, .weights = w->ew, .gu = w->gu, .act = w->act, .mo = w->mo,
+            };
+            if (be->ops->moe_block(be, &mb))
+                continue;
+        }
         be->ops->rmsnorm(be, T, H, x, H, L->post_norm, c->rms_norm_eps, h, H);
         if (!L->is_moe) {
             mlp_forward(be, fused, &L->mlp, T, h, w->gu, w->act, tp ? w->mo : x, !tp);
@@ -278,12 +302,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             mlp_forward(be, fused, &L->shared, T, h, w->gu, w->act, mo, false);
         else if (tp)
             be->ops->copy(be, mo, w->zeros, (size_t)T * H * sizeof(float));
-        pd_moe_route_params rp = {
-            .n_experts = c->n_routed_experts, .top_k = c->num_experts_per_tok, .n_group = c->n_group,
-            .topk_group = c->topk_group, .scoring = c->scoring_func == PD_SCORE_SIGMOID ? 1 : 0,
-            .topk_method = (int)c->topk_method, .norm_topk_prob = c->norm_topk_prob,
-            .routed_scaling_factor = c->routed_scaling_factor, .e_score_correction_bias = L->router_bias,
-        };
+        pd_moe_route_params rp = moe_route_params(c, L);
         be->ops->moe_route_ids(be, T, w->rlog, &rp, w->eids, w->ew);
         int moe_inter = c->moe_intermediate_size / rk->n_ranks;
         if (rk->expert_parallel) {

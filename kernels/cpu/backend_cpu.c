@@ -370,6 +370,11 @@ static void cpu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const f
     cpu_rmsnorm(be, rows, dim, x, dim, w, eps, h, dim);
 }
 
+static bool cpu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
+    pd_moe_block_composed(be, a);
+    return true;
+}
+
 /* One absorbed single-query attention per sequence. */
 static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
     int qd = d->qk_nope_dim + d->qk_rope_dim;
@@ -721,6 +726,7 @@ static const pd_backend_i cpu_ops = {
     .mla_prep = cpu_mla_prep,
     .gemm_swiglu = cpu_gemm_swiglu,
     .add_rmsnorm = cpu_add_rmsnorm,
+    .moe_block = cpu_moe_block,
     .all_reduce_sum = cpu_all_reduce_sum,
     .sample_rows = cpu_sample_rows,
 };

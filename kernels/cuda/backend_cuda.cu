@@ -300,6 +300,7 @@ static void cu_destroy(pd_backend *be) {
         free(c->wtabs[i].host);
     }
     free(c->wtabs);
+    cu_moe_sets_free(c);
     for (int i = 0; i < CU_SCR_COUNT; i++)
         if (c->scr[i].p)
             cudaFree(c->scr[i].p);
@@ -384,6 +385,7 @@ CU_OP(void, mla_prep, (pd_backend * be, const pd_mla_prep_args *a), (be, a))
 CU_OP(void, add_rmsnorm,
       (pd_backend * be, int rows, int dim, float *x, const float *y, const float *w, float eps, float *h),
       (be, rows, dim, x, y, w, eps, h))
+CU_OP(bool, moe_block, (pd_backend * be, const pd_moe_block_args *a), (be, a))
 CU_OP(void, all_reduce_sum, (pd_backend * be, float *x, size_t n), (be, x, n))
 CU_OP(void *, host_alloc, (pd_backend * be, size_t bytes), (be, bytes))
 CU_OP(void, host_free, (pd_backend * be, void *p), (be, p))
@@ -430,6 +432,7 @@ static const pd_backend_i cu_ops = {
     .mla_prep = op_mla_prep,
     .gemm_swiglu = cu_gemm_swiglu,
     .add_rmsnorm = op_add_rmsnorm,
+    .moe_block = op_moe_block,
     .all_reduce_sum = op_all_reduce_sum,
     .host_alloc = op_host_alloc,
     .host_free = op_host_free,
@@ -504,6 +507,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_y_f32 = my && !strcmp(my, "f32");
         const char *mh = getenv("PD_MOE_PLAN");
         c->moe_host_plan = mh && !strcmp(mh, "host");
+        const char *mb = getenv("PD_MOE_BLOCK");
+        c->moe_block_composed = mb && !strcmp(mb, "0");
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));

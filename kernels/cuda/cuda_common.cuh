@@ -116,8 +116,11 @@ typedef struct {
     bool moe_host_plan;          /* PD_MOE_PLAN=host: the prefill MoE's plan made on the host (A/B runs) */
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
     bool moe_y_f32;              /* PD_MOE_Y=f32: the prefill MoE's GEMM outputs (gate_up, down) in fp32 (A/B runs) */
+    bool moe_block_composed;     /* PD_MOE_BLOCK=0: moe_block as the separate ops (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
+    struct cu_moe_set *moe_sets; /* moe_block's tables of routed and shared experts (moe.cu) */
+    int n_moe_sets, cap_moe_sets;
     size_t dev_bytes; /* device memory this backend holds: cu_alloc buffers, weights, scratch, tables, workspace */
     cu_alloc_rec *allocs; /* cu_alloc's live buffers, for cu_free to subtract */
     int n_allocs, cap_allocs;
@@ -245,11 +248,55 @@ __device__ __forceinline__ float cu_warp_max(float v) {
     return v;
 }
 
+/* Eight consecutive weights of a row: one 16-byte load of bf16, two of fp32
+ * (the skinny GEMMs of gemm.cu and moe.cu's router); dot: their products
+ * with a | b, summed in order. */
+template <typename W> struct gv_w8;
+template <> struct gv_w8<__nv_bfloat16> {
+    uint4 v;
+    __device__ __forceinline__ void load(const __nv_bfloat16 *row, int k8) {
+        v = __ldg((const uint4 *)row + k8);
+    }
+    __device__ __forceinline__ float dot(float4 a, float4 b) const {
+        float s = __uint_as_float(v.x << 16) * a.x;
+        s = fmaf(__uint_as_float(v.x & 0xffff0000u), a.y, s);
+        s = fmaf(__uint_as_float(v.y << 16), a.z, s);
+        s = fmaf(__uint_as_float(v.y & 0xffff0000u), a.w, s);
+        s = fmaf(__uint_as_float(v.z << 16), b.x, s);
+        s = fmaf(__uint_as_float(v.z & 0xffff0000u), b.y, s);
+        s = fmaf(__uint_as_float(v.w << 16), b.z, s);
+        s = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, s);
+        return s;
+    }
+};
+template <> struct gv_w8<float> {
+    float4 lo, hi;
+    __device__ __forceinline__ void load(const float *row, int k8) {
+        lo = __ldg((const float4 *)row + 2 * k8);
+        hi = __ldg((const float4 *)row + 2 * k8 + 1);
+    }
+    __device__ __forceinline__ float dot(float4 a, float4 b) const {
+        float s = lo.x * a.x;
+        s = fmaf(lo.y, a.y, s);
+        s = fmaf(lo.z, a.z, s);
+        s = fmaf(lo.w, a.w, s);
+        s = fmaf(hi.x, b.x, s);
+        s = fmaf(hi.y, b.y, s);
+        s = fmaf(hi.z, b.z, s);
+        s = fmaf(hi.w, b.w, s);
+        return s;
+    }
+};
+
 static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
     size_t b = (n + threads - 1) / threads;
     if (b < 1) b = 1;
     return (unsigned)(b < cap ? b : cap);
 }
+
+/* moe_block (moe.cu) and the release of its tables at destroy. */
+bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a);
+void cu_moe_sets_free(cu_ctx *c);
 
 /* The device table of data pointers of w[0..n), NULL (error recorded) on failure. */
 const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
@@ -281,6 +328,12 @@ const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
                            const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s);
+/* The same with a row stride gldw[g] and an up-row offset gupo[g] (SwiGLU)
+ * per group (NULL: K and N): a group may be a slice of a larger matrix. */
+cudaError_t cu_gemv_grouped_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
+                                   const void *const *w, const int *off, const int *glist, const int *gldw,
+                                   const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
+                                   float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s);
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);

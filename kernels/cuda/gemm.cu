@@ -261,7 +261,10 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
  *   plain:  y[yrow[p], n] (+)= Σ_k W_g[n, k] · x[xrow[p], k]                 n < N
  *   swiglu: y[yrow[p], n]   = silu(Σ_k W_g[n, k] x) · Σ_k W_g[N + n, k] x    n < N
  *           (W_g holds 2N rows: gate rows, then up rows)
- * W_g = w[g] (w NULL: w0), bf16 or fp32 [rows × K]; xrow/yrow NULL: p itself.
+ * W_g = w[g] (w NULL: w0), bf16 or fp32, row n at W_g + n · ldw[g] and the
+ * SwiGLU's up row n at W_g + (upo[g] + n) · ldw[g] (ldw NULL: K; upo NULL:
+ * N), so that a group may be a slice of a larger matrix (the shared
+ * experts as experts of inter units: moe.cu); xrow/yrow NULL: p itself.
  * x fp32 (row stride ldx), y fp32 (row stride ldy), fp32 accumulation.
  *
  * At M = 1 a GEMM reads each weight once and does 2 FLOP per 2 bytes: the
@@ -275,48 +278,11 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
 #define GV_WARPS 8
 #define GV_MT 4
 
-/* Eight consecutive weights of a row: one 16-byte load of bf16, two of fp32. */
-template <typename W> struct gv_w8;
-template <> struct gv_w8<__nv_bfloat16> {
-    uint4 v;
-    __device__ __forceinline__ void load(const __nv_bfloat16 *row, int k8) {
-        v = __ldg((const uint4 *)row + k8);
-    }
-    __device__ __forceinline__ float dot(float4 a, float4 b) const {
-        float s = __uint_as_float(v.x << 16) * a.x;
-        s = fmaf(__uint_as_float(v.x & 0xffff0000u), a.y, s);
-        s = fmaf(__uint_as_float(v.y << 16), a.z, s);
-        s = fmaf(__uint_as_float(v.y & 0xffff0000u), a.w, s);
-        s = fmaf(__uint_as_float(v.z << 16), b.x, s);
-        s = fmaf(__uint_as_float(v.z & 0xffff0000u), b.y, s);
-        s = fmaf(__uint_as_float(v.w << 16), b.z, s);
-        s = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, s);
-        return s;
-    }
-};
-template <> struct gv_w8<float> {
-    float4 lo, hi;
-    __device__ __forceinline__ void load(const float *row, int k8) {
-        lo = __ldg((const float4 *)row + 2 * k8);
-        hi = __ldg((const float4 *)row + 2 * k8 + 1);
-    }
-    __device__ __forceinline__ float dot(float4 a, float4 b) const {
-        float s = lo.x * a.x;
-        s = fmaf(lo.y, a.y, s);
-        s = fmaf(lo.z, a.z, s);
-        s = fmaf(lo.w, a.w, s);
-        s = fmaf(hi.x, b.x, s);
-        s = fmaf(hi.y, b.y, s);
-        s = fmaf(hi.z, b.z, s);
-        s = fmaf(hi.w, b.w, s);
-        return s;
-    }
-};
-
 template <bool SWIGLU, typename WT, int GV_ROWS>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
-           const int *__restrict__ glist, int M, const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
+           const int *__restrict__ glist, const int *__restrict__ gldw, const int *__restrict__ gupo, int M,
+           const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
            float *__restrict__ y, int ldy, int accumulate) {
     constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
     /* glist: the groups that have rows, in order, then -1s (grid.y is its
@@ -345,13 +311,14 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     if (n0 >= N)
         return;
     const WT *W = w ? (const WT *)w[g] : w0;
+    const size_t ldw = gldw ? (size_t)gldw[g] : (size_t)K, upo = gupo ? (size_t)gupo[g] : (size_t)N;
     const WT *wr[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         int n = n0 + (r % GV_ROWS);
         if (n >= N)
             n = n0; /* computed, not stored */
-        wr[r] = W + ((size_t)(r < GV_ROWS ? 0 : N) + n) * K;
+        wr[r] = W + ((r < GV_ROWS ? 0 : upo) + n) * ldw;
     }
     const int K8 = K / 8;
     for (int pc = p0; pc < p1; pc += GV_MT) {
@@ -419,8 +386,9 @@ bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
 
 template <bool SWIGLU, typename WT, int GV_ROWS>
 static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
-                                 const void *const *w, const int *off, const int *glist, int M, const int *xrow,
-                                 const int *yrow, const float *x, int ldx, float *y, int ldy, int acc) {
+                                 const void *const *w, const int *off, const int *glist, const int *gldw,
+                                 const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
+                                 float *y, int ldy, int acc) {
     dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -434,8 +402,8 @@ static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, 
         cfg.attrs = at;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS>, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y,
-                              ldy, acc);
+    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS>, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow,
+                              x, ldx, y, ldy, acc);
 }
 
 /* Output rows a warp owns (PD_GEMV_ROWS = 1, 2 or 4; default 2): fewer
@@ -452,35 +420,44 @@ static int gemv_rows(void) {
 
 template <bool SWIGLU, typename WT>
 static cudaError_t gemv_launch_r(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
-                                 const void *const *w, const int *off, const int *glist, int M, const int *xrow,
-                                 const int *yrow, const float *x, int ldx, float *y, int ldy, int acc) {
+                                 const void *const *w, const int *off, const int *glist, const int *gldw,
+                                 const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
+                                 float *y, int ldy, int acc) {
     switch (gemv_rows()) {
     case 1:
-        return gemv_launch_t<SWIGLU, WT, 1>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
-                                            acc);
+        return gemv_launch_t<SWIGLU, WT, 1>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
+                                            ldx, y, ldy, acc);
     case 4:
-        return gemv_launch_t<SWIGLU, WT, 4>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
-                                            acc);
+        return gemv_launch_t<SWIGLU, WT, 4>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
+                                            ldx, y, ldy, acc);
     default:
-        return gemv_launch_t<SWIGLU, WT, 2>(pdl, s, n_groups, N, K, w0, w, off, glist, M, xrow, yrow, x, ldx, y, ldy,
-                                            acc);
+        return gemv_launch_t<SWIGLU, WT, 2>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
+                                            ldx, y, ldy, acc);
     }
+}
+
+cudaError_t cu_gemv_grouped_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
+                                   const void *const *w, const int *off, const int *glist, const int *gldw,
+                                   const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
+                                   float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s) {
+    const int acc = accumulate && !swiglu ? 1 : 0;
+    if (fmt == PD_CUDA_WEIGHTS_BF16)
+        return swiglu ? gemv_launch_r<true>(pdl, s, n_groups, N, K, (const __nv_bfloat16 *)w0, w, off, glist, gldw,
+                                            gupo, M, xrow, yrow, x, ldx, y, ldy, 0)
+                      : gemv_launch_r<false>(pdl, s, n_groups, N, K, (const __nv_bfloat16 *)w0, w, off, glist, gldw,
+                                             gupo, M, xrow, yrow, x, ldx, y, ldy, acc);
+    return swiglu ? gemv_launch_r<true>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M, xrow,
+                                        yrow, x, ldx, y, ldy, 0)
+                  : gemv_launch_r<false>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M, xrow,
+                                         yrow, x, ldx, y, ldy, acc);
 }
 
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow,
                            const int *yrow, const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
                            cudaStream_t s) {
-    const int acc = accumulate ? 1 : 0;
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w0;
-    const float *wf = (const float *)w0;
-    if (fmt == PD_CUDA_WEIGHTS_BF16 && swiglu)
-        return gemv_launch_r<true>(pdl, s, n_groups, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
-    if (fmt == PD_CUDA_WEIGHTS_BF16)
-        return gemv_launch_r<false>(pdl, s, n_groups, N, K, wb, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
-    if (swiglu)
-        return gemv_launch_r<true>(pdl, s, n_groups, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, 0);
-    return gemv_launch_r<false>(pdl, s, n_groups, N, K, wf, w, off, glist, M, xrow, yrow, x, ldx, y, ldy, acc);
+    return cu_gemv_grouped_launch(fmt, swiglu, n_groups, N, K, w0, w, off, glist, NULL, NULL, M, xrow, yrow, x, ldx,
+                                  y, ldy, accumulate, pdl, s);
 }
 
 /* GEMMs of at most this many rows go through k_gemv. */

@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROUTE_MAX_EXPERTS 4096
 #define ROUTE_MAX_GROUPS 1024
@@ -65,20 +66,17 @@ __device__ static int warp_argmax(const float *v, const int *taken, int n, int l
     return bi;
 }
 
-/* One warp (block of 32) per token row. Shared: s[E] | choice[E] | taken[E] |
- * gscore[G] | gsel[G] | sel[top_k]. */
-static __global__ void __launch_bounds__(32)
-    k_moe_route(int E, int G, int topk_group, int top_k, int scoring, int method, int norm, float scaling,
-                const float *__restrict__ bias, const float *__restrict__ logits, int32_t *__restrict__ ids_out,
-                float *__restrict__ w_out) {
-    cu_pdl_launch_dependents();
-    extern __shared__ float4 smem4[];
-    float *s = (float *)smem4, *ch = s + E;
+/* Routes one token row with one warp (lane = its lane). Shared: s[E] |
+ * choice[E] | taken[E] | gscore[G] | gsel[G] | sel[top_k], route_smem
+ * bytes from smem. Writes ids_out[0..top_k) and w_out[0..top_k); sel holds
+ * the ids afterwards. */
+__device__ static void route_row(int E, int G, int topk_group, int top_k, int scoring, int method, int norm,
+                                 float scaling, const float *__restrict__ bias, const float *lg, float *smem,
+                                 int32_t *ids_out, float *w_out, int lane) {
+    float *s = smem, *ch = s + E;
     int *taken = (int *)(ch + E);
     float *gs = (float *)(taken + E);
     int *gsel = (int *)(gs + G), *sel = gsel + G;
-    const int r = blockIdx.x, lane = threadIdx.x;
-    const float *lg = logits + (size_t)r * E;
 
     if (scoring == 1) {
         for (int e = lane; e < E; e += 32)
@@ -151,10 +149,23 @@ static __global__ void __launch_bounds__(32)
             float w = s[sel[j]];
             if (norm)
                 w /= (sum + 1e-20f);
-            ids_out[(size_t)r * top_k + j] = sel[j];
-            w_out[(size_t)r * top_k + j] = w * scaling;
+            ids_out[j] = sel[j];
+            w_out[j] = w * scaling;
         }
     }
+    __syncwarp();
+}
+
+/* One warp (block of 32) per token row (route_row). */
+static __global__ void __launch_bounds__(32)
+    k_moe_route(int E, int G, int topk_group, int top_k, int scoring, int method, int norm, float scaling,
+                const float *__restrict__ bias, const float *__restrict__ logits, int32_t *__restrict__ ids_out,
+                float *__restrict__ w_out) {
+    cu_pdl_launch_dependents();
+    extern __shared__ float4 smem4[];
+    const int r = blockIdx.x;
+    route_row(E, G, topk_group, top_k, scoring, method, norm, scaling, bias, logits + (size_t)r * E, (float *)smem4,
+              ids_out + (size_t)r * top_k, w_out + (size_t)r * top_k, threadIdx.x);
 }
 
 static size_t route_smem(int E, int G, int top_k) {
@@ -697,38 +708,41 @@ void cu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_mo
  * tok (their token rows) and pair (their pair index); list[0 .. G-1], G =
  * min(E, n), holds the experts that have pairs in increasing order, then
  * -1s, so the grouped GEMMs launch G groups, not E (at batch 1 and top-6 of
- * 64 experts, 6 instead of 64). One block; thread e scans the n ids for its
- * experts (n is small in a decode step). Ids outside [0, E) are dropped. */
-#define PLAN_THREADS 256
-static __global__ void __launch_bounds__(PLAN_THREADS)
-    k_moe_plan(int n, int top_k, int E, const int32_t *__restrict__ ids, int *__restrict__ off,
-               int *__restrict__ tok, int *__restrict__ pair, int *__restrict__ list) {
-    cu_pdl_launch_dependents();
-    extern __shared__ int cnt[]; /* [E] */
-    for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
+ * 64 experts, 6 instead of 64). With S shared groups (moe_block: the shared
+ * experts as S experts of the routed experts' size) group E + s takes every
+ * token t at position n + s·rows + t (tok = t, pair = that position), and
+ * list[G + s] = E + s. One block of nthreads; thread e scans the n ids for
+ * its experts (n is small in a decode step). Ids outside [0, E) are
+ * dropped. cnt: E ints of shared memory. */
+__device__ static void plan_block(int n, int top_k, int E, int S, int rows, const int32_t *ids, int *off, int *tok,
+                                  int *pair, int *list, int *cnt, int nthreads) {
+    for (int e = threadIdx.x; e < E; e += nthreads) {
         int k = 0;
         for (int i = 0; i < n; i++)
             k += ids[i] == e;
         cnt[e] = k;
     }
     __syncthreads();
+    const int G = min(E, n);
     if (threadIdx.x == 0) {
-        int s = 0, na = 0;
-        const int G = min(E, n);
+        int sum = 0, na = 0;
         for (int e = 0; e < E; e++) {
             const int k = cnt[e];
-            off[e] = s;
-            cnt[e] = s;
-            s += k;
+            off[e] = sum;
+            cnt[e] = sum;
+            sum += k;
             if (k > 0 && na < G)
                 list[na++] = e;
         }
-        off[E] = s;
         for (; na < G; na++)
             list[na] = -1;
+        for (int g = 0; g <= S; g++) /* the shared groups' pairs follow the routed ones' */
+            off[E + g] = sum + g * rows;
+        for (int g = 0; g < S; g++)
+            list[G + g] = E + g;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += PLAN_THREADS) {
+    for (int e = threadIdx.x; e < E; e += nthreads) {
         int j = cnt[e];
         for (int i = 0; i < n; i++)
             if (ids[i] == e) {
@@ -737,17 +751,33 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
                 j++;
             }
     }
+    const int base = off[E]; /* written by thread 0 before the barrier */
+    for (int q = threadIdx.x; q < S * rows; q += nthreads) {
+        tok[base + q] = q % rows;
+        pair[base + q] = n + q; /* its rows of act and y follow the routed pairs' */
+    }
+}
+
+#define PLAN_THREADS 256
+static __global__ void __launch_bounds__(PLAN_THREADS)
+    k_moe_plan(int n, int top_k, int E, const int32_t *__restrict__ ids, int *__restrict__ off,
+               int *__restrict__ tok, int *__restrict__ pair, int *__restrict__ list) {
+    cu_pdl_launch_dependents();
+    extern __shared__ int cnt[]; /* [E] */
+    plan_block(n, top_k, E, 0, 0, ids, off, tok, pair, list, cnt, PLAN_THREADS);
 }
 
 /* out[r] += Σ_j w[r, j] · y[r*top_k + j] over the pairs whose id is in
- * [0, E) (pairs in token order; the plan dropped the others). Block
- * (row, 256 columns), one column a thread: the top_k loads of a column are
- * independent, so a row of 2048 takes 8 blocks instead of one block's
- * 8 × top_k dependent loads a thread. */
+ * [0, E) (pairs in token order; the plan dropped the others), plus
+ * Σ_s y[n + s·rows + r] over S shared groups (n = rows · top_k; plan_block's
+ * rows of the shared experts, weight 1). Block (row, 256 columns), one
+ * column a thread: the top_k loads of a column are independent, so a row of
+ * 2048 takes 8 blocks instead of one block's 8 × top_k dependent loads a
+ * thread. */
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
-    k_moe_combine_pairs(int hidden, int top_k, int E, const int32_t *__restrict__ ids, const float *__restrict__ w,
-                        const float *__restrict__ y, float *__restrict__ out) {
+    k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
+                        const float *__restrict__ w, const float *__restrict__ y, float *__restrict__ out) {
     cu_pdl_launch_dependents();
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     if (d >= hidden)
@@ -760,6 +790,9 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     for (int j = 0; j < top_k; j++)
         if ((unsigned)idr[j] < (unsigned)E) /* a dropped pair's y was never written */
             acc = fmaf(wr[j], yr[(size_t)j * hidden], acc);
+    const size_t n = (size_t)gridDim.x * top_k;
+    for (int g = 0; g < S; g++)
+        acc += y[(n + (size_t)g * gridDim.x + r) * hidden + d];
     out[(size_t)r * hidden + d] += acc;
 }
 
@@ -845,8 +878,359 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, ids, weights, y, out);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
+}
+
+/* ---- moe_block: the MoE block of a decode step in four kernels ---------
+ *
+ * At decode sizes (rows <= GATE_MAX_ROWS) the block is latency-bound: the
+ * separate ops take nine launches (rmsnorm, router GEMM, shared gate_up and
+ * down, route, plan, routed gate_up and down, combine), most on a few SMs.
+ * Here:
+ *   1. k_moe_gate: every block norms the rows of x into shared memory
+ *      (block 0 also writes h) and computes router logits for its experts,
+ *      one expert a warp; the last block to finish (a ticket) routes each
+ *      row (route_row) and plans the pairs (plan_block), the shared experts
+ *      as S more groups of the routed experts' size (inter_shared = S ·
+ *      inter; a group's rows are a slice of the shared weights: row stride
+ *      and up-row offset per group, k_gemv).
+ *   2. grouped gate_up with SwiGLU over the routed experts that have pairs
+ *      and the S shared groups;
+ *   3. grouped down over the same groups;
+ *   4. x[r] += Σ_j w_j y[r, j] + Σ_s y_shared[s, r] (k_moe_combine_pairs).
+ * The shared experts' sum over inter_shared units is thus two sums over
+ * inter units added in the combine: the same value up to fp32 order. */
+#define GATE_THREADS 128
+#define GATE_MAX_ROWS (GATE_THREADS / 32) /* the last block routes one row a warp */
+
+typedef struct {
+    int T, H, E, G, topk_group, top_k, scoring, method, norm_topk, S;
+    float scaling, eps;
+    const float *bias, *x, *norm;
+    const void *router;
+    float *h, *logits, *weights;
+    int32_t *ids;
+    int *off, *tok, *pair, *list;
+    unsigned *ticket;
+} moe_gate_args;
+
+/* 32-bit words of the last block's shared memory: logits [T, E], route_row's
+ * [T, 3E + 2G + top_k], ids and weights [n], plan counts [E]. */
+static size_t gate_route_words(int T, int E, int G, int top_k) {
+    return (size_t)T * E + (size_t)T * (3 * E + 2 * G + top_k) + 2 * (size_t)T * top_k + E;
+}
+
+template <typename WT>
+static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args a) {
+    cu_pdl_launch_dependents();
+    extern __shared__ float4 smem4[];
+    float *hn = (float *)smem4; /* [T, H] normed rows */
+    __shared__ double part[GATE_THREADS / 32];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * (GATE_THREADS / 32) + warp;
+    const WT *wr = (const WT *)a.router + (size_t)(e < a.E ? e : 0) * a.H;
+    if (lane == 0 && e < a.E) /* the router's rows depend on nothing before */
+        cu_prefetch_l2(wr, (unsigned)(a.H * sizeof(WT)));
+    cu_pdl_wait();
+    for (int t = 0; t < a.T; t++) {
+        const float *xr = a.x + (size_t)t * a.H;
+        const float inv = cu_block_inv_rms<GATE_THREADS>(xr, a.H, a.eps, part);
+        for (int i = threadIdx.x; i < a.H; i += GATE_THREADS) {
+            const float v = xr[i] * inv * a.norm[i]; /* norm.cu's arithmetic */
+            hn[(size_t)t * a.H + i] = v;
+            if (blockIdx.x == 0)
+                a.h[(size_t)t * a.H + i] = v;
+        }
+        __syncthreads(); /* part is reused by the next row */
+    }
+    if (e < a.E) { /* logits[t, e] = h[t] · router[e], k_gemv's order of sums */
+        float acc[GATE_MAX_ROWS];
+#pragma unroll
+        for (int t = 0; t < GATE_MAX_ROWS; t++)
+            acc[t] = 0.0f;
+        const int K8 = a.H / 8;
+#pragma unroll 4
+        for (int k8 = lane; k8 < K8; k8 += 32) {
+            gv_w8<WT> wv;
+            wv.load(wr, k8);
+#pragma unroll
+            for (int t = 0; t < GATE_MAX_ROWS; t++)
+                if (t < a.T) {
+                    const float4 *hr = (const float4 *)(hn + (size_t)t * a.H);
+                    acc[t] += wv.dot(hr[2 * k8], hr[2 * k8 + 1]);
+                }
+        }
+#pragma unroll
+        for (int t = 0; t < GATE_MAX_ROWS; t++) {
+            const float v = cu_warp_sum(acc[t]);
+            if (lane == 0 && t < a.T)
+                a.logits[(size_t)t * a.E + e] = v;
+        }
+    }
+    /* the last block to get here routes and plans (every block's logits
+     * are visible to it: each fenced its writes before taking a ticket) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    const int n = a.T * a.top_k, rw = 3 * a.E + 2 * a.G + a.top_k;
+    float *lg = hn, *rs = lg + (size_t)a.T * a.E; /* hn is no longer read */
+    int32_t *sid = (int32_t *)(rs + (size_t)a.T * rw);
+    float *sw = (float *)(sid + n);
+    int *cnt = (int *)(sw + n);
+    for (int i = threadIdx.x; i < a.T * a.E; i += GATE_THREADS)
+        lg[i] = __ldcg(a.logits + i); /* from L2: other blocks wrote them */
+    __syncthreads();
+    if (warp < a.T)
+        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias,
+                  lg + (size_t)warp * a.E, rs + (size_t)warp * rw, sid + warp * a.top_k, sw + warp * a.top_k, lane);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += GATE_THREADS) {
+        a.ids[i] = sid[i];
+        a.weights[i] = sw[i];
+    }
+    plan_block(n, a.top_k, a.E, a.S, a.T, sid, a.off, a.tok, a.pair, a.list, cnt, GATE_THREADS);
+    if (threadIdx.x == 0)
+        *a.ticket = 0; /* for the next launch (graph replays included) */
+}
+
+/* A layer's device tables for the grouped GEMMs over its routed experts
+ * and S shared groups: pointers of gate_up and down [E + S], the rows'
+ * stride and the up rows' offset of gate_up [E + S] and the row stride of
+ * down [E + S] (ints), and the gate kernel's ticket. Made on first use,
+ * outside graph recording, and checked against the weights on every use. */
+struct cu_moe_set {
+    const pd_weight *gu_key, *sgu_key;
+    int E, S;
+    const void **host; /* [2 (E + S)]: the pointers the device table holds */
+    void *dev;
+    size_t dev_bytes;
+};
+
+void cu_moe_sets_free(cu_ctx *c) {
+    for (int i = 0; i < c->n_moe_sets; i++) {
+        cudaFree(c->moe_sets[i].dev);
+        free(c->moe_sets[i].host);
+    }
+    free(c->moe_sets);
+    c->moe_sets = NULL;
+    c->n_moe_sets = c->cap_moe_sets = 0;
+}
+
+/* The tables' layout in dev: gu ptrs | dn ptrs | gu ldw | gu upo | dn ldw | ticket. */
+static const void *const *set_gu(const cu_moe_set *t) {
+    return (const void *const *)t->dev;
+}
+static const void *const *set_dn(const cu_moe_set *t) {
+    return (const void *const *)t->dev + (t->E + t->S);
+}
+static const int *set_ints(const cu_moe_set *t, int k) {
+    return (const int *)((const void *const *)t->dev + 2 * (t->E + t->S)) + (size_t)k * (t->E + t->S);
+}
+static unsigned *set_ticket(const cu_moe_set *t) {
+    return (unsigned *)set_ints(t, 3);
+}
+
+static cu_moe_set *moe_set_get(cu_ctx *c, const pd_moe_block_args *a, int S) {
+    const int E = a->route.n_experts, n = E + S, I = a->inter, H = a->hidden;
+    const int Ish = S * I;
+    cu_moe_set *t = NULL;
+    for (int i = 0; i < c->n_moe_sets; i++)
+        if (c->moe_sets[i].gu_key == a->gate_up && c->moe_sets[i].sgu_key == a->shared_gate_up &&
+            c->moe_sets[i].E == E && c->moe_sets[i].S == S) {
+            t = &c->moe_sets[i];
+            break;
+        }
+    const void *want[2 * (4096 + 64)]; /* moe_block_fits: E <= 4096, S <= 64 */
+    if (n > 4096 + 64) {
+        cu_fail(c, PD_ERR_INVALID, "moe_block: %d experts and %d shared groups", E, S);
+        return NULL;
+    }
+    for (int e = 0; e < E; e++) {
+        want[e] = a->gate_up[e].data;
+        want[n + e] = a->down[e].data;
+    }
+    const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
+    for (int g = 0; g < S; g++) { /* group g: gate rows g·I.., up rows Ish + g·I.., down columns g·I.. */
+        want[E + g] = (const char *)a->shared_gate_up->data + (size_t)g * I * H * esz;
+        want[n + E + g] = (const char *)a->shared_down->data + (size_t)g * I * esz;
+    }
+    if (t) {
+        bool same = true;
+        for (int i = 0; i < 2 * n && same; i++)
+            same = t->host[i] == want[i];
+        if (same)
+            return t;
+    } else {
+        if (c->n_moe_sets == c->cap_moe_sets) {
+            int cap = c->cap_moe_sets ? 2 * c->cap_moe_sets : 64;
+            cu_moe_set *nt = (cu_moe_set *)realloc(c->moe_sets, (size_t)cap * sizeof *nt);
+            if (!nt) {
+                cu_fail(c, PD_ERR_NOMEM, "moe_block: out of host memory for expert tables");
+                return NULL;
+            }
+            c->moe_sets = nt;
+            c->cap_moe_sets = cap;
+        }
+        t = &c->moe_sets[c->n_moe_sets++];
+        memset(t, 0, sizeof *t);
+        t->gu_key = a->gate_up;
+        t->sgu_key = a->shared_gate_up;
+        t->E = E;
+        t->S = S;
+    }
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "moe_block: expert tables made while recording a graph");
+        return NULL;
+    }
+    const size_t bytes = 2 * (size_t)n * sizeof(void *) + (3 * (size_t)n + 1) * sizeof(int);
+    if (!t->host && !(t->host = (const void **)calloc(2 * (size_t)n, sizeof(void *)))) {
+        cu_fail(c, PD_ERR_NOMEM, "moe_block: out of host memory for expert tables");
+        return NULL;
+    }
+    if (!t->dev) {
+        if (!CU_OK(c, cudaMalloc(&t->dev, bytes)))
+            return NULL;
+        t->dev_bytes = bytes;
+        cu_count_alloc(c, bytes);
+    }
+    char *stage = (char *)malloc(bytes);
+    if (!stage) {
+        cu_fail(c, PD_ERR_NOMEM, "moe_block: out of host memory for expert tables");
+        return NULL;
+    }
+    memcpy(stage, want, 2 * (size_t)n * sizeof(void *));
+    int *ints = (int *)(stage + 2 * (size_t)n * sizeof(void *));
+    for (int g = 0; g < n; g++) {
+        const bool sh = g >= E;
+        ints[g] = H;                           /* gate_up: rows of H */
+        ints[n + g] = sh ? Ish : I;            /* up rows after all the gate rows */
+        ints[2 * n + g] = sh ? Ish : I;        /* down: rows of inter (routed) or inter_shared */
+    }
+    ints[3 * n] = 0; /* the ticket */
+    const bool ok = CU_OK(c, cudaMemcpy(t->dev, stage, bytes, cudaMemcpyHostToDevice));
+    free(stage);
+    if (!ok)
+        return NULL;
+    memcpy(t->host, want, 2 * (size_t)n * sizeof(void *));
+    return t;
+}
+
+/* Whether the fused path takes this block; S: the shared groups. */
+static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p) {
+    const pd_moe_route_params *p = &a->route;
+    const int E = p->n_experts, I = a->inter, H = a->hidden, T = a->rows;
+    const int G = p->n_group > 0 ? p->n_group : 1;
+    const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
+    if (c->moe_block_composed || c->no_moe_device || c->no_gemv || T > GATE_MAX_ROWS || E > 4096 || I <= 0 ||
+        H % 8 || I % 8 || (H * esz) % 16 || (I * esz) % 16 || !cu_gemv_ok(H, a->router->data, a->x, H) ||
+        a->router->rows != E || a->router->cols != H || ((uintptr_t)a->h & 15) || ((uintptr_t)a->logits & 15))
+        return false;
+    int S = 0;
+    if (a->shared_gate_up) {
+        const int Ish = a->shared_gate_up->rows / 2;
+        if (Ish % I || Ish / I > 64 || a->shared_gate_up->rows != 2 * Ish || a->shared_gate_up->cols != H ||
+            a->shared_down->rows != H || a->shared_down->cols != Ish || ((uintptr_t)a->shared_gate_up->data & 15) ||
+            ((uintptr_t)a->shared_down->data & 15))
+            return false;
+        S = Ish / I;
+    }
+    for (int e = 0; e < E; e++)
+        if (a->gate_up[e].rows != 2 * I || a->gate_up[e].cols != H || a->down[e].rows != H ||
+            a->down[e].cols != I || ((uintptr_t)a->gate_up[e].data & 15) || ((uintptr_t)a->down[e].data & 15))
+            return false;
+    const size_t words = (size_t)T * H > gate_route_words(T, E, G, p->top_k) ? (size_t)T * H
+                                                                             : gate_route_words(T, E, G, p->top_k);
+    if (words * 4 > c->smem_optin)
+        return false;
+    *S_p = S;
+    return true;
+}
+
+bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || !a || a->rows == 0)
+        return true;
+    const pd_moe_route_params *p = &a->route;
+    const int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1;
+    const bool grouped = p->topk_method != 0 && G > 1;
+    if (a->rows < 0 || a->hidden <= 0 || a->inter <= 0 || !a->x || !a->norm || !a->router || !a->gate_up ||
+        !a->down || !a->h || !a->logits || !a->ids || !a->weights || !a->gu || !a->act || !a->mo ||
+        (a->shared_gate_up && !a->shared_down) || E <= 0 || E > ROUTE_MAX_EXPERTS || p->top_k <= 0 ||
+        p->top_k > E || G > ROUTE_MAX_GROUPS || (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) ||
+        p->scoring < 0 || p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2) {
+        cu_fail(c, PD_ERR_INVALID, "moe_block: rows %d, hidden %d, inter %d, %d experts, top_k %d, %d groups",
+                a->rows, a->hidden, a->inter, E, p->top_k, G);
+        return true;
+    }
+    int S = 0;
+    if (!moe_block_fits(c, a, &S))
+        return false; /* the caller runs the separate ops */
+    const int T = a->rows, H = a->hidden, I = a->inter, K = p->top_k, n = T * K;
+    const int Gr = n < E ? n : E; /* routed groups that can have pairs */
+    cu_moe_set *set = moe_set_get(c, a, S);
+    int *plan = (int *)cu_scratch(c, CU_SCR_MOE_IDX, ((size_t)E + S + 1 + 2 * ((size_t)n + S * T) + Gr + S) * sizeof(int));
+    float *act = (float *)cu_scratch(c, CU_SCR_MOE_ACT, ((size_t)n + S * T) * I * sizeof(float));
+    float *y = (float *)cu_scratch(c, CU_SCR_MOE_Y, ((size_t)n + S * T) * H * sizeof(float));
+    if (!set || !plan || !act || !y)
+        return true;
+    int *off = plan, *tok = off + E + S + 1, *pair = tok + n + S * T, *list = pair + n + S * T;
+    moe_gate_args ga = {};
+    ga.T = T, ga.H = H, ga.E = E, ga.G = G, ga.topk_group = p->topk_group, ga.top_k = K, ga.scoring = p->scoring;
+    ga.method = p->topk_method, ga.norm_topk = p->norm_topk_prob ? 1 : 0, ga.S = S;
+    ga.scaling = p->routed_scaling_factor, ga.eps = a->eps;
+    ga.bias = p->e_score_correction_bias, ga.x = a->x, ga.norm = a->norm, ga.router = a->router->data;
+    ga.h = a->h, ga.logits = a->logits, ga.weights = a->weights, ga.ids = a->ids;
+    ga.off = off, ga.tok = tok, ga.pair = pair, ga.list = list, ga.ticket = set_ticket(set);
+    const size_t rwords = gate_route_words(T, E, G, K);
+    const size_t smem = ((size_t)T * H > rwords ? (size_t)T * H : rwords) * sizeof(float);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3((unsigned)((E + GATE_MAX_ROWS - 1) / GATE_MAX_ROWS));
+    cfg.blockDim = dim3(GATE_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    if (c->pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t e;
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+        e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
+        if (e == cudaSuccess)
+            e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
+    } else {
+        e = CU_SMEM_OPTIN(k_moe_gate<float>, smem);
+        if (e == cudaSuccess)
+            e = cudaLaunchKernelEx(&cfg, k_moe_gate<float>, ga);
+    }
+    if (!CU_LAUNCHED(c, e, "moe_block: gate"))
+        return true;
+    /* act[pair] = silu(gate_g · h[tok]) ⊙ (up_g · h[tok]) over the routed and shared groups */
+    if (!CU_LAUNCHED(c,
+                     cu_gemv_grouped_launch(c->wfmt, true, Gr + S, I, H, NULL, set_gu(set), off, list, set_ints(set, 0),
+                                            set_ints(set, 1), 0, tok, pair, a->h, H, act, I, false, false, c->stream),
+                     "moe_block: gate_up"))
+        return true;
+    /* y[pair] = down_g · act[pair] */
+    if (!CU_LAUNCHED(c,
+                     cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
+                                            set_ints(set, 2), NULL, 0, pair, pair, act, I, y, H, false, false,
+                                            c->stream),
+                     "moe_block: down"))
+        return true;
+    k_moe_combine_pairs<<<dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(H, K, E, S, a->ids, a->weights, y, a->x);
+    CU_LAUNCHED(c, cudaGetLastError(), "moe_block: combine");
+    return true;
 }
 
 /* ids[i] in [first, first + count) → ids[i] - first, else -1. */

@@ -2181,6 +2181,143 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* ---- moe_block: the fused MoE block against its separate ops ---------- */
+
+/* One moe_block configuration: V2's softmax routing or V3's sigmoid with
+ * groups and a bias, with and without shared experts. */
+typedef struct {
+    const char *name;
+    int hidden, inter, n_exp, top_k, n_group, topk_group, scoring, method, n_shared;
+    bool norm_topk;
+    float scaling;
+} moe_block_case;
+
+static void test_moe_block(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    if (!b->ops->moe_block)
+        fail_msg("%s: moe_block is missing", s->name);
+    static const moe_block_case cases[] = {
+        {"v2 softmax, 2 shared", 64, 32, 16, 6, 1, 1, 0, 0, 2, false, 1.0f},
+        {"v2 group-limited, 1 shared", 128, 48, 16, 4, 4, 2, 0, 1, 1, false, 16.0f},
+        {"v3 sigmoid noaux_tc, 1 shared", 64, 32, 32, 8, 4, 2, 1, 2, 1, true, 2.5f},
+        {"v3, no shared", 96, 40, 16, 4, 4, 2, 1, 2, 0, true, 2.5f},
+    };
+    static const int rows_list[] = {1, 3, 4, 6};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const moe_block_case *mc = &cases[ci];
+        const int H = mc->hidden, I = mc->inter, E = mc->n_exp, K = mc->top_k, Ish = mc->n_shared * I;
+        pd_weight router, *gu = calloc(E, sizeof(pd_weight)), *dn = calloc(E, sizeof(pd_weight)), sgu, sdn;
+        float *hr = rnd(s, (size_t)E * H, 1.0 / sqrt(H));
+        assert_int_equal(b->ops->weight_from_f32(b, hr, E, H, &router), PD_OK);
+        for (int e = 0; e < E; e++) {
+            float *g = rnd(s, (size_t)2 * I * H, 1.0 / sqrt(H)), *d = rnd(s, (size_t)H * I, 1.0 / sqrt(I));
+            assert_int_equal(b->ops->weight_from_f32(b, g, 2 * I, H, &gu[e]), PD_OK);
+            assert_int_equal(b->ops->weight_from_f32(b, d, H, I, &dn[e]), PD_OK);
+            free(g);
+            free(d);
+        }
+        if (Ish) {
+            float *g = rnd(s, (size_t)2 * Ish * H, 1.0 / sqrt(H)), *d = rnd(s, (size_t)H * Ish, 1.0 / sqrt(Ish));
+            assert_int_equal(b->ops->weight_from_f32(b, g, 2 * Ish, H, &sgu), PD_OK);
+            assert_int_equal(b->ops->weight_from_f32(b, d, H, Ish, &sdn), PD_OK);
+            free(g);
+            free(d);
+        }
+        float *nw = rnd(s, (size_t)H, 1.0), *bias = rnd(s, (size_t)E, 0.1);
+        float *dnw = put(b, nw, (size_t)H * 4), *dbias = put(b, bias, (size_t)E * 4);
+        const int Rmax = 6, Imax = I > Ish ? I : Ish;
+        float *dh = b->ops->alloc(b, (size_t)Rmax * H * 4), *dlog = b->ops->alloc(b, (size_t)Rmax * E * 4);
+        int32_t *dids = b->ops->alloc(b, (size_t)Rmax * K * 4);
+        float *dw = b->ops->alloc(b, (size_t)Rmax * K * 4), *dgu = b->ops->alloc(b, (size_t)Rmax * 2 * Imax * 4);
+        float *dact = b->ops->alloc(b, (size_t)Rmax * Imax * 4), *dmo = b->ops->alloc(b, (size_t)Rmax * H * 4);
+        float *dx = b->ops->alloc(b, (size_t)Rmax * H * 4), *zeros_h = calloc((size_t)Rmax * H, 4);
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++) {
+            const int T = rows_list[ri];
+            const size_t nx = (size_t)T * H, ni = (size_t)T * K;
+            pd_moe_block_args a = {
+                .rows = T, .hidden = H, .x = dx, .norm = dnw, .eps = 1e-6f, .router = &router,
+                .route = {.n_experts = E, .top_k = K, .n_group = mc->n_group, .topk_group = mc->topk_group,
+                          .scoring = mc->scoring, .topk_method = mc->method, .norm_topk_prob = mc->norm_topk,
+                          .routed_scaling_factor = mc->scaling, .e_score_correction_bias = mc->method == 2 ? dbias : NULL},
+                .inter = I, .gate_up = gu, .down = dn, .shared_gate_up = Ish ? &sgu : NULL,
+                .shared_down = Ish ? &sdn : NULL, .h = dh, .logits = dlog, .ids = dids, .weights = dw, .gu = dgu,
+                .act = dact, .mo = dmo,
+            };
+            /* twice with fresh x: a second call must route again (CUDA: the
+             * gate kernel's ticket is reset for the next launch) */
+            for (int rep = 0; rep < 2; rep++) {
+                float *x = rnd(s, nx, 1.0);
+                float *got = malloc(nx * 4), *want = malloc(nx * 4), *gw = malloc(ni * 4), *ww = malloc(ni * 4);
+                int32_t *gi = malloc(ni * 4), *wi = malloc(ni * 4);
+                b->ops->upload(b, dx, x, nx * 4);
+                bool done = b->ops->moe_block(b, &a);
+                get(s, b, got, dx, nx);
+                if (!done) { /* nothing done: x as it was, and the separate ops follow */
+                    check(s, OP_FUSED, "moe_block declined, x untouched", nerr(got, x, nx), 0.0);
+                    pd_moe_block_composed(b, &a);
+                    get(s, b, got, dx, nx);
+                }
+                b->ops->download(b, gi, dids, ni * 4);
+                get(s, b, gw, dw, ni);
+                /* the reference: the layer as the model ran it before moe_block */
+                b->ops->upload(b, dx, x, nx * 4);
+                b->ops->rmsnorm(b, T, H, dx, H, dnw, a.eps, dh, H);
+                b->ops->gemm(b, T, dh, &router, dlog, false);
+                b->ops->moe_route_ids(b, T, dlog, &a.route, dids, dw);
+                if (Ish) {
+                    b->ops->gemm(b, T, dh, &sgu, dgu, false);
+                    b->ops->silu_mul(b, T, Ish, dgu, dact);
+                    b->ops->gemm(b, T, dact, &sdn, dmo, false);
+                } else {
+                    b->ops->upload(b, dmo, zeros_h, nx * 4);
+                }
+                b->ops->moe_experts_ids(b, T, H, I, dh, dids, dw, K, E, gu, dn, dmo);
+                b->ops->add(b, nx, dx, dmo);
+                get(s, b, want, dx, nx);
+                b->ops->download(b, wi, dids, ni * 4);
+                get(s, b, ww, dw, ni);
+                backend_ok(s, b);
+                char shape[128];
+                snprintf(shape, sizeof shape, "moe_block %s, rows %d, call %d%s", mc->name, T, rep + 1,
+                         done ? "" : " (declined)");
+                int id_diff = 0;
+                for (size_t i = 0; i < ni; i++)
+                    id_diff += gi[i] != wi[i];
+                check(s, OP_FUSED, shape, id_diff ? INFINITY : nerr(got, want, nx), 1e-5);
+                check(s, OP_FUSED, "moe_block routing weights", nerr(gw, ww, ni), 1e-5);
+                free(x);
+                free(got);
+                free(want);
+                free(gw);
+                free(ww);
+                free(gi);
+                free(wi);
+            }
+        }
+        b->ops->weight_free(b, &router);
+        for (int e = 0; e < E; e++) {
+            b->ops->weight_free(b, &gu[e]);
+            b->ops->weight_free(b, &dn[e]);
+        }
+        if (Ish) {
+            b->ops->weight_free(b, &sgu);
+            b->ops->weight_free(b, &sdn);
+        }
+        void *bufs[] = {dnw, dbias, dh, dlog, dids, dw, dgu, dact, dmo, dx};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            b->ops->free(b, bufs[i]);
+        free(gu);
+        free(dn);
+        free(hr);
+        free(nw);
+        free(bias);
+        free(zeros_h);
+    }
+    END(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_chain), cmocka_unit_test(test_rmsnorm),
@@ -2190,7 +2327,7 @@ int main(void) {
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
-        cmocka_unit_test(test_fused_ops),
+        cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
