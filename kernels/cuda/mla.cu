@@ -345,6 +345,18 @@ __device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int 
  * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]; a split past the
  * end writes l = 0. Needs kvr % 4 == 0, dr % 4 == 0, kvr <= 512 * KMAX, a
  * 16-byte aligned cache. */
+/* Queues the cp.async loads of cache rows t0 .. t0 + nt - 1 (through the
+ * block table) into tile [nt][DP]; the caller commits. */
+__device__ __forceinline__ void dec_tile_load(float *tile, const float *__restrict__ cache, const int *btab, int t0,
+                                              int nt, int D4, int DP, int n_layers, int layer, int bs, int tid) {
+    const int D = 4 * D4;
+    for (int k = tid; k < nt * D4; k += DEC_THREADS) {
+        const int row = k / D4, c4 = k - row * D4, t = t0 + row;
+        const float4 *src = (const float4 *)(cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D);
+        __pipeline_memcpy_async((float4 *)(tile + row * DP) + c4, src + c4, sizeof(float4));
+    }
+}
+
 template <int KMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
     k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, const int *__restrict__ q_len,
@@ -367,8 +379,11 @@ static __global__ void __launch_bounds__(DEC_THREADS)
     const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
 
     /* global → shared copies go through cp.async, so that every load of a
-     * tile is in flight at once instead of one per thread at a time */
-    for (int k = tid; k < DEC_HG * D4; k += DEC_THREADS) {
+     * tile is in flight at once instead of one per thread at a time; the
+     * first tile's loads go out with q's (one wait for both), and a split
+     * past the end loads nothing */
+    const bool empty = t_begin >= t_end;
+    for (int k = tid; k < DEC_HG * D4 && !empty; k += DEC_THREADS) {
         const int hh = k / D4, c4 = k - hh * D4;
         float4 *dst = (float4 *)(qs + hh * DP) + c4;
         if (h0 + hh < nh)
@@ -376,8 +391,9 @@ static __global__ void __launch_bounds__(DEC_THREADS)
         else
             *dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    if (!empty)
+        dec_tile_load(tile, cache, btab, t_begin, min(DEC_TT, t_end - t_begin), D4, DP, n_layers, layer, bs, tid);
     __pipeline_commit();
-    __pipeline_wait_prior(0);
     if (tid < DEC_HG) {
         mrow[tid] = -INFINITY;
         lrow[tid] = 0.0f;
@@ -393,35 +409,35 @@ static __global__ void __launch_bounds__(DEC_THREADS)
 
     for (int t0 = t_begin; t0 < t_end; t0 += DEC_TT) {
         const int nt = min(DEC_TT, t_end - t0);
-        for (int k = tid; k < nt * D4; k += DEC_THREADS) {
-            const int row = k / D4, c4 = k - row * D4, t = t0 + row;
-            const float4 *src =
-                (const float4 *)(cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D);
-            __pipeline_memcpy_async((float4 *)(tile + row * DP) + c4, src + c4, sizeof(float4));
+        if (t0 != t_begin) { /* the first tile's loads went out with q's */
+            dec_tile_load(tile, cache, btab, t0, nt, D4, DP, n_layers, layer, bs, tid);
+            __pipeline_commit();
         }
-        __pipeline_commit();
         __pipeline_wait_prior(0);
         __syncthreads();
         {
             const int ha = warp, hc = warp + 8;
             float sa = -INFINITY, sc = -INFINITY;
             if (lane < nt) {
+                /* four partial sums a head (the components of a float4):
+                 * a chain of D / 4 dependent additions, not D */
                 const float4 *kr = (const float4 *)(tile + lane * DP);
                 const float4 *qa = (const float4 *)(qs + ha * DP), *qc = (const float4 *)(qs + hc * DP);
-                float a = 0.0f, b = 0.0f;
+                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+#pragma unroll 4
                 for (int c4 = 0; c4 < D4; c4++) {
                     const float4 k = kr[c4], x = qa[c4], y = qc[c4];
-                    a += x.x * k.x;
-                    a += x.y * k.y;
-                    a += x.z * k.z;
-                    a += x.w * k.w;
-                    b += y.x * k.x;
-                    b += y.y * k.y;
-                    b += y.z * k.z;
-                    b += y.w * k.w;
+                    a.x = fmaf(x.x, k.x, a.x);
+                    a.y = fmaf(x.y, k.y, a.y);
+                    a.z = fmaf(x.z, k.z, a.z);
+                    a.w = fmaf(x.w, k.w, a.w);
+                    b.x = fmaf(y.x, k.x, b.x);
+                    b.y = fmaf(y.y, k.y, b.y);
+                    b.z = fmaf(y.z, k.z, b.z);
+                    b.w = fmaf(y.w, k.w, b.w);
                 }
-                sa = a * scale;
-                sc = b * scale;
+                sa = ((a.x + a.y) + (a.z + a.w)) * scale;
+                sc = ((b.x + b.y) + (b.z + b.w)) * scale;
             }
             dec_softmax_step(sa, ha, lane, nt, mrow, lrow, arow, ps);
             dec_softmax_step(sc, hc, lane, nt, mrow, lrow, arow, ps);

@@ -16,6 +16,7 @@
  * the CPU backend's order, without atomics. */
 #include "cuda_common.cuh"
 
+#include <cuda_pipeline.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -915,10 +916,13 @@ typedef struct {
     unsigned *ticket;
 } moe_gate_args;
 
-/* 32-bit words of the last block's shared memory: logits [T, E], route_row's
- * [T, 3E + 2G + top_k], ids and weights [n], plan counts [E]. */
-static size_t gate_route_words(int T, int E, int G, int top_k) {
-    return (size_t)T * E + (size_t)T * (3 * E + 2 * G + top_k) + 2 * (size_t)T * top_k + E;
+/* 32-bit words of the gate kernel's shared memory: the normed rows [T, H]
+ * and the norm's weights [H]; in the last block, over them, logits [T, E],
+ * route_row's [T, 3E + 2G + top_k], ids and weights [n], plan counts [E]. */
+static size_t gate_smem_words(int T, int H, int E, int G, int top_k) {
+    const size_t norm = (size_t)T * H + H;
+    const size_t route = (size_t)T * E + (size_t)T * (3 * E + 2 * G + top_k) + 2 * (size_t)T * top_k + E;
+    return norm > route ? norm : route;
 }
 
 template <typename WT>
@@ -933,17 +937,35 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     const WT *wr = (const WT *)a.router + (size_t)(e < a.E ? e : 0) * a.H;
     if (lane == 0 && e < a.E) /* the router's rows depend on nothing before */
         cu_prefetch_l2(wr, (unsigned)(a.H * sizeof(WT)));
+    /* the norm's weights, then (once x exists) the rows of x, into shared
+     * memory with every load in flight at once: a thread's loads one after
+     * another from global memory cost ~0.5 us each, and a row of 2048 is
+     * 16 of them a thread (norm.cu's one-block kernel: 7 us) */
+    const int H4 = a.H / 4;
+    float *nw = hn + (size_t)a.T * a.H; /* [H] */
+    for (int k = threadIdx.x; k < H4; k += GATE_THREADS)
+        __pipeline_memcpy_async((float4 *)nw + k, (const float4 *)a.norm + k, sizeof(float4));
     cu_pdl_wait();
+    for (int k = threadIdx.x; k < a.T * H4; k += GATE_THREADS)
+        __pipeline_memcpy_async((float4 *)hn + k, (const float4 *)a.x + k, sizeof(float4));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
     for (int t = 0; t < a.T; t++) {
-        const float *xr = a.x + (size_t)t * a.H;
-        const float inv = cu_block_inv_rms<GATE_THREADS>(xr, a.H, a.eps, part);
-        for (int i = threadIdx.x; i < a.H; i += GATE_THREADS) {
-            const float v = xr[i] * inv * a.norm[i]; /* norm.cu's arithmetic */
-            hn[(size_t)t * a.H + i] = v;
+        float *xr = hn + (size_t)t * a.H;
+        const float inv = cu_block_inv_rms<GATE_THREADS>(xr, a.H, a.eps, part); /* ends after a barrier */
+        for (int k = threadIdx.x; k < H4; k += GATE_THREADS) {
+            float4 v = ((float4 *)xr)[k];
+            const float4 w = ((const float4 *)nw)[k];
+            v.x = v.x * inv * w.x; /* norm.cu's arithmetic */
+            v.y = v.y * inv * w.y;
+            v.z = v.z * inv * w.z;
+            v.w = v.w * inv * w.w;
+            ((float4 *)xr)[k] = v;
             if (blockIdx.x == 0)
-                a.h[(size_t)t * a.H + i] = v;
+                ((float4 *)(a.h + (size_t)t * a.H))[k] = v;
         }
-        __syncthreads(); /* part is reused by the next row */
+        __syncthreads(); /* part is reused by the next row; hn complete */
     }
     if (e < a.E) { /* logits[t, e] = h[t] · router[e], k_gemv's order of sums */
         float acc[GATE_MAX_ROWS];
@@ -951,7 +973,7 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
         for (int t = 0; t < GATE_MAX_ROWS; t++)
             acc[t] = 0.0f;
         const int K8 = a.H / 8;
-#pragma unroll 4
+#pragma unroll 8
         for (int k8 = lane; k8 < K8; k8 += 32) {
             gv_w8<WT> wv;
             wv.load(wr, k8);
@@ -1145,9 +1167,8 @@ static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p
         if (a->gate_up[e].rows != 2 * I || a->gate_up[e].cols != H || a->down[e].rows != H ||
             a->down[e].cols != I || ((uintptr_t)a->gate_up[e].data & 15) || ((uintptr_t)a->down[e].data & 15))
             return false;
-    const size_t words = (size_t)T * H > gate_route_words(T, E, G, p->top_k) ? (size_t)T * H
-                                                                             : gate_route_words(T, E, G, p->top_k);
-    if (words * 4 > c->smem_optin)
+    if (gate_smem_words(T, H, E, G, p->top_k) * 4 > c->smem_optin || ((uintptr_t)a->x & 15) ||
+        ((uintptr_t)a->norm & 15))
         return false;
     *S_p = S;
     return true;
@@ -1188,8 +1209,7 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     ga.bias = p->e_score_correction_bias, ga.x = a->x, ga.norm = a->norm, ga.router = a->router->data;
     ga.h = a->h, ga.logits = a->logits, ga.weights = a->weights, ga.ids = a->ids;
     ga.off = off, ga.tok = tok, ga.pair = pair, ga.list = list, ga.ticket = set_ticket(set);
-    const size_t rwords = gate_route_words(T, E, G, K);
-    const size_t smem = ((size_t)T * H > rwords ? (size_t)T * H : rwords) * sizeof(float);
+    const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     cfg.gridDim = dim3((unsigned)((E + GATE_MAX_ROWS - 1) / GATE_MAX_ROWS));

@@ -9,7 +9,11 @@ For each window between a cudaProfilerStart and the next cudaProfilerStop
   - the GPU's idle gaps longer than --gap-us, summed by the kernel before
     them, with the host's runtime calls that overlapped the gaps;
   - the host's runtime calls summed by name.
-Usage: trace_summary.py trace.csv [--windows N] [--gap-us 5] [--top 25] [--by-grid] [--labels a,b]
+  - with --sequence N, the window's last N kernels in order: start (us from
+    the first of them), duration, and the gap since the previous one ended
+    (negative: it started before, e.g. by programmatic dependent launch), to
+    read one layer's chain of kernels;
+Usage: trace_summary.py trace.csv [--windows N] [--gap-us 5] [--top 25] [--by-grid] [--labels a,b] [--sequence N]
 """
 import argparse
 import collections
@@ -55,7 +59,22 @@ def windows(api):
     return out
 
 
-def summarise(gpu, api, lo, hi, gap_ns, top):
+def sequence(ev, n):
+    """The last n kernels of ev in start order, with durations and gaps."""
+    ks = [g for g in ev if not g[2].startswith("[")][-n:]
+    if not ks:
+        return
+    t0, prev_end = ks[0][0], None
+    print("\n| # | kernel | start us | duration us | gap us |\n|---|---|---|---|---|")
+    for i, (a, b, name) in enumerate(ks):
+        gap = "" if prev_end is None else "%.1f" % ((a - prev_end) / 1e3)
+        print("| %d | %s | %.1f | %.1f | %s |" % (i, name, (a - t0) / 1e3, (b - a) / 1e3, gap))
+        prev_end = b
+    print("\nsum of durations %.1f us over a span of %.1f us" % (sum(b - a for a, b, _ in ks) / 1e3,
+                                                                (ks[-1][1] - t0) / 1e3))
+
+
+def summarise(gpu, api, lo, hi, gap_ns, top, seq=0):
     ev = [g for g in gpu if g[0] >= lo and g[1] <= hi]
     calls = [c for c in api if c[0] >= lo and c[1] <= hi]
     if not ev:
@@ -116,6 +135,8 @@ def summarise(gpu, api, lo, hi, gap_ns, top):
     print("\n| host runtime call | count | total ms |\n|---|---|---|")
     for n, (k, t) in sorted(hc.items(), key=lambda x: -x[1][1])[:12]:
         print("| %s | %d | %.3f |" % (n, k, t / 1e6))
+    if seq:
+        sequence(ev, seq)
     print()
 
 
@@ -127,6 +148,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--by-grid", action="store_true", help="kernels apart by grid size too")
     ap.add_argument("--labels", default="", help="comma-separated names for the windows, in order")
+    ap.add_argument("--sequence", type=int, default=0, help="list the last N kernels of each window in order")
     a = ap.parse_args()
     gpu, api = load(a.csv, a.by_grid)
     ws = windows(api)
@@ -139,7 +161,7 @@ def main():
         ws = ws[-a.windows:]
     for i, (lo, hi) in enumerate(ws):
         print("### window %d%s" % (i, (": " + labels[i]) if i < len(labels) else ""))
-        summarise(gpu, api, lo, hi, a.gap_us * 1e3, a.top)
+        summarise(gpu, api, lo, hi, a.gap_us * 1e3, a.top, a.sequence)
 
 
 if __name__ == "__main__":
