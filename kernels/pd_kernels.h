@@ -32,6 +32,8 @@ typedef struct {
     const float *e_score_correction_bias; /* [n_experts] or NULL (backend memory) */
 } pd_moe_route_params;
 
+struct pd_mla_prep_args; /* below */
+
 /** Arguments of MLA attention for one sequence's n_q new tokens at
  * positions start_pos .. start_pos+n_q-1, attending causally to every cached
  * token 0 .. start_pos+n_q-1 (the new tokens' latents are already in the
@@ -67,6 +69,11 @@ typedef struct {
     const int32_t *blocks;
     const pd_weight *kv_b; /* [n_heads*(qk_nope_dim+v_dim), kv_lora_rank] */
     float *out;            /* [n_seqs, n_heads * v_dim] */
+    /* NULL, or the attention prologue of these same rows (its rows ==
+     * n_seqs, its q == q), which the op then runs first: mla_prep's
+     * rmsnorm, rope and cache store, so that a backend may fold them into
+     * its first kernel (CUDA: the q_lat kernel) */
+    const struct pd_mla_prep_args *prep;
 } pd_mla_decode_args;
 
 /** The most top logprobs sample_rows reports for a row (OpenAI's
@@ -113,7 +120,7 @@ typedef struct {
 /** Arguments of the attention prologue of rows new tokens (mla_prep), all
  * backend memory: what transformers' DeepseekV3Attention.forward does
  * between kv_a_proj_with_mqa and the attention (DeepSeek-V2 §2.1.2-2.1.3). */
-typedef struct {
+typedef struct pd_mla_prep_args {
     int rows, n_heads, qk_nope_dim, qk_rope_dim, kv_lora_rank;
     float *q;   /* [rows, n_heads, qk_nope_dim + qk_rope_dim], row stride n_heads * (dn + dr) */
     float *ckv; /* [rows, kv_lora_rank + qk_rope_dim]: c_KV | k_pe */

@@ -219,13 +219,18 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             be->ops->gemm(be, T, h, &L->q, q, false);
         }
         be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
-        if (fuse_prep) {
-            pd_mla_prep_args pa = {
-                .rows = T, .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .kv_lora_rank = kvr, .q = q,
-                .ckv = ckv, .kv_norm = L->kv_a_norm, .eps = c->rms_norm_eps, .pos = pos,
-                .inv_freq = rk->inv_freq_b, .mscale = m->rope_mscale, .cache = cache, .slots = slots,
-                .slot_offset = (size_t)l * kv->block_size,
-            };
+        /* a step of decode tokens only passes the prologue to its one
+         * mla_decode call, which may fold it into its first kernel */
+        const bool prep_in_decode = fuse_prep && n_seqs == T;
+        pd_mla_prep_args pa = {
+            .rows = T, .n_heads = nh, .qk_nope_dim = dn, .qk_rope_dim = dr, .kv_lora_rank = kvr, .q = q,
+            .ckv = ckv, .kv_norm = L->kv_a_norm, .eps = c->rms_norm_eps, .pos = pos,
+            .inv_freq = rk->inv_freq_b, .mscale = m->rope_mscale, .cache = cache, .slots = slots,
+            .slot_offset = (size_t)l * kv->block_size,
+        };
+        if (prep_in_decode) {
+            /* in mla_decode below */
+        } else if (fuse_prep) {
             be->ops->mla_prep(be, &pa);
         } else {
             be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, rk->inv_freq_b, m->rope_mscale);
@@ -244,7 +249,7 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
                     .softmax_scale = m->softmax_scale, .n_seqs = s - s0, .q = q + (size_t)t * nh * qd,
                     .cache = cache, .n_layers = kv->n_layers, .layer = l, .block_size = kv->block_size,
                     .seq_lens = lens + s0, .block_off = boff + s0, .blocks = blocks, .kv_b = &L->kv_b,
-                    .out = attn + (size_t)t * nh * dv,
+                    .out = attn + (size_t)t * nh * dv, .prep = prep_in_decode ? &pa : NULL,
                 };
                 be->ops->mla_decode(be, &d);
                 t += s - s0;

@@ -378,6 +378,8 @@ static bool cpu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
 /* One absorbed single-query attention per sequence. */
 static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
     int qd = d->qk_nope_dim + d->qk_rope_dim;
+    if (d->prep)
+        cpu_mla_prep(be, d->prep);
     for (int i = 0; i < d->n_seqs; i++) {
         pd_mla_args a = {
             .n_heads = d->n_heads, .qk_nope_dim = d->qk_nope_dim, .qk_rope_dim = d->qk_rope_dim,

@@ -256,16 +256,65 @@ __device__ __forceinline__ void mla_ld8(const float *p, float *o) {
 #define QL_COLS 256 /* 32 column groups of 8 */
 #define QL_QB 4
 #define QL_DN_MAX 256
+/* k_mla_qlat8 with the attention prologue folded in (prep.on, decode steps:
+ * mla_prep's work for these rows): blocks (nh, 0, z) normalise the rows'
+ * c_KV, rope their k_pe and store both into the cache (k_mla_prep's
+ * arithmetic), and block (h, 0, z) ropes head h's q_pe as it copies it into
+ * ql (and back into q). Nothing else reads q_pe, c_KV or k_pe before the
+ * split attention, the next kernel. */
+typedef struct {
+    int on;
+    const int32_t *pos, *slots;
+    const float *inv_freq, *kv_norm;
+    float mscale, eps;
+    float *ckv, *cache;
+    size_t slot_offset;
+} qlat_prep;
+
+/* Rows i0 .. i0 + nq - 1: c_KV = RMSNorm(c_KV) · kv_norm, rope on k_pe, both
+ * in place and to the row's cache slot. */
+__device__ static void qlat_kv_prep(const qlat_prep &p, int kvr, int dr, int i0, int nq) {
+    __shared__ double part[QL_THREADS / 32];
+    const int D = kvr + dr, half = dr / 2;
+    for (int j = 0; j < nq; j++) {
+        const int r = i0 + j;
+        float *c = p.ckv + (size_t)r * D;
+        const float inv = cu_block_inv_rms<QL_THREADS>(c, kvr, p.eps, part); /* ends after a barrier */
+        float *dst = p.cache + ((size_t)p.slots[r] + p.slot_offset) * D;
+        for (int i = threadIdx.x; i < kvr; i += QL_THREADS) {
+            const float v = c[i] * inv * p.kv_norm[i];
+            c[i] = v;
+            dst[i] = v;
+        }
+        for (int i = threadIdx.x; i < half; i += QL_THREADS) {
+            const float ang = (float)p.pos[r] * p.inv_freq[i];
+            const float cs = cosf(ang) * p.mscale, sn = sinf(ang) * p.mscale;
+            const float x0 = c[kvr + 2 * i], x1 = c[kvr + 2 * i + 1];
+            const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+            c[kvr + 2 * i] = y0;
+            c[kvr + 2 * i + 1] = y1;
+            dst[kvr + 2 * i] = y0;
+            dst[kvr + 2 * i + 1] = y1;
+        }
+        __syncthreads(); /* part is reused by the next row */
+    }
+}
+
 template <typename W>
 static __global__ void __launch_bounds__(QL_THREADS)
-    k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, const float *__restrict__ q,
-                const W *__restrict__ kvb, float *__restrict__ ql) {
+    k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, float *__restrict__ q,
+                const W *__restrict__ kvb, float *__restrict__ ql, qlat_prep prep) {
     cu_pdl_launch_dependents();
     __shared__ float qs[QL_QB][QL_DN_MAX];
     __shared__ float red[QL_SLICES][QL_QB][QL_COLS + 4];
     const int h = blockIdx.x, c0 = blockIdx.y * QL_COLS, i0 = blockIdx.z * QL_QB;
     const int tid = threadIdx.x, slice = tid >> 5, cg = tid & 31;
     const int nq = min(QL_QB, n_q - i0);
+    if (h == nh) { /* the prologue's block (grid.x is nh + 1 only with prep.on) */
+        if (blockIdx.y == 0)
+            qlat_kv_prep(prep, kvr, dr, i0, nq);
+        return;
+    }
     for (int k = tid; k < QL_QB * dn; k += QL_THREADS) {
         const int j = k / dn, d = k - j * dn;
         qs[j][d] = j < nq ? q[((size_t)(i0 + j) * nh + h) * (dn + dr) + d] : 0.0f;
@@ -309,10 +358,24 @@ static __global__ void __launch_bounds__(QL_THREADS)
             v += red[sl][j][cc];
         ql[((size_t)(i0 + j) * nh + h) * (kvr + dr) + c0 + cc] = v;
     }
-    if (blockIdx.y == 0)
+    if (blockIdx.y == 0 && !prep.on)
         for (int k = tid; k < nq * dr; k += QL_THREADS) {
             const int j = k / dr, d = k - j * dr;
             ql[((size_t)(i0 + j) * nh + h) * (kvr + dr) + kvr + d] = q[((size_t)(i0 + j) * nh + h) * (dn + dr) + dn + d];
+        }
+    if (blockIdx.y == 0 && prep.on) /* rope on q_pe, k_mla_prep's arithmetic */
+        for (int k = tid; k < nq * (dr / 2); k += QL_THREADS) {
+            const int j = k / (dr / 2), i = k - j * (dr / 2), r = i0 + j;
+            float *v = q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i;
+            const float ang = (float)prep.pos[r] * prep.inv_freq[i];
+            const float cs = cosf(ang) * prep.mscale, sn = sinf(ang) * prep.mscale;
+            const float x0 = v[0], x1 = v[1];
+            const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+            v[0] = y0;
+            v[1] = y1;
+            float *o = ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i;
+            o[0] = y0;
+            o[1] = y1;
         }
 }
 
@@ -721,15 +784,21 @@ typedef struct {
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
     float *ql, *part, *out;
+    qlat_prep prep; /* prep.on: the attention prologue folded into k_mla_qlat8 (absorbed_prep_folds) */
 } absorbed_call;
+
+/* Whether absorbed_launch takes k_mla_qlat8, which can fold the prologue in. */
+static bool absorbed_qlat8(const absorbed_call *a, const void *kvb) {
+    return a->kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 1) && a->dn <= QL_DN_MAX;
+}
 
 template <typename W>
 static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
     const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
     const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 2);
-    if (kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 1) && a->dn <= QL_DN_MAX)
-        k_mla_qlat8<W><<<dim3(nh, (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB), QL_THREADS, 0, s>>>(
-            a->n_q, nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
+    if (absorbed_qlat8(a, kvb))
+        k_mla_qlat8<W><<<dim3(nh + (a->prep.on ? 1 : 0), (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB),
+                         QL_THREADS, 0, s>>>(a->n_q, nh, a->dn, a->dr, a->dv, kvr, (float *)a->q, kvb, a->ql, a->prep);
     else
         k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS,
                         a->dn * sizeof(float), s>>>(nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
@@ -915,7 +984,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = 0, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
-        .ql = NULL, .part = NULL, .out = a->out,
+        .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     absorbed_run(c, &ac, a->kv_b);
 }
@@ -950,7 +1019,23 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens, .q_boff = a->block_off,
-        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out,
+        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
+    const pd_mla_prep_args *p = a->prep;
+    if (p) { /* the prologue: folded into the q_lat kernel where it takes these rows, else mla_prep first */
+        if (p->rows != a->n_seqs || p->q != a->q || p->n_heads != nh || p->qk_nope_dim != dn ||
+            p->qk_rope_dim != dr || p->kv_lora_rank != kvr) {
+            cu_fail(c, PD_ERR_INVALID, "mla_decode: its prologue's rows %d / heads %d / dims differ from the call's",
+                    p->rows, p->n_heads);
+            return;
+        }
+        if (absorbed_qlat8(&ac, a->kv_b->data) && !c->mla_prep_apart && dr % 2 == 0 && p->ckv && p->kv_norm &&
+            p->pos && p->inv_freq && p->cache && p->slots)
+            ac.prep = (qlat_prep){.on = 1, .pos = p->pos, .slots = p->slots, .inv_freq = p->inv_freq,
+                                  .kv_norm = p->kv_norm, .mscale = p->mscale, .eps = p->eps, .ckv = p->ckv,
+                                  .cache = p->cache, .slot_offset = p->slot_offset};
+        else
+            cu_mla_prep(be, p);
+    }
     absorbed_run(c, &ac, a->kv_b);
 }

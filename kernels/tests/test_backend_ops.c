@@ -1343,6 +1343,106 @@ static void test_mla_decode(void **state) {
     END(s);
 }
 
+/* mla_decode with its prologue (pd_mla_decode_args.prep) against mla_prep
+ * then mla_decode on the same backend: the output, the cache (the new
+ * rows' slots), q and c_KV | k_pe. CUDA folds the prologue into its q_lat
+ * kernel when it takes the shape (latent % 8 == 0), else runs mla_prep. */
+static void test_mla_decode_prep(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    static const mla_cfg cfgs[] = {{16, 128, 64, 128, 512}, {3, 16, 8, 16, 40}, {4, 16, 8, 16, 36}};
+    static const int seqs[] = {1, 3, 6};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
+        for (size_t si = 0; si < sizeof seqs / sizeof seqs[0]; si++) {
+            const mla_cfg *c = &cfgs[ci];
+            const int n = seqs[si], bs = 16, n_layers = 2, layer = 1, qd = c->dn + c->dr, D = c->kvr + c->dr;
+            int32_t lens[6], boff[6], pos[6], slots[6];
+            int total = 0;
+            for (int i = 0; i < n; i++) {
+                lens[i] = 1 + (int)(pd_rng_next(&s->rng) % 200);
+                boff[i] = total;
+                total += (lens[i] + bs - 1) / bs;
+            }
+            int32_t *blocks = malloc((size_t)total * 4);
+            for (int i = 0; i < total; i++)
+                blocks[i] = total - 1 - i; /* reversed: a block's place in the cache is not its index */
+            for (int i = 0; i < n; i++) {
+                pos[i] = lens[i] - 1; /* the new token is the sequence's last */
+                slots[i] = blocks[boff[i] + pos[i] / bs] * n_layers * bs + pos[i] % bs;
+            }
+            const size_t nc = (size_t)total * n_layers * bs * D, nq = (size_t)n * c->nh * qd, nk = (size_t)n * D;
+            const size_t no = (size_t)n * c->nh * c->dv;
+            float *q = rnd(s, nq, 1.0), *ckv = rnd(s, nk, 1.0), *cache = rnd(s, nc, 1.0), *norm = rnd(s, c->kvr, 1.0);
+            float *kvb = rnd(s, (size_t)c->nh * (c->dn + c->dv) * c->kvr, 1.0 / sqrt(c->kvr));
+            float freq[64];
+            for (int i = 0; i < c->dr / 2; i++)
+                freq[i] = (float)pow(10000.0, -2.0 * i / c->dr);
+            pd_weight W;
+            assert_int_equal(b->ops->weight_from_f32(b, kvb, c->nh * (c->dn + c->dv), c->kvr, &W), PD_OK);
+            float *dnorm = put(b, norm, (size_t)c->kvr * 4), *dfreq = put(b, freq, sizeof freq);
+            int32_t *dl = put(b, lens, (size_t)n * 4), *dbo = put(b, boff, (size_t)n * 4);
+            int32_t *dbl = put(b, blocks, (size_t)total * 4), *dpos = put(b, pos, (size_t)n * 4);
+            int32_t *dslots = put(b, slots, (size_t)n * 4);
+            float *hout[2], *hcache[2], *hq[2], *hk[2];
+            for (int v = 0; v < 2; v++) { /* 0: folded, 1: mla_prep then mla_decode */
+                float *dq = put(b, q, nq * 4), *dk = put(b, ckv, nk * 4), *dc = put(b, cache, nc * 4);
+                float *poison = nans(no), *dout = put(b, poison, no * 4);
+                pd_mla_prep_args pa = {.rows = n, .n_heads = c->nh, .qk_nope_dim = c->dn, .qk_rope_dim = c->dr,
+                                       .kv_lora_rank = c->kvr, .q = dq, .ckv = dk, .kv_norm = dnorm, .eps = 1e-6f,
+                                       .pos = dpos, .inv_freq = dfreq, .mscale = 1.1f, .cache = dc, .slots = dslots,
+                                       .slot_offset = (size_t)layer * bs};
+                pd_mla_decode_args a = {
+                    .n_heads = c->nh, .qk_nope_dim = c->dn, .qk_rope_dim = c->dr, .v_dim = c->dv,
+                    .kv_lora_rank = c->kvr, .softmax_scale = (float)(1.0 / sqrt(qd)), .n_seqs = n, .q = dq,
+                    .cache = dc, .n_layers = n_layers, .layer = layer, .block_size = bs, .seq_lens = dl,
+                    .block_off = dbo, .blocks = dbl, .kv_b = &W, .out = dout, .prep = v == 0 ? &pa : NULL,
+                };
+                if (v == 1)
+                    b->ops->mla_prep(b, &pa);
+                b->ops->mla_decode(b, &a);
+                hout[v] = malloc(no * 4);
+                hcache[v] = malloc(nc * 4);
+                hq[v] = malloc(nq * 4);
+                hk[v] = malloc(nk * 4);
+                get(s, b, hout[v], dout, no);
+                get(s, b, hcache[v], dc, nc);
+                get(s, b, hq[v], dq, nq);
+                get(s, b, hk[v], dk, nk);
+                b->ops->free(b, dq);
+                b->ops->free(b, dk);
+                b->ops->free(b, dc);
+                b->ops->free(b, dout);
+                free(poison);
+            }
+            backend_ok(s, b);
+            char shape[128];
+            snprintf(shape, sizeof shape, "mla_decode with its prologue: heads %d latent %d, %d sequences", c->nh,
+                     c->kvr, n);
+            check(s, OP_MLA_DEC, shape, nerr(hout[0], hout[1], no), 1e-5);
+            check(s, OP_MLA_DEC, "mla_decode prologue: cache", nerr(hcache[0], hcache[1], nc), 1e-6);
+            check(s, OP_MLA_DEC, "mla_decode prologue: q", nerr(hq[0], hq[1], nq), 1e-6);
+            check(s, OP_MLA_DEC, "mla_decode prologue: c_KV | k_pe", nerr(hk[0], hk[1], nk), 1e-6);
+            for (int v = 0; v < 2; v++) {
+                free(hout[v]);
+                free(hcache[v]);
+                free(hq[v]);
+                free(hk[v]);
+            }
+            b->ops->weight_free(b, &W);
+            void *bufs[] = {dnorm, dfreq, dl, dbo, dbl, dpos, dslots};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+                b->ops->free(b, bufs[i]);
+            free(blocks);
+            free(q);
+            free(ckv);
+            free(cache);
+            free(norm);
+            free(kvb);
+        }
+    END(s);
+}
+
 /* moe_route_ids equals moe_route on the same backend. */
 static void test_moe_route_ids(void **state) {
     suite *s = *state;
@@ -2327,7 +2427,7 @@ int main(void) {
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
-        cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block),
+        cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block), cmocka_unit_test(test_mla_decode_prep),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
