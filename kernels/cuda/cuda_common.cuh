@@ -330,11 +330,14 @@ cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow, const int *yrow,
                            const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s);
 /* The same with a row stride gldw[g] and an up-row offset gupo[g] (SwiGLU)
- * per group (NULL: K and N): a group may be a slice of a larger matrix. */
+ * per group (NULL: K and N): a group may be a slice of a larger matrix.
+ * max_pairs: the most pairs any group can have when off is given (1 takes
+ * the kernel made for one pair; 0: unknown); without off, M. */
 cudaError_t cu_gemv_grouped_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                                    const void *const *w, const int *off, const int *glist, const int *gldw,
-                                   const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
-                                   float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s);
+                                   const int *gupo, int M, int max_pairs, const int *xrow, const int *yrow,
+                                   const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
+                                   cudaStream_t s);
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx);
 /* y[M×N] (+)= x[M×K] · W^T on c's stream; false (error recorded) on failure. */
 bool cu_gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float *y, bool accumulate);

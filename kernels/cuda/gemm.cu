@@ -272,13 +272,14 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
  * reads 16 bytes (8 weights) of each row per step, so a warp reads 512
  * contiguous bytes of a row per step, and its several rows' loads are in
  * flight together; x (a few KB, shared by every block) comes through L1.
- * Pairs go GV_MT at a time, so a weight row is read once per GV_MT tokens
+ * Pairs go MT (GV_MT, or 1 where no group has more than one pair: batch 1,
+ * fewer registers) at a time, so a weight row is read once per MT tokens
  * (from L2 after the first). Needs K % 8 == 0 and 16-byte aligned rows of
  * W and x (cu_gemv_ok). */
 #define GV_WARPS 8
 #define GV_MT 4
 
-template <bool SWIGLU, typename WT, int GV_ROWS>
+template <bool SWIGLU, typename WT, int GV_ROWS, int MT>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
            const int *__restrict__ glist, const int *__restrict__ gldw, const int *__restrict__ gupo, int M,
@@ -321,19 +322,19 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         wr[r] = W + ((r < GV_ROWS ? 0 : upo) + n) * ldw;
     }
     const int K8 = K / 8;
-    for (int pc = p0; pc < p1; pc += GV_MT) {
-        const int m = min(GV_MT, p1 - pc);
-        const float4 *xr[GV_MT];
+    for (int pc = p0; pc < p1; pc += MT) {
+        const int m = min(MT, p1 - pc);
+        const float4 *xr[MT];
 #pragma unroll
-        for (int j = 0; j < GV_MT; j++) {
+        for (int j = 0; j < MT; j++) {
             const int p = pc + (j < m ? j : 0);
             xr[j] = (const float4 *)(x + (size_t)(xrow ? xrow[p] : p) * ldx);
         }
-        float acc[NR][GV_MT];
+        float acc[NR][MT];
 #pragma unroll
         for (int r = 0; r < NR; r++)
 #pragma unroll
-            for (int j = 0; j < GV_MT; j++)
+            for (int j = 0; j < MT; j++)
                 acc[r][j] = 0.0f;
 #pragma unroll 4
         for (int k8 = lane; k8 < K8; k8 += 32) {
@@ -342,7 +343,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
             for (int r = 0; r < NR; r++)
                 wv[r].load(wr[r], k8);
 #pragma unroll
-            for (int j = 0; j < GV_MT; j++) {
+            for (int j = 0; j < MT; j++) {
                 if (j < m) {
                     const float4 a = __ldg(xr[j] + 2 * k8), b = __ldg(xr[j] + 2 * k8 + 1);
 #pragma unroll
@@ -354,7 +355,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
 #pragma unroll
-            for (int j = 0; j < GV_MT; j++)
+            for (int j = 0; j < MT; j++)
                 acc[r][j] = cu_warp_sum(acc[r][j]);
         if (lane == 0) {
 #pragma unroll
@@ -363,7 +364,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
                 if (n >= N)
                     continue;
 #pragma unroll
-                for (int j = 0; j < GV_MT; j++) {
+                for (int j = 0; j < MT; j++) {
                     if (j >= m)
                         continue;
                     const int p = pc + j;
@@ -384,7 +385,7 @@ bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
     return K > 0 && K % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
 }
 
-template <bool SWIGLU, typename WT, int GV_ROWS>
+template <bool SWIGLU, typename WT, int GV_ROWS, int MT>
 static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
                                  const void *const *w, const int *off, const int *glist, const int *gldw,
                                  const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
@@ -402,8 +403,8 @@ static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, 
         cfg.attrs = at;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS>, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow,
-                              x, ldx, y, ldy, acc);
+    return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS, MT>, N, K, w0, w, off, glist, gldw, gupo, M, xrow,
+                              yrow, x, ldx, y, ldy, acc);
 }
 
 /* Output rows a warp owns (PD_GEMV_ROWS = 1, 2 or 4; default 2): fewer
@@ -418,46 +419,72 @@ static int gemv_rows(void) {
     return rows;
 }
 
-template <bool SWIGLU, typename WT>
-static cudaError_t gemv_launch_r(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
+template <bool SWIGLU, typename WT, int MT>
+static cudaError_t gemv_launch_m(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
                                  const void *const *w, const int *off, const int *glist, const int *gldw,
                                  const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
                                  float *y, int ldy, int acc) {
     switch (gemv_rows()) {
     case 1:
-        return gemv_launch_t<SWIGLU, WT, 1>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
-                                            ldx, y, ldy, acc);
+        return gemv_launch_t<SWIGLU, WT, 1, MT>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow,
+                                                x, ldx, y, ldy, acc);
     case 4:
-        return gemv_launch_t<SWIGLU, WT, 4>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
-                                            ldx, y, ldy, acc);
+        return gemv_launch_t<SWIGLU, WT, 4, MT>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow,
+                                                x, ldx, y, ldy, acc);
     default:
-        return gemv_launch_t<SWIGLU, WT, 2>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
-                                            ldx, y, ldy, acc);
+        return gemv_launch_t<SWIGLU, WT, 2, MT>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow,
+                                                x, ldx, y, ldy, acc);
     }
+}
+
+/* PD_GEMV_MT1=0: batch-1 GEMVs through the kernel sized for GV_MT pairs (A/B runs). */
+static bool gemv_mt1(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("PD_GEMV_MT1");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* max_pairs: the most pairs a group can have (M without off; with off the caller's bound) */
+template <bool SWIGLU, typename WT>
+static cudaError_t gemv_launch_r(bool pdl, cudaStream_t s, int n_groups, int N, int K, const WT *w0,
+                                 const void *const *w, const int *off, const int *glist, const int *gldw,
+                                 const int *gupo, int M, int max_pairs, const int *xrow, const int *yrow,
+                                 const float *x, int ldx, float *y, int ldy, int acc) {
+    if (max_pairs == 1 && gemv_mt1())
+        return gemv_launch_m<SWIGLU, WT, 1>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
+                                            ldx, y, ldy, acc);
+    return gemv_launch_m<SWIGLU, WT, GV_MT>(pdl, s, n_groups, N, K, w0, w, off, glist, gldw, gupo, M, xrow, yrow, x,
+                                            ldx, y, ldy, acc);
 }
 
 cudaError_t cu_gemv_grouped_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                                    const void *const *w, const int *off, const int *glist, const int *gldw,
-                                   const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
-                                   float *y, int ldy, bool accumulate, bool pdl, cudaStream_t s) {
+                                   const int *gupo, int M, int max_pairs, const int *xrow, const int *yrow,
+                                   const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
+                                   cudaStream_t s) {
     const int acc = accumulate && !swiglu ? 1 : 0;
+    if (!off)
+        max_pairs = M;
     if (fmt == PD_CUDA_WEIGHTS_BF16)
         return swiglu ? gemv_launch_r<true>(pdl, s, n_groups, N, K, (const __nv_bfloat16 *)w0, w, off, glist, gldw,
-                                            gupo, M, xrow, yrow, x, ldx, y, ldy, 0)
+                                            gupo, M, max_pairs, xrow, yrow, x, ldx, y, ldy, 0)
                       : gemv_launch_r<false>(pdl, s, n_groups, N, K, (const __nv_bfloat16 *)w0, w, off, glist, gldw,
-                                             gupo, M, xrow, yrow, x, ldx, y, ldy, acc);
-    return swiglu ? gemv_launch_r<true>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M, xrow,
-                                        yrow, x, ldx, y, ldy, 0)
-                  : gemv_launch_r<false>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M, xrow,
-                                         yrow, x, ldx, y, ldy, acc);
+                                             gupo, M, max_pairs, xrow, yrow, x, ldx, y, ldy, acc);
+    return swiglu ? gemv_launch_r<true>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M,
+                                        max_pairs, xrow, yrow, x, ldx, y, ldy, 0)
+                  : gemv_launch_r<false>(pdl, s, n_groups, N, K, (const float *)w0, w, off, glist, gldw, gupo, M,
+                                         max_pairs, xrow, yrow, x, ldx, y, ldy, acc);
 }
 
 cudaError_t cu_gemv_launch(pd_cuda_weights fmt, bool swiglu, int n_groups, int N, int K, const void *w0,
                            const void *const *w, const int *off, const int *glist, int M, const int *xrow,
                            const int *yrow, const float *x, int ldx, float *y, int ldy, bool accumulate, bool pdl,
                            cudaStream_t s) {
-    return cu_gemv_grouped_launch(fmt, swiglu, n_groups, N, K, w0, w, off, glist, NULL, NULL, M, xrow, yrow, x, ldx,
-                                  y, ldy, accumulate, pdl, s);
+    return cu_gemv_grouped_launch(fmt, swiglu, n_groups, N, K, w0, w, off, glist, NULL, NULL, M, 0, xrow, yrow, x,
+                                  ldx, y, ldy, accumulate, pdl, s);
 }
 
 /* GEMMs of at most this many rows go through k_gemv. */

@@ -1237,13 +1237,14 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     /* act[pair] = silu(gate_g · h[tok]) ⊙ (up_g · h[tok]) over the routed and shared groups */
     if (!CU_LAUNCHED(c,
                      cu_gemv_grouped_launch(c->wfmt, true, Gr + S, I, H, NULL, set_gu(set), off, list, set_ints(set, 0),
-                                            set_ints(set, 1), 0, tok, pair, a->h, H, act, I, false, false, c->stream),
+                                            set_ints(set, 1), 0, T, tok, pair, a->h, H, act, I, false, false,
+                                            c->stream),
                      "moe_block: gate_up"))
         return true;
     /* y[pair] = down_g · act[pair] */
     if (!CU_LAUNCHED(c,
                      cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
-                                            set_ints(set, 2), NULL, 0, pair, pair, act, I, y, H, false, false,
+                                            set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false, false,
                                             c->stream),
                      "moe_block: down"))
         return true;
