@@ -268,6 +268,21 @@ typedef struct {
      * do not take, PD_MOE_BLOCK=0): the caller then runs the separate ops.
      * Invalid arguments are recorded as the backend's error (true). */
     bool (*moe_block)(pd_backend *be, const pd_moe_block_args *a);
+    /** A layer's input norm and the two projections that read it (transformers
+     * DeepseekV3DecoderLayer.input_layernorm, then DeepseekV3Attention's
+     * q_proj or q_a_proj and kv_a_proj_with_mqa of the same hidden states):
+     *   h  = RMSNorm(x) · norm          x, h [rows × dim], norm [dim]
+     *   y1 = h · W1^T                   W1 [N1 × dim], y1 [rows × N1]
+     *   y2 = h · W2^T                   W2 [N2 × dim], y2 [rows × N2]
+     * all fp32 activations, row strides dim, N1, N2; weights in the
+     * backend's format; the norm's arithmetic is rmsnorm's and the products
+     * gemm's (without accumulate). rmsnorm, then gemm twice, in one pass
+     * where the backend can (CUDA: one launch for decode-sized batches).
+     * h, y1 and y2 must not overlap one another or x. Errors (CUDA, sticky):
+     * PD_ERR_INVALID for rows < 0, dim <= 0, a weight whose cols is not
+     * dim, a missing pointer or overlapping buffers. */
+    void (*rmsnorm_gemm_pair)(pd_backend *be, int rows, int dim, const float *x, const float *norm, float eps,
+                              float *h, const pd_weight *w1, float *y1, const pd_weight *w2, float *y2);
 
     /* ---- tensor parallelism (pd_backend_init_tp) ---- */
     /** x[0..n) = the sum over every rank of the group of that rank's x[0..n),

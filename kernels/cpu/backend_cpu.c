@@ -375,6 +375,13 @@ static bool cpu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     return true;
 }
 
+static void cpu_rmsnorm_gemm_pair(pd_backend *be, int rows, int dim, const float *x, const float *norm, float eps,
+                                  float *h, const pd_weight *w1, float *y1, const pd_weight *w2, float *y2) {
+    cpu_rmsnorm(be, rows, dim, x, dim, norm, eps, h, dim);
+    cpu_gemm(be, rows, h, w1, y1, false);
+    cpu_gemm(be, rows, h, w2, y2, false);
+}
+
 /* One absorbed single-query attention per sequence. */
 static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
     int qd = d->qk_nope_dim + d->qk_rope_dim;
@@ -729,6 +736,7 @@ static const pd_backend_i cpu_ops = {
     .gemm_swiglu = cpu_gemm_swiglu,
     .add_rmsnorm = cpu_add_rmsnorm,
     .moe_block = cpu_moe_block,
+    .rmsnorm_gemm_pair = cpu_rmsnorm_gemm_pair,
     .all_reduce_sum = cpu_all_reduce_sum,
     .sample_rows = cpu_sample_rows,
 };

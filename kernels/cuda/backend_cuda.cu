@@ -386,6 +386,10 @@ CU_OP(void, add_rmsnorm,
       (pd_backend * be, int rows, int dim, float *x, const float *y, const float *w, float eps, float *h),
       (be, rows, dim, x, y, w, eps, h))
 CU_OP(bool, moe_block, (pd_backend * be, const pd_moe_block_args *a), (be, a))
+CU_OP(void, rmsnorm_gemm_pair,
+      (pd_backend * be, int rows, int dim, const float *x, const float *norm, float eps, float *h,
+       const pd_weight *w1, float *y1, const pd_weight *w2, float *y2),
+      (be, rows, dim, x, norm, eps, h, w1, y1, w2, y2))
 CU_OP(void, all_reduce_sum, (pd_backend * be, float *x, size_t n), (be, x, n))
 CU_OP(void *, host_alloc, (pd_backend * be, size_t bytes), (be, bytes))
 CU_OP(void, host_free, (pd_backend * be, void *p), (be, p))
@@ -433,6 +437,7 @@ static const pd_backend_i cu_ops = {
     .gemm_swiglu = cu_gemm_swiglu,
     .add_rmsnorm = op_add_rmsnorm,
     .moe_block = op_moe_block,
+    .rmsnorm_gemm_pair = op_rmsnorm_gemm_pair,
     .all_reduce_sum = op_all_reduce_sum,
     .host_alloc = op_host_alloc,
     .host_free = op_host_free,

@@ -415,6 +415,8 @@ void cu_all_reduce_sum(pd_backend *be, float *x, size_t n);
 void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act);
 void cu_mla_prep(pd_backend *be, const pd_mla_prep_args *a);
 void cu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const float *y, const float *w, float eps, float *h);
+void cu_rmsnorm_gemm_pair(pd_backend *be, int rows, int dim, const float *x, const float *norm, float eps, float *h,
+                          const pd_weight *w1, float *y1, const pd_weight *w2, float *y2);
 void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sample_row *rows,
                     const pd_sample_tok *toks, int n_toks, pd_sample_out *out);
 void cu_thread_bind(pd_backend *be);

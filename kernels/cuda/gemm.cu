@@ -22,7 +22,10 @@
  * and element count as the last copy's source reads the copy instead of
  * rounding x again (the model's q and kv_a projections of one normed h),
  * and gemm_swiglu leaves the bf16 act it computes there for the down
- * projection. The copy stays valid only while nothing can have written its
+ * projection; rmsnorm_gemm_pair, when it takes the separate ops, makes the
+ * copy of the h it wrote for its first GEMM and reads it in the second
+ * (it enters through backend_cuda.cu's wrapper, so it starts with none held).
+ * The copy stays valid only while nothing can have written its
  * source, so it is forgotten
  *   - at the entry of every other operation of the table (backend_cuda.cu
  *     wraps each of them: the one choke point, whatever an op writes),
@@ -550,6 +553,210 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
         c->x16.src = act;
         c->x16.n = n;
     }
+}
+
+/* ---- rmsnorm_gemm_pair: a layer's input norm and its two projections ----
+ *
+ * Decode-sized batches (M <= GV_MAX_M) in one launch: blocks [0, nb1)
+ * compute y1 = h · W1^T and blocks [nb1, nb1 + nb2) y2 = h · W2^T, each
+ * block as k_gemv's (a warp owns GV_ROWS output rows, 16-byte weight loads,
+ * GV_MT rows of h at once). Every block first normalises the M rows of x
+ * itself into shared memory (x is a few KB that every block reads from L2,
+ * far less than the block's share of the weights) with rmsnorm's arithmetic
+ * (cu_block_inv_rms: the sum of squares in double; x · inv · norm in fp32),
+ * and its dot products read h from there; block 0 also writes h. The same
+ * numbers as rmsnorm then two k_gemv launches: the same h, the same order
+ * of additions. Weights are prefetched into L2 before cu_pdl_wait, as
+ * k_gemv does; x is read after it. */
+template <typename WT, int GV_ROWS>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
+    k_norm_gemv2(int M, int K, const float *__restrict__ x, const float *__restrict__ norm, float eps,
+                 float *__restrict__ h, const WT *__restrict__ w1, int N1, float *__restrict__ y1, int nb1,
+                 const WT *__restrict__ w2, int N2, float *__restrict__ y2) {
+    constexpr int THREADS = GV_WARPS * 32;
+    extern __shared__ float4 hs4[]; /* the normed rows, [M × K] */
+    __shared__ double part[GV_MT][GV_WARPS];
+    cu_pdl_launch_dependents();
+    const bool second = (int)blockIdx.x >= nb1;
+    const WT *W = second ? w2 : w1;
+    const int N = second ? N2 : N1;
+    float *y = second ? y2 : y1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (((int)blockIdx.x - (second ? nb1 : 0)) * GV_WARPS + warp) * GV_ROWS;
+    if (lane == 0 && n0 < N) /* the weights depend on nothing earlier */
+        cu_prefetch_l2(W + (size_t)n0 * K, (unsigned)(min(GV_ROWS, N - n0) * (size_t)K * sizeof(WT)));
+    cu_pdl_wait();
+    const int K4 = K / 4;
+    const float4 *x4 = (const float4 *)x;
+    for (int i = threadIdx.x; i < M * K4; i += THREADS)
+        hs4[i] = __ldg(x4 + i);
+    __syncthreads();
+    const float *hs = (const float *)hs4;
+    float inv[GV_MT];
+#pragma unroll
+    for (int j = 0; j < GV_MT; j++) /* M is the same in every thread: the barriers inside are reached by all */
+        inv[j] = j < M ? cu_block_inv_rms<THREADS>(hs + (size_t)j * K, K, eps, part[j]) : 0.0f;
+    /* the last cu_block_inv_rms ended after a barrier that follows every
+     * read of hs: the rows can be rewritten in place */
+    float4 *h4 = (float4 *)h;
+    const float4 *g4 = (const float4 *)norm;
+    for (int i = threadIdx.x; i < M * K4; i += THREADS) {
+        const int j = i / K4;
+        float r = inv[0];
+#pragma unroll
+        for (int jj = 1; jj < GV_MT; jj++)
+            r = jj == j ? inv[jj] : r;
+        const float4 g = __ldg(g4 + (i - j * K4));
+        float4 v = hs4[i];
+        v.x = v.x * r * g.x;
+        v.y = v.y * r * g.y;
+        v.z = v.z * r * g.z;
+        v.w = v.w * r * g.w;
+        hs4[i] = v;
+        if (blockIdx.x == 0)
+            h4[i] = v;
+    }
+    __syncthreads();
+    if (n0 >= N)
+        return;
+    const WT *wr[GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        int n = n0 + r;
+        if (n >= N)
+            n = n0; /* computed, not stored */
+        wr[r] = W + (size_t)n * K;
+    }
+    float acc[GV_ROWS][GV_MT];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++)
+#pragma unroll
+        for (int j = 0; j < GV_MT; j++)
+            acc[r][j] = 0.0f;
+    const int K8 = K / 8;
+#pragma unroll 4
+    for (int k8 = lane; k8 < K8; k8 += 32) {
+        gv_w8<WT> wv[GV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++)
+            wv[r].load(wr[r], k8);
+#pragma unroll
+        for (int j = 0; j < GV_MT; j++) {
+            if (j < M) {
+                const float4 a = hs4[j * K4 + 2 * k8], b = hs4[j * K4 + 2 * k8 + 1];
+#pragma unroll
+                for (int r = 0; r < GV_ROWS; r++)
+                    acc[r][j] += wv[r].dot(a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++)
+#pragma unroll
+        for (int j = 0; j < GV_MT; j++)
+            acc[r][j] = cu_warp_sum(acc[r][j]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) {
+            if (n0 + r >= N)
+                continue;
+#pragma unroll
+            for (int j = 0; j < GV_MT; j++)
+                if (j < M)
+                    y[(size_t)j * N + n0 + r] = acc[r][j];
+        }
+    }
+}
+
+/* Dynamic shared memory of k_norm_gemv2 for M rows of K: the normed rows. */
+static size_t norm_gemv2_smem(int M, int K) {
+    return (size_t)M * K * sizeof(float);
+}
+
+template <typename WT, int GV_ROWS>
+static cudaError_t norm_gemv2_launch_t(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
+                                       float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
+                                       float *y2) {
+    const int per_block = GV_WARPS * GV_ROWS;
+    const int nb1 = (N1 + per_block - 1) / per_block, nb2 = (N2 + per_block - 1) / per_block;
+    const size_t smem = norm_gemv2_smem(M, K);
+    cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS>), smem);
+    if (e != cudaSuccess)
+        return e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3((unsigned)(nb1 + nb2));
+    cfg.blockDim = dim3(GV_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
+                              (const WT *)w2, N2, y2);
+}
+
+template <typename WT>
+static cudaError_t norm_gemv2_launch_r(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
+                                       float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
+                                       float *y2) {
+    switch (gemv_rows()) {
+    case 1:
+        return norm_gemv2_launch_t<WT, 1>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+    case 4:
+        return norm_gemv2_launch_t<WT, 4>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+    default:
+        return norm_gemv2_launch_t<WT, 2>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+    }
+}
+
+/* true when [a, a + an) and [b, b + bn) floats share an address */
+static bool ranges_overlap(const float *a, size_t an, const float *b, size_t bn) {
+    const uintptr_t a0 = (uintptr_t)a, a1 = a0 + an * sizeof(float);
+    const uintptr_t b0 = (uintptr_t)b, b1 = b0 + bn * sizeof(float);
+    return a0 < b1 && b0 < a1;
+}
+
+/* Entered through backend_cuda.cu's CU_OP wrapper, which forgets the bf16
+ * copy of the last GEMM input: the separate path below may then record the
+ * copy of h it makes for W1 and read it for W2. */
+void cu_rmsnorm_gemm_pair(pd_backend *be, int rows, int dim, const float *x, const float *norm, float eps, float *h,
+                          const pd_weight *w1, float *y1, const pd_weight *w2, float *y2) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || rows == 0)
+        return;
+    if (rows < 0 || dim <= 0 || !x || !norm || !h || !w1 || !w2 || !y1 || !y2 || !w1->data || !w2->data ||
+        w1->rows <= 0 || w2->rows <= 0 || w1->cols != dim || w2->cols != dim) {
+        cu_fail(c, PD_ERR_INVALID, "rmsnorm_gemm_pair: rows %d, dim %d, weights [%d, %d] and [%d, %d]", rows, dim,
+                w1 ? w1->rows : -1, w1 ? w1->cols : -1, w2 ? w2->rows : -1, w2 ? w2->cols : -1);
+        return;
+    }
+    const int N1 = w1->rows, N2 = w2->rows;
+    const size_t nx = (size_t)rows * dim, n1 = (size_t)rows * N1, n2 = (size_t)rows * N2;
+    if (ranges_overlap(h, nx, x, nx) || ranges_overlap(h, nx, y1, n1) || ranges_overlap(h, nx, y2, n2) ||
+        ranges_overlap(y1, n1, x, nx) || ranges_overlap(y2, n2, x, nx) || ranges_overlap(y1, n1, y2, n2)) {
+        cu_fail(c, PD_ERR_INVALID, "rmsnorm_gemm_pair: rows %d, dim %d, N1 %d, N2 %d: x, h, y1 and y2 overlap", rows,
+                dim, N1, N2);
+        return;
+    }
+    if (rows <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(dim, w1->data, x, dim) && cu_gemv_ok(dim, w2->data, x, dim) &&
+        ((uintptr_t)norm & 15) == 0 && ((uintptr_t)h & 15) == 0 &&
+        norm_gemv2_smem(rows, dim) + sizeof(double) * GV_MT * GV_WARPS <= c->smem_optin) {
+        cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
+                            ? norm_gemv2_launch_r<__nv_bfloat16>(c->pdl, c->stream, rows, dim, x, norm, eps, h,
+                                                                 w1->data, N1, y1, w2->data, N2, y2)
+                            : norm_gemv2_launch_r<float>(c->pdl, c->stream, rows, dim, x, norm, eps, h, w1->data, N1,
+                                                         y1, w2->data, N2, y2);
+        CU_LAUNCHED(c, e, "rmsnorm_gemm_pair");
+        return;
+    }
+    /* the separate ops: h's bf16 copy (bf16 weights, cuBLASLt) made once for both */
+    cu_rmsnorm(be, rows, dim, x, dim, norm, eps, h, dim);
+    if (c->status == PD_OK && gemm_run(c, rows, h, w1, y1, false, true))
+        gemm_run(c, rows, h, w2, y2, false, true);
 }
 
 void cu_gemm(pd_backend *be, int M, const float *x, const pd_weight *w, float *y, bool accumulate) {

@@ -1109,6 +1109,109 @@ static void test_step_ops(void **state) {
     END(s);
 }
 
+/* rmsnorm_gemm_pair against rmsnorm then two gemm on the same backend (the
+ * same numbers: on CUDA 1, 3 and 4 rows take the one-launch kernel, 17 the
+ * separate ops), and against double-precision formulas with the weights'
+ * tolerance. K 64 and 520 (not a multiple of a warp's 256 values), N2 not
+ * a multiple of a block's output rows. */
+static void test_rmsnorm_gemm_pair(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    if (!b->ops->rmsnorm_gemm_pair)
+        fail_msg("%s: rmsnorm_gemm_pair is missing", s->name);
+    const int Ks[] = {64, 520}, Ms[] = {1, 3, 4, 17}, N1 = 72, N2 = 37;
+    const float eps = 1e-6f;
+    char shape[96];
+    for (int ki = 0; ki < 2; ki++) {
+        const int K = Ks[ki];
+        float *w1 = rnd(s, (size_t)N1 * K, 0.2), *w2 = rnd(s, (size_t)N2 * K, 0.2), *g = rnd(s, (size_t)K, 1.0);
+        pd_weight W1, W2;
+        assert_int_equal(b->ops->weight_from_f32(b, w1, N1, K, &W1), PD_OK);
+        assert_int_equal(b->ops->weight_from_f32(b, w2, N2, K, &W2), PD_OK);
+        float *dg = put(b, g, (size_t)K * 4);
+        for (int mi = 0; mi < 4; mi++) {
+            const int M = Ms[mi];
+            const size_t nx = (size_t)M * K, n1 = (size_t)M * N1, n2 = (size_t)M * N2;
+            float *x = rnd(s, nx, 2.0), *pois = nans(nx > n1 ? nx : n1);
+            float *dx = put(b, x, nx * 4), *dh[2], *dy1[2], *dy2[2], *hh[2], *hy1[2], *hy2[2];
+            for (int v = 0; v < 2; v++) {
+                dh[v] = put(b, pois, nx * 4);
+                dy1[v] = put(b, pois, n1 * 4);
+                dy2[v] = put(b, pois, n2 * 4);
+            }
+            b->ops->rmsnorm_gemm_pair(b, M, K, dx, dg, eps, dh[0], &W1, dy1[0], &W2, dy2[0]);
+            b->ops->rmsnorm(b, M, K, dx, K, dg, eps, dh[1], K);
+            b->ops->gemm(b, M, dh[1], &W1, dy1[1], false);
+            b->ops->gemm(b, M, dh[1], &W2, dy2[1], false);
+            for (int v = 0; v < 2; v++) {
+                hh[v] = malloc(nx * 4);
+                hy1[v] = malloc(n1 * 4);
+                hy2[v] = malloc(n2 * 4);
+                get(s, b, hh[v], dh[v], nx);
+                get(s, b, hy1[v], dy1[v], n1);
+                get(s, b, hy2[v], dy2[v], n2);
+            }
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d h", M, K);
+            check(s, OP_FUSED, shape, nerr(hh[0], hh[1], nx), 1e-6);
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d y1", M, K);
+            check(s, OP_FUSED, shape, nerr(hy1[0], hy1[1], n1), 1e-5);
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d y2", M, K);
+            check(s, OP_FUSED, shape, nerr(hy2[0], hy2[1], n2), 1e-5);
+            /* the formulas, in double from the fp32 inputs */
+            double *rh = malloc(nx * sizeof(double)), *ry1 = malloc(n1 * sizeof(double));
+            double *ry2 = malloc(n2 * sizeof(double));
+            assert_true(rh && ry1 && ry2);
+            for (int r = 0; r < M; r++) {
+                const float *xr = x + (size_t)r * K;
+                double ss = 0.0;
+                for (int k = 0; k < K; k++)
+                    ss += (double)xr[k] * xr[k];
+                const double inv = 1.0 / sqrt(ss / K + eps);
+                for (int k = 0; k < K; k++)
+                    rh[(size_t)r * K + k] = xr[k] * inv * g[k];
+                for (int n = 0; n < N1 + N2; n++) {
+                    const float *wr = n < N1 ? w1 + (size_t)n * K : w2 + (size_t)(n - N1) * K;
+                    double acc = 0.0;
+                    for (int k = 0; k < K; k++)
+                        acc += rh[(size_t)r * K + k] * wr[k];
+                    if (n < N1)
+                        ry1[(size_t)r * N1 + n] = acc;
+                    else
+                        ry2[(size_t)r * N2 + n - N1] = acc;
+                }
+            }
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d h (formula)", M, K);
+            check(s, OP_FUSED, shape, nerr_d(hh[0], rh, nx), s->tol);
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d y1 (formula)", M, K);
+            check(s, OP_FUSED, shape, nerr_d(hy1[0], ry1, n1), s->tol_w);
+            snprintf(shape, sizeof shape, "rmsnorm_gemm_pair M %d K %d y2 (formula)", M, K);
+            check(s, OP_FUSED, shape, nerr_d(hy2[0], ry2, n2), s->tol_w);
+            free(rh);
+            free(ry1);
+            free(ry2);
+            for (int v = 0; v < 2; v++) {
+                b->ops->free(b, dh[v]);
+                b->ops->free(b, dy1[v]);
+                b->ops->free(b, dy2[v]);
+                free(hh[v]);
+                free(hy1[v]);
+                free(hy2[v]);
+            }
+            b->ops->free(b, dx);
+            free(x);
+            free(pois);
+        }
+        b->ops->free(b, dg);
+        b->ops->weight_free(b, &W1);
+        b->ops->weight_free(b, &W2);
+        free(w1);
+        free(w2);
+        free(g);
+    }
+    END(s);
+}
+
 /* mla_prep, add_rmsnorm and gemm_swiglu against the operations they stand
  * for, on the same backend: the same numbers up to fp32 rounding (the
  * fused kernels reduce in another order). */
@@ -2228,6 +2331,23 @@ static void test_errors(void **state) {
     b->ops->weight_free(b, &W);
     pd_backend_free(&b);
     assert_null(b);
+    /* rmsnorm_gemm_pair refuses an h that overlaps x (its blocks read x
+     * while block 0 writes h) */
+    assert_int_equal(pd_backend_cuda_init_ex(0, PD_CUDA_WEIGHTS_F32, &b, &err), PD_OK);
+    float w8[8 * 8] = {0}, g8[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    pd_weight W8;
+    assert_int_equal(b->ops->weight_from_f32(b, w8, 8, 8, &W8), PD_OK);
+    float *dx = b->ops->alloc(b, 8 * sizeof(float)), *dg = put(b, g8, sizeof g8);
+    float *dy1 = b->ops->alloc(b, 8 * sizeof(float)), *dy2 = b->ops->alloc(b, 8 * sizeof(float));
+    b->ops->rmsnorm_gemm_pair(b, 1, 8, dx, dg, 1e-6f, dx, &W8, dy1, &W8, dy2);
+    assert_int_equal(pd_backend_cuda_status(b, &err), PD_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "overlap"));
+    b->ops->free(b, dx);
+    b->ops->free(b, dg);
+    b->ops->free(b, dy1);
+    b->ops->free(b, dy2);
+    b->ops->weight_free(b, &W8);
+    pd_backend_free(&b);
 #endif
     END(s);
 }
@@ -2428,6 +2548,7 @@ int main(void) {
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
         cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block), cmocka_unit_test(test_mla_decode_prep),
+        cmocka_unit_test(test_rmsnorm_gemm_pair),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
