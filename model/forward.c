@@ -199,26 +199,34 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
     const bool fused = m->fused_ops;
     const bool fuse_prep = fused && be->ops->mla_prep, fuse_add_norm = fused && be->ops->add_rmsnorm;
     const bool fuse_moe = fused && be->ops->moe_block;
+    const bool fuse_norm_pair = fused && m->norm_pair && be->ops->rmsnorm_gemm_pair;
     const float *pending = NULL; /* the last layer's MoE output, not yet added to x */
 
     be->ops->embed_ids(be, T, H, ids, &rk->embed, x);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const pd_layer_weights *L = &rk->layers[l];
         /* ---- attention ---- */
-        if (pending)
-            be->ops->add_rmsnorm(be, T, H, x, pending, L->input_norm, c->rms_norm_eps, h);
-        else
-            be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
+        /* the two projections of h: q_a (then its norm and q_b) or q, and
+         * kv_a; both column-parallel (a rank holds its heads' share of q
+         * and all of kv_a) */
+        const pd_weight *wq = c->q_lora_rank > 0 ? &L->q_a : &L->q;
+        float *yq = c->q_lora_rank > 0 ? w->qa : q;
+        if (!pending && fuse_norm_pair) {
+            be->ops->rmsnorm_gemm_pair(be, T, H, x, L->input_norm, c->rms_norm_eps, h, wq, yq, &L->kv_a, ckv);
+        } else {
+            if (pending)
+                be->ops->add_rmsnorm(be, T, H, x, pending, L->input_norm, c->rms_norm_eps, h);
+            else
+                be->ops->rmsnorm(be, T, H, x, H, L->input_norm, c->rms_norm_eps, h, H);
+            be->ops->gemm(be, T, h, wq, yq, false);
+            be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
+        }
         pending = NULL;
         if (c->q_lora_rank > 0) {
-            be->ops->gemm(be, T, h, &L->q_a, w->qa, false);
             be->ops->rmsnorm(be, T, c->q_lora_rank, w->qa, c->q_lora_rank, L->q_a_norm, c->rms_norm_eps, w->qa,
                              c->q_lora_rank);
             be->ops->gemm(be, T, w->qa, &L->q_b, q, false);
-        } else {
-            be->ops->gemm(be, T, h, &L->q, q, false);
         }
-        be->ops->gemm(be, T, h, &L->kv_a, ckv, false);
         /* a step of decode tokens only passes the prologue to its one
          * mla_decode call, which may fold it into its first kernel */
         const bool prep_in_decode = fuse_prep && n_seqs == T;
@@ -468,8 +476,9 @@ static void step_on_rank(void *arg, int rank) {
 
 void pd_model_read_switches(pd_model *m) {
     const pd_backend_i *ops = m->be->ops;
-    const char *f = getenv("PD_FUSED_OPS"), *d = getenv("PD_SAMPLE_ON_DEVICE");
+    const char *f = getenv("PD_FUSED_OPS"), *d = getenv("PD_SAMPLE_ON_DEVICE"), *np = getenv("PD_NORM_PAIR");
     m->fused_ops = !(f && strcmp(f, "0") == 0);
+    m->norm_pair = !(np && strcmp(np, "0") == 0);
     if (d && strcmp(d, "0") == 0)
         m->sample_on_device = false;
     else if (d && strcmp(d, "1") == 0)

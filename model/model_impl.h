@@ -124,13 +124,14 @@ struct pd_model {
     float rope_mscale; /* YaRN attention factor applied to cos/sin */
     float softmax_scale;
     /* read once at load (forward.c pd_model_read_switches): the fused step
-     * ops (PD_FUSED_OPS, default on) and sampling where the logits are
-     * (PD_SAMPLE_ON_DEVICE: 0 never, 1 wherever the backend has
+     * ops (PD_FUSED_OPS, default on), among them rmsnorm_gemm_pair
+     * (PD_NORM_PAIR=0 alone off: A/B runs), and sampling where the logits
+     * are (PD_SAMPLE_ON_DEVICE: 0 never, 1 wherever the backend has
      * sample_rows, else where its memory is not host memory) */
-    bool fused_ops, sample_on_device;
+    bool fused_ops, norm_pair, sample_on_device;
 };
 
-/** Sets m->fused_ops and m->sample_on_device from rank 0's backend and the
+/** Sets m->fused_ops, m->norm_pair and m->sample_on_device from rank 0's backend and the
  * environment (forward.c). */
 void pd_model_read_switches(pd_model *m);
 
