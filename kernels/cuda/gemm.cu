@@ -592,9 +592,10 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         hs4[i] = __ldg(x4 + i);
     __syncthreads();
     const float *hs = (const float *)hs4;
+    /* M is the same in every thread: every thread reaches the barriers inside */
     float inv[GV_MT];
 #pragma unroll
-    for (int j = 0; j < GV_MT; j++) /* M is the same in every thread: the barriers inside are reached by all */
+    for (int j = 0; j < GV_MT; j++)
         inv[j] = j < M ? cu_block_inv_rms<THREADS>(hs + (size_t)j * K, K, eps, part[j]) : 0.0f;
     /* the last cu_block_inv_rms ended after a barrier that follows every
      * read of hs: the rows can be rewritten in place */
