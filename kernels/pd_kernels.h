@@ -278,6 +278,8 @@ typedef struct {
      * backend's format; the norm's arithmetic is rmsnorm's and the products
      * gemm's (without accumulate). rmsnorm, then gemm twice, in one pass
      * where the backend can (CUDA: one launch for decode-sized batches).
+     * norm is a weight as W1 and W2 are (CUDA may read it before the
+     * kernels queued ahead have finished: nothing queued may write it).
      * h, y1 and y2 must not overlap one another or x. Errors (CUDA, sticky):
      * PD_ERR_INVALID for rows < 0, dim <= 0, a weight whose cols is not
      * dim, a missing pointer or overlapping buffers. */

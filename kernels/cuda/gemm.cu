@@ -41,6 +41,7 @@
  */
 #include "cuda_common.cuh"
 
+#include <cuda_pipeline.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -561,20 +562,21 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
  * compute y1 = h · W1^T and blocks [nb1, nb1 + nb2) y2 = h · W2^T, each
  * block as k_gemv's (a warp owns GV_ROWS output rows, 16-byte weight loads,
  * GV_MT rows of h at once). Every block first normalises the M rows of x
- * itself into shared memory (x is a few KB that every block reads from L2,
+ * itself in shared memory (x is a few KB that every block reads from L2,
  * far less than the block's share of the weights) with rmsnorm's arithmetic
  * (cu_block_inv_rms: the sum of squares in double; x · inv · norm in fp32),
  * and its dot products read h from there; block 0 also writes h. The same
  * numbers as rmsnorm then two k_gemv launches: the same h, the same order
- * of additions. Weights are prefetched into L2 before cu_pdl_wait, as
- * k_gemv does; x is read after it. */
+ * of additions. The weights are prefetched into L2 and the norm's weights
+ * loaded before cu_pdl_wait (weights: no earlier kernel writes them); x is
+ * read after it. */
 template <typename WT, int GV_ROWS>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_norm_gemv2(int M, int K, const float *__restrict__ x, const float *__restrict__ norm, float eps,
                  float *__restrict__ h, const WT *__restrict__ w1, int N1, float *__restrict__ y1, int nb1,
                  const WT *__restrict__ w2, int N2, float *__restrict__ y2) {
     constexpr int THREADS = GV_WARPS * 32;
-    extern __shared__ float4 hs4[]; /* the normed rows, [M × K] */
+    extern __shared__ float4 hs4[]; /* the normed rows [M × K], then the norm's weights [K] */
     __shared__ double part[GV_MT][GV_WARPS];
     cu_pdl_launch_dependents();
     const bool second = (int)blockIdx.x >= nb1;
@@ -585,11 +587,18 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     const int n0 = (((int)blockIdx.x - (second ? nb1 : 0)) * GV_WARPS + warp) * GV_ROWS;
     if (lane == 0 && n0 < N) /* the weights depend on nothing earlier */
         cu_prefetch_l2(W + (size_t)n0 * K, (unsigned)(min(GV_ROWS, N - n0) * (size_t)K * sizeof(WT)));
-    cu_pdl_wait();
+    /* the norm's weights, then (once x exists) the rows of x, into shared
+     * memory with every load in flight at once (a thread's global loads one
+     * after another cost ~0.5 µs each: moe.cu's k_moe_gate) */
     const int K4 = K / 4;
-    const float4 *x4 = (const float4 *)x;
+    float4 *g4 = hs4 + (size_t)M * K4;
+    for (int i = threadIdx.x; i < K4; i += THREADS)
+        __pipeline_memcpy_async(g4 + i, (const float4 *)norm + i, sizeof(float4));
+    cu_pdl_wait();
     for (int i = threadIdx.x; i < M * K4; i += THREADS)
-        hs4[i] = __ldg(x4 + i);
+        __pipeline_memcpy_async(hs4 + i, (const float4 *)x + i, sizeof(float4));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     __syncthreads();
     const float *hs = (const float *)hs4;
     /* M is the same in every thread: every thread reaches the barriers inside */
@@ -600,16 +609,15 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     /* the last cu_block_inv_rms ended after a barrier that follows every
      * read of hs: the rows can be rewritten in place */
     float4 *h4 = (float4 *)h;
-    const float4 *g4 = (const float4 *)norm;
     for (int i = threadIdx.x; i < M * K4; i += THREADS) {
         const int j = i / K4;
         float r = inv[0];
 #pragma unroll
         for (int jj = 1; jj < GV_MT; jj++)
             r = jj == j ? inv[jj] : r;
-        const float4 g = __ldg(g4 + (i - j * K4));
+        const float4 g = g4[i - j * K4];
         float4 v = hs4[i];
-        v.x = v.x * r * g.x;
+        v.x = v.x * r * g.x; /* norm.cu's arithmetic */
         v.y = v.y * r * g.y;
         v.z = v.z * r * g.z;
         v.w = v.w * r * g.w;
@@ -669,9 +677,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     }
 }
 
-/* Dynamic shared memory of k_norm_gemv2 for M rows of K: the normed rows. */
+/* Dynamic shared memory of k_norm_gemv2 for M rows of K: the normed rows and the norm's weights. */
 static size_t norm_gemv2_smem(int M, int K) {
-    return (size_t)M * K * sizeof(float);
+    return ((size_t)M + 1) * K * sizeof(float);
 }
 
 template <typename WT, int GV_ROWS>
