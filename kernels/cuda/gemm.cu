@@ -561,23 +561,23 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
  * Decode-sized batches (M <= GV_MAX_M) in one launch: blocks [0, nb1)
  * compute y1 = h · W1^T and blocks [nb1, nb1 + nb2) y2 = h · W2^T, each
  * block as k_gemv's (a warp owns GV_ROWS output rows, 16-byte weight loads,
- * GV_MT rows of h at once). Every block first normalises the M rows of x
- * itself in shared memory (x is a few KB that every block reads from L2,
- * far less than the block's share of the weights) with rmsnorm's arithmetic
- * (cu_block_inv_rms: the sum of squares in double; x · inv · norm in fp32),
- * and its dot products read h from there; block 0 also writes h. The same
- * numbers as rmsnorm then two k_gemv launches: the same h, the same order
- * of additions. The weights are prefetched into L2 and the norm's weights
- * loaded before cu_pdl_wait (weights: no earlier kernel writes them); x is
- * read after it. */
-template <typename WT, int GV_ROWS>
+ * all M <= MT rows of h at once; MT 1 at batch 1, as k_gemv's). Every block
+ * first normalises the M rows of x itself in shared memory (x is a few KB
+ * that every block reads from L2, far less than the block's share of the
+ * weights) with rmsnorm's arithmetic (cu_block_inv_rms: the sum of squares
+ * in double; x · inv · norm in fp32), and its dot products read h from
+ * there; block 0 also writes h. The same numbers as rmsnorm then two k_gemv
+ * launches: the same h, the same order of additions. The weights are
+ * prefetched into L2 and the norm's weights loaded before cu_pdl_wait
+ * (weights: no earlier kernel writes them); x is read after it. */
+template <typename WT, int GV_ROWS, int MT>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_norm_gemv2(int M, int K, const float *__restrict__ x, const float *__restrict__ norm, float eps,
                  float *__restrict__ h, const WT *__restrict__ w1, int N1, float *__restrict__ y1, int nb1,
                  const WT *__restrict__ w2, int N2, float *__restrict__ y2) {
     constexpr int THREADS = GV_WARPS * 32;
     extern __shared__ float4 hs4[]; /* the normed rows [M × K], then the norm's weights [K] */
-    __shared__ double part[GV_MT][GV_WARPS];
+    __shared__ double part[MT][GV_WARPS];
     cu_pdl_launch_dependents();
     const bool second = (int)blockIdx.x >= nb1;
     const WT *W = second ? w2 : w1;
@@ -602,9 +602,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     __syncthreads();
     const float *hs = (const float *)hs4;
     /* M is the same in every thread: every thread reaches the barriers inside */
-    float inv[GV_MT];
+    float inv[MT];
 #pragma unroll
-    for (int j = 0; j < GV_MT; j++)
+    for (int j = 0; j < MT; j++)
         inv[j] = j < M ? cu_block_inv_rms<THREADS>(hs + (size_t)j * K, K, eps, part[j]) : 0.0f;
     /* the last cu_block_inv_rms ended after a barrier that follows every
      * read of hs: the rows can be rewritten in place */
@@ -613,7 +613,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         const int j = i / K4;
         float r = inv[0];
 #pragma unroll
-        for (int jj = 1; jj < GV_MT; jj++)
+        for (int jj = 1; jj < MT; jj++)
             r = jj == j ? inv[jj] : r;
         const float4 g = g4[i - j * K4];
         float4 v = hs4[i];
@@ -636,11 +636,11 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
             n = n0; /* computed, not stored */
         wr[r] = W + (size_t)n * K;
     }
-    float acc[GV_ROWS][GV_MT];
+    float acc[GV_ROWS][MT];
 #pragma unroll
     for (int r = 0; r < GV_ROWS; r++)
 #pragma unroll
-        for (int j = 0; j < GV_MT; j++)
+        for (int j = 0; j < MT; j++)
             acc[r][j] = 0.0f;
     const int K8 = K / 8;
 #pragma unroll 4
@@ -650,7 +650,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         for (int r = 0; r < GV_ROWS; r++)
             wv[r].load(wr[r], k8);
 #pragma unroll
-        for (int j = 0; j < GV_MT; j++) {
+        for (int j = 0; j < MT; j++) {
             if (j < M) {
                 const float4 a = hs4[j * K4 + 2 * k8], b = hs4[j * K4 + 2 * k8 + 1];
 #pragma unroll
@@ -662,7 +662,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < GV_ROWS; r++)
 #pragma unroll
-        for (int j = 0; j < GV_MT; j++)
+        for (int j = 0; j < MT; j++)
             acc[r][j] = cu_warp_sum(acc[r][j]);
     if (lane == 0) {
 #pragma unroll
@@ -670,7 +670,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
             if (n0 + r >= N)
                 continue;
 #pragma unroll
-            for (int j = 0; j < GV_MT; j++)
+            for (int j = 0; j < MT; j++)
                 if (j < M)
                     y[(size_t)j * N + n0 + r] = acc[r][j];
         }
@@ -682,14 +682,14 @@ static size_t norm_gemv2_smem(int M, int K) {
     return ((size_t)M + 1) * K * sizeof(float);
 }
 
-template <typename WT, int GV_ROWS>
+template <typename WT, int GV_ROWS, int MT>
 static cudaError_t norm_gemv2_launch_t(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
                                        float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
                                        float *y2) {
     const int per_block = GV_WARPS * GV_ROWS;
     const int nb1 = (N1 + per_block - 1) / per_block, nb2 = (N2 + per_block - 1) / per_block;
     const size_t smem = norm_gemv2_smem(M, K);
-    cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS>), smem);
+    cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS, MT>), smem);
     if (e != cudaSuccess)
         return e;
     cudaLaunchConfig_t cfg = {};
@@ -704,23 +704,35 @@ static cudaError_t norm_gemv2_launch_t(bool pdl, cudaStream_t s, int M, int K, c
         cfg.attrs = at;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
+    return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS, MT>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
                               (const WT *)w2, N2, y2);
 }
 
-template <typename WT>
-static cudaError_t norm_gemv2_launch_r(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
+template <typename WT, int MT>
+static cudaError_t norm_gemv2_launch_m(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
                                        float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
                                        float *y2) {
     switch (gemv_rows()) {
     case 1:
-        return norm_gemv2_launch_t<WT, 1>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+        return norm_gemv2_launch_t<WT, 1, MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     case 4:
-        return norm_gemv2_launch_t<WT, 4>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+        return norm_gemv2_launch_t<WT, 4, MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     default:
-        return norm_gemv2_launch_t<WT, 2>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+        return norm_gemv2_launch_t<WT, 2, MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     }
 }
+
+/* MT: 1 for one row (fewer registers, as k_gemv at batch 1; PD_GEMV_MT1=0: GV_MT), else GV_MT */
+template <typename WT>
+static cudaError_t norm_gemv2_launch_r(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
+                                       float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
+                                       float *y2) {
+    if (M == 1 && gemv_mt1())
+        return norm_gemv2_launch_m<WT, 1>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+    return norm_gemv2_launch_m<WT, GV_MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+}
+
+static_assert(GV_MAX_M <= GV_MT, "k_norm_gemv2 takes all its rows in one pass of MT");
 
 /* true when [a, a + an) and [b, b + bn) floats share an address */
 static bool ranges_overlap(const float *a, size_t an, const float *b, size_t bn) {
