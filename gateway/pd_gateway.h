@@ -255,7 +255,16 @@ pd_status pd_gw_server_init(struct event_base *base, const pd_gw_config *cfg,
 /** Stops listening, closes every connection (aborting their requests through
  * engine->abort), joins the tokenizer workers, frees everything and sets
  * *s_p to NULL. Call on the loop thread, with the loop not running a
- * gateway callback. NULL or *s_p NULL is a no-op. */
+ * gateway callback. NULL or *s_p NULL is a no-op.
+ *
+ * libevent finishes freeing a connection (its socket; under TLS its SSL)
+ * from the loop: a connection's bufferevent with a deferred callback still
+ * queued when the loop stopped (one is queued after every TLS write) is
+ * released only when that callback runs, and event_base_free drops queued
+ * callbacks without running them. So the owner of the base, once it freed
+ * everything it registered on the base (this server included), runs it
+ * once more without blocking, event_base_loop(base, EVLOOP_NONBLOCK), and
+ * then calls event_base_free. */
 void pd_gw_server_free(pd_gw_server **s_p);
 
 /** Registers the engine's per-choice abort (NULL: none, the default). */

@@ -182,6 +182,9 @@ int pd_gateway_main(int argc, char **argv) {
     pd_router_free(&router);
     event_free(sigint);
     event_free(sigterm);
+    /* the bufferevents of connections that were still open finish freeing
+     * from the loop (pd_gw_server_free): only they are left on the base */
+    event_base_loop(base, EVLOOP_NONBLOCK);
     event_base_free(base);
     return 0;
 }

@@ -326,6 +326,10 @@ void gwt_server_stop(gwt_server *h) {
     event_base_loopbreak(h->base);
     pthread_join(h->thread, NULL);
     pd_gw_server_free(&h->srv); /* the fake engine's abort may run here */
+    /* connections still open finish freeing from the loop: a TLS one that
+     * had just written holds its SSL and socket until its deferred write
+     * callback runs (pd_gw_server_free) */
+    event_base_loop(h->base, EVLOOP_NONBLOCK);
     event_base_free(h->base);
     pthread_mutex_destroy(&h->engine.mu);
 }

@@ -4,7 +4,8 @@
  * body included), many concurrent streams against SETTINGS_MAX_CONCURRENT_
  * STREAMS, RST_STREAM aborting one request only, a stalled reader that the
  * gateway cuts off instead of buffering without bound, per-stream limits and
- * timeouts, no connection-specific headers; and real clients (curl with
+ * timeouts, no connection-specific headers, a TLS connection released when
+ * the server stops right after it wrote; and real clients (curl with
  * --http2-prior-knowledge, --http2 upgrade and TLS; h2load for many
  * concurrent streams). The protocol-level client is gw_h2_client.c (nghttp2's
  * client session). Test certificates are made at run time with
@@ -13,6 +14,7 @@
  * define _GNU_SOURCE. */
 #include "gw_test_util.c"
 
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -26,6 +28,8 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+
+#include "gw_internal.h" /* the connection list, for test_tls_stop_after_write */
 
 #include "gw_h2_client.c" /* uses cmocka's asserts */
 
@@ -822,6 +826,92 @@ static void test_tls(void **state) {
     gwt_server_stop(&h);
 }
 
+/* The server stops right after a TLS connection wrote. libevent's OpenSSL
+ * bufferevent queues its write callback as a deferred callback after each
+ * write, and that callback holds a reference to the bufferevent until it
+ * runs. Here the loop breaks inside the write itself (a callback on the
+ * connection's output buffer, which the write drains), so that callback is
+ * still queued when pd_gw_server_free frees the open connection and
+ * event_base_free drops the queue. The socket and the SSL must still be
+ * released: the client sees the connection closed, and the LeakSanitizer
+ * run finds nothing. */
+static void stop_on_drain_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+                             void *arg) {
+    if (info->n_deleted > 0)
+        event_base_loopbreak(arg);
+}
+
+/* GET /stop: "bye", and the loop breaks once the answer is being written. */
+static int stop_route(void *ctx, const char *path, const char *query, struct evbuffer *body,
+                      const char **ctype) {
+    gwt_server *h = ctx;
+    gw_conn *c = h->srv->conns; /* the newest connection: the only one */
+    evbuffer_add_cb(bufferevent_get_output(c->bev), stop_on_drain_cb, h->base);
+    evbuffer_add(body, "bye", 3);
+    return 200;
+}
+
+static void stop_setup(pd_gw_server *srv, void *ud) {
+    pd_err err;
+    assert_int_equal(pd_gw_server_add_get(srv, "/stop", stop_route, ud, &err), PD_OK);
+}
+
+/* True when the peer closed c within timeout_s (EOF, with or without
+ * close_notify). */
+static bool tls_peer_closed(h2c *c, double timeout_s) {
+    double t_end = pd_now_s() + timeout_s;
+    char buf[4096];
+    for (;;) {
+        if (SSL_pending(c->ssl) == 0) {
+            int ms = (int)((t_end - pd_now_s()) * 1000);
+            struct pollfd p = {.fd = c->fd, .events = POLLIN};
+            if (ms <= 0 || poll(&p, 1, ms) <= 0)
+                return false;
+        }
+        if (SSL_read(c->ssl, buf, sizeof buf) <= 0)
+            return true;
+    }
+}
+
+static void test_tls_stop_after_write(void **state) {
+    make_cert(g_tmp, "stop");
+    char crt[512], key[512];
+    snprintf(crt, sizeof crt, "%s/stop.crt", g_tmp);
+    snprintf(key, sizeof key, "%s/stop.key", g_tmp);
+    static const char *const alpns[] = {"\x08http/1.1", "\x02h2"};
+    for (int i = 0; i < 2; i++) {
+        pd_gw_config cfg;
+        gwt_config(&cfg);
+        cfg.ssl_certfile = crt;
+        cfg.ssl_keyfile = key;
+        gwt_server h;
+        assert_int_equal(gwt_server_start_setup(&h, &cfg, stop_setup, &h), 0);
+        h2c *c = h2c_connect(h.port, true, alpns[i], false);
+        assert_non_null(c);
+        if (i == 0) {
+            /* keep-alive: the server keeps the connection open after answering */
+            static const char req[] = "GET /stop HTTP/1.1\r\nHost: t\r\n\r\n";
+            assert_true(SSL_write(c->ssl, req, (int)strlen(req)) > 0);
+            char resp[4096];
+            size_t len = 0;
+            while (!memmem(resp, len, "\r\n\r\nbye", 7)) {
+                int r = SSL_read(c->ssl, resp + len, (int)(sizeof resp - len));
+                assert_true(r > 0);
+                len += (size_t)r;
+            }
+            assert_true(strncmp(resp, "HTTP/1.1 200", 12) == 0);
+        } else {
+            assert_string_equal(c->alpn, "h2");
+            h2c_stream *s = h2_do(c, "GET", "/stop", NULL);
+            assert_int_equal(s->status, 200);
+            assert_string_equal(s->body, "bye");
+        }
+        gwt_server_stop(&h); /* the loop already stopped in the write */
+        assert_true(tls_peer_closed(c, 5));
+        h2c_free(c);
+    }
+}
+
 /* ---- real clients ---------------------------------------------------------------- */
 
 static void test_real_clients(void **state) {
@@ -945,6 +1035,7 @@ int main(void) {
         cmocka_unit_test(test_stalled_reader),
         cmocka_unit_test(test_limits_and_timeouts),
         cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_tls_stop_after_write),
         cmocka_unit_test(test_real_clients),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -207,6 +207,7 @@ static int teardown(void **state) {
     zmq_close(f->decode_new);
     zmq_close(f->decode2);
     zmq_ctx_term(f->zctx);
+    event_base_loop(f->base, EVLOOP_NONBLOCK); /* what pd_gw_server_free left to the loop */
     event_base_free(f->base);
     pd_tok_free(&f->tok);
     free(f);
