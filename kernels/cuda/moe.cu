@@ -89,12 +89,10 @@ __device__ static void route_row(int E, int G, int topk_group, int top_k, int sc
         mx = cu_warp_max(mx);
         for (int e = lane; e < E; e += 32)
             s[e] = expf(lg[e] - mx);
-        __syncwarp();
-        float sum = 0.0f;
-        if (lane == 0)
-            for (int e = 0; e < E; e++) /* in index order, as the CPU sums */
-                sum += s[e];
-        sum = __shfl_sync(0xffffffffu, sum, 0);
+        float sum = 0.0f; /* a lane's share, then the warp's tree (not the CPU's order: the weights differ in the last bits) */
+        for (int e = lane; e < E; e += 32)
+            sum += s[e];
+        sum = cu_warp_sum(sum);
         for (int e = lane; e < E; e += 32)
             s[e] /= sum;
     }
@@ -889,10 +887,11 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  * separate ops take nine launches (rmsnorm, router GEMM, shared gate_up and
  * down, route, plan, routed gate_up and down, combine), most on a few SMs.
  * Here:
- *   1. k_moe_gate: every block norms the rows of x into shared memory
- *      (block 0 also writes h) and computes router logits for its experts,
- *      one expert a warp; the last block to finish (a ticket) routes each
- *      row (route_row) and plans the pairs (plan_block), the shared experts
+ *   1. k_moe_gate1 (one block: routers up to GATE1_MAX_BYTES) or k_moe_gate
+ *      (a grid whose last block routes, for larger routers): the rows of x
+ *      normed into shared memory (block 0 also writes h), the router
+ *      logits one expert a warp, then each row routed (route_row) and the
+ *      pairs planned (plan_small, or plan_block past 32 pairs), the shared experts
  *      as S more groups of the routed experts' size (inter_shared = S ·
  *      inter; a group's rows are a slice of the shared weights: row stride
  *      and up-row offset per group, k_gemv).
@@ -902,8 +901,10 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  *   4. x[r] += Σ_j w_j y[r, j] + Σ_s y_shared[s, r] (k_moe_combine_pairs).
  * The shared experts' sum over inter_shared units is thus two sums over
  * inter units added in the combine: the same value up to fp32 order. */
-#define GATE_THREADS 128
-#define GATE_MAX_ROWS (GATE_THREADS / 32) /* the last block routes one row a warp */
+#define GATE_THREADS 128    /* a block of the grid form */
+#define GATE1_THREADS 512   /* the one block of the single-block form */
+#define GATE_MAX_ROWS 4     /* the routing block routes one row a warp */
+#define GATE1_MAX_BYTES (512 * 1024) /* routers up to this size take the single-block form */
 
 typedef struct {
     int T, H, E, G, topk_group, top_k, scoring, method, norm_topk, S;
@@ -917,44 +918,37 @@ typedef struct {
 } moe_gate_args;
 
 /* 32-bit words of the gate kernel's shared memory: the normed rows [T, H]
- * and the norm's weights [H]; in the last block, over them, logits [T, E],
- * route_row's [T, 3E + 2G + top_k], ids and weights [n], plan counts [E]. */
+ * and the norm's weights [H]; then, in the routing block, over them,
+ * logits [T, E], route_row's [T, 3E + 2G + top_k], ids and weights [n],
+ * plan counts [E]. */
 static size_t gate_smem_words(int T, int H, int E, int G, int top_k) {
     const size_t norm = (size_t)T * H + H;
     const size_t route = (size_t)T * E + (size_t)T * (3 * E + 2 * G + top_k) + 2 * (size_t)T * top_k + E;
     return norm > route ? norm : route;
 }
 
-template <typename WT>
-static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args a) {
-    cu_pdl_launch_dependents();
-    extern __shared__ float4 smem4[];
-    float *hn = (float *)smem4; /* [T, H] normed rows */
-    __shared__ double part[GATE_THREADS / 32];
-    __shared__ int last;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int e = blockIdx.x * (GATE_THREADS / 32) + warp;
-    const WT *wr = (const WT *)a.router + (size_t)(e < a.E ? e : 0) * a.H;
-    if (lane == 0 && e < a.E) /* the router's rows depend on nothing before */
-        cu_prefetch_l2(wr, (unsigned)(a.H * sizeof(WT)));
-    /* the norm's weights, then (once x exists) the rows of x, into shared
-     * memory with every load in flight at once: a thread's loads one after
-     * another from global memory cost ~0.5 us each, and a row of 2048 is
-     * 16 of them a thread (norm.cu's one-block kernel: 7 us) */
+/* hn [T, H] = RMSNorm(x) · norm in shared memory (nw: H more words), block
+ * 0 of the grid also writing h. x and the norm's weights come in by
+ * cp.async, every load in flight at once: a thread's loads one after
+ * another from global memory cost ~0.5 us each (norm.cu's one-block
+ * kernel: 5-7 us for a row of 2048). The weights are read before the PDL
+ * wait, x after it. */
+template <int THREADS>
+__device__ static void gate_norm(const moe_gate_args &a, float *hn, double *part) {
     const int H4 = a.H / 4;
-    float *nw = hn + (size_t)a.T * a.H; /* [H] */
-    for (int k = threadIdx.x; k < H4; k += GATE_THREADS)
+    float *nw = hn + (size_t)a.T * a.H;
+    for (int k = threadIdx.x; k < H4; k += THREADS)
         __pipeline_memcpy_async((float4 *)nw + k, (const float4 *)a.norm + k, sizeof(float4));
     cu_pdl_wait();
-    for (int k = threadIdx.x; k < a.T * H4; k += GATE_THREADS)
+    for (int k = threadIdx.x; k < a.T * H4; k += THREADS)
         __pipeline_memcpy_async((float4 *)hn + k, (const float4 *)a.x + k, sizeof(float4));
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
     for (int t = 0; t < a.T; t++) {
         float *xr = hn + (size_t)t * a.H;
-        const float inv = cu_block_inv_rms<GATE_THREADS>(xr, a.H, a.eps, part); /* ends after a barrier */
-        for (int k = threadIdx.x; k < H4; k += GATE_THREADS) {
+        const float inv = cu_block_inv_rms<THREADS>(xr, a.H, a.eps, part); /* ends after a barrier */
+        for (int k = threadIdx.x; k < H4; k += THREADS) {
             float4 v = ((float4 *)xr)[k];
             const float4 w = ((const float4 *)nw)[k];
             v.x = v.x * inv * w.x; /* norm.cu's arithmetic */
@@ -967,32 +961,135 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
         }
         __syncthreads(); /* part is reused by the next row; hn complete */
     }
-    if (e < a.E) { /* logits[t, e] = h[t] · router[e], k_gemv's order of sums */
-        float acc[GATE_MAX_ROWS];
+}
+
+/* out[t · ld] = hn[t] · router[e] for the T rows, k_gemv's order of sums; one warp. */
+template <typename WT>
+__device__ static void gate_logit(const moe_gate_args &a, const float *hn, int e, int lane, float *out, int ld) {
+    const WT *wr = (const WT *)a.router + (size_t)e * a.H;
+    float acc[GATE_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < GATE_MAX_ROWS; t++)
+        acc[t] = 0.0f;
+    const int K8 = a.H / 8;
+#pragma unroll 8
+    for (int k8 = lane; k8 < K8; k8 += 32) {
+        gv_w8<WT> wv;
+        wv.load(wr, k8);
 #pragma unroll
         for (int t = 0; t < GATE_MAX_ROWS; t++)
-            acc[t] = 0.0f;
-        const int K8 = a.H / 8;
-#pragma unroll 8
-        for (int k8 = lane; k8 < K8; k8 += 32) {
-            gv_w8<WT> wv;
-            wv.load(wr, k8);
+            if (t < a.T) {
+                const float4 *hr = (const float4 *)(hn + (size_t)t * a.H);
+                acc[t] += wv.dot(hr[2 * k8], hr[2 * k8 + 1]);
+            }
+    }
 #pragma unroll
-            for (int t = 0; t < GATE_MAX_ROWS; t++)
-                if (t < a.T) {
-                    const float4 *hr = (const float4 *)(hn + (size_t)t * a.H);
-                    acc[t] += wv.dot(hr[2 * k8], hr[2 * k8 + 1]);
-                }
-        }
-#pragma unroll
-        for (int t = 0; t < GATE_MAX_ROWS; t++) {
-            const float v = cu_warp_sum(acc[t]);
-            if (lane == 0 && t < a.T)
-                a.logits[(size_t)t * a.E + e] = v;
+    for (int t = 0; t < GATE_MAX_ROWS; t++) {
+        const float v = cu_warp_sum(acc[t]);
+        if (lane == 0 && t < a.T)
+            out[(size_t)t * ld] = v;
+    }
+}
+
+/* The n <= 32 pairs' plan (plan_block's output) by one warp and the
+ * block's threads, without plan_block's serial pass over the experts: the
+ * ids sit one a lane and each lane learns by shuffles how many pairs sort
+ * before its own (by expert, then pair index) and, for the first pair of
+ * each expert, how many experts with pairs come before it. */
+__device__ static void plan_small(int n, int top_k, int E, int S, int rows, const int32_t *ids, int *off, int *tok,
+                                  int *pair, int *list, int nthreads) {
+    const int G = min(E, n);
+    int n_valid = 0;
+    for (int i = 0; i < n; i++)
+        n_valid += (unsigned)ids[i] < (unsigned)E;
+    for (int e = threadIdx.x; e <= E + S; e += nthreads) {
+        if (e <= E) {
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                k += (unsigned)ids[i] < (unsigned)e; /* valid ids below e */
+            off[e] = k;
+        } else {
+            off[e] = n_valid + (e - E) * rows;
         }
     }
-    /* the last block to get here routes and plans (every block's logits
-     * are visible to it: each fenced its writes before taking a ticket) */
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int id = lane < n ? ids[lane] : -1;
+        const bool valid = (unsigned)id < (unsigned)E;
+        int less = 0, same_before = 0;
+        for (int j = 0; j < n; j++) {
+            const int o = __shfl_sync(0xffffffffu, id, j);
+            less += (unsigned)o < (unsigned)id && valid; /* o valid and below id */
+            same_before += o == id && j < lane;
+        }
+        const bool first = valid && same_before == 0;
+        int rank = 0;
+        for (int j = 0; j < n; j++) {
+            const int o = __shfl_sync(0xffffffffu, id, j);
+            const bool fo = __shfl_sync(0xffffffffu, first, j);
+            rank += fo && o < id;
+        }
+        const int n_experts_used = __popc(__ballot_sync(0xffffffffu, first));
+        if (valid) {
+            tok[less + same_before] = lane / top_k;
+            pair[less + same_before] = lane;
+        }
+        if (first)
+            list[rank] = id;
+        for (int r = n_experts_used + lane; r < G; r += 32)
+            list[r] = -1;
+        for (int g = lane; g < S; g += 32)
+            list[G + g] = E + g;
+        for (int q = lane; q < S * rows; q += 32) {
+            tok[n_valid + q] = q % rows;
+            pair[n_valid + q] = n + q; /* its rows of act and y follow the routed pairs' */
+        }
+    }
+}
+
+/* The routing block's work: rows routed one a warp (route_row) from the
+ * logits lg [T, E] in shared memory, ids and weights to global memory, then
+ * the plan. rs: shared words after lg (gate_smem_words). */
+template <int THREADS>
+__device__ static void gate_route_plan(const moe_gate_args &a, const float *lg, float *rs) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = a.T * a.top_k, rw = 3 * a.E + 2 * a.G + a.top_k;
+    int32_t *sid = (int32_t *)(rs + (size_t)a.T * rw);
+    float *sw = (float *)(sid + n);
+    int *cnt = (int *)(sw + n);
+    if (warp < a.T)
+        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias,
+                  lg + (size_t)warp * a.E, rs + (size_t)warp * rw, sid + warp * a.top_k, sw + warp * a.top_k, lane);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        a.ids[i] = sid[i];
+        a.weights[i] = sw[i];
+    }
+    if (n <= 32)
+        plan_small(n, a.top_k, a.E, a.S, a.T, sid, a.off, a.tok, a.pair, a.list, THREADS);
+    else
+        plan_block(n, a.top_k, a.E, a.S, a.T, sid, a.off, a.tok, a.pair, a.list, cnt, THREADS);
+}
+
+/* The grid form: block b computes the logits of experts 4b .. 4b + 3 (a
+ * warp each) into global memory, and the last block to finish (a ticket)
+ * routes and plans; every block's logits are visible to it, each having
+ * fenced its writes before taking its ticket. For routers too large for
+ * one SM to read quickly (V3: 256 × 7168). */
+template <typename WT>
+static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args a) {
+    cu_pdl_launch_dependents();
+    extern __shared__ float4 smem4[];
+    float *hn = (float *)smem4; /* [T, H] normed rows */
+    __shared__ double part[GATE_THREADS / 32];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * (GATE_THREADS / 32) + warp;
+    if (lane == 0 && e < a.E) /* the router's rows depend on nothing before */
+        cu_prefetch_l2((const WT *)a.router + (size_t)e * a.H, (unsigned)(a.H * sizeof(WT)));
+    gate_norm<GATE_THREADS>(a, hn, part);
+    if (e < a.E)
+        gate_logit<WT>(a, hn, e, lane, a.logits + e, a.E);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
@@ -1001,25 +1098,45 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     if (!last)
         return;
     __threadfence();
-    const int n = a.T * a.top_k, rw = 3 * a.E + 2 * a.G + a.top_k;
-    float *lg = hn, *rs = lg + (size_t)a.T * a.E; /* hn is no longer read */
-    int32_t *sid = (int32_t *)(rs + (size_t)a.T * rw);
-    float *sw = (float *)(sid + n);
-    int *cnt = (int *)(sw + n);
+    float *lg = hn; /* hn is no longer read */
     for (int i = threadIdx.x; i < a.T * a.E; i += GATE_THREADS)
         lg[i] = __ldcg(a.logits + i); /* from L2: other blocks wrote them */
     __syncthreads();
-    if (warp < a.T)
-        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias,
-                  lg + (size_t)warp * a.E, rs + (size_t)warp * rw, sid + warp * a.top_k, sw + warp * a.top_k, lane);
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += GATE_THREADS) {
-        a.ids[i] = sid[i];
-        a.weights[i] = sw[i];
-    }
-    plan_block(n, a.top_k, a.E, a.S, a.T, sid, a.off, a.tok, a.pair, a.list, cnt, GATE_THREADS);
+    gate_route_plan<GATE_THREADS>(a, lg, lg + (size_t)a.T * a.E);
     if (threadIdx.x == 0)
         *a.ticket = 0; /* for the next launch (graph replays included) */
+}
+
+/* The single-block form (routers of at most GATE1_MAX_BYTES: V2-Lite's
+ * 64 × 2048 is 256 KB): one block norms, computes every logit (warp w takes
+ * experts w, w + 16, ...) into shared memory, routes and plans, with no
+ * ticket, fence or second pass through L2. The router's rows are prefetched
+ * into L2 before the PDL wait. */
+template <typename WT>
+static __global__ void __launch_bounds__(GATE1_THREADS) k_moe_gate1(moe_gate_args a) {
+    cu_pdl_launch_dependents();
+    extern __shared__ float4 smem4[];
+    float *hn = (float *)smem4; /* [T, H] normed rows, then the routing's words */
+    __shared__ double part[GATE1_THREADS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    {
+        const size_t bytes = (size_t)a.E * a.H * sizeof(WT), chunk = 4096; /* multiples of 16 */
+        for (size_t o = (size_t)threadIdx.x * chunk; o < bytes; o += (size_t)GATE1_THREADS * chunk)
+            cu_prefetch_l2((const char *)a.router + o, (unsigned)min(chunk, bytes - o));
+    }
+    gate_norm<GATE1_THREADS>(a, hn, part);
+    float *lg = hn + (size_t)a.T * a.H + a.H; /* after hn and the norm's weights */
+    for (int e = warp; e < a.E; e += GATE1_THREADS / 32)
+        gate_logit<WT>(a, hn, e, lane, lg + e, a.E);
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.T * a.E; i += GATE1_THREADS)
+        a.logits[i] = lg[i]; /* the op's scratch holds them afterwards, as in the grid form */
+    gate_route_plan<GATE1_THREADS>(a, lg, lg + (size_t)a.T * a.E);
+}
+
+/* Shared words of k_moe_gate1: hn, the norm's weights, then logits and the routing's words. */
+static size_t gate1_smem_words(int T, int H, int E, int G, int top_k) {
+    return (size_t)T * H + H + gate_smem_words(T, 0, E, G, top_k);
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -1168,7 +1285,7 @@ static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p
             a->down[e].cols != I || ((uintptr_t)a->gate_up[e].data & 15) || ((uintptr_t)a->down[e].data & 15))
             return false;
     if (gate_smem_words(T, H, E, G, p->top_k) * 4 > c->smem_optin || ((uintptr_t)a->x & 15) ||
-        ((uintptr_t)a->norm & 15))
+        ((uintptr_t)a->norm & 15) || ((uintptr_t)a->router->data & 15))
         return false;
     *S_p = S;
     return true;
@@ -1209,11 +1326,16 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     ga.bias = p->e_score_correction_bias, ga.x = a->x, ga.norm = a->norm, ga.router = a->router->data;
     ga.h = a->h, ga.logits = a->logits, ga.weights = a->weights, ga.ids = a->ids;
     ga.off = off, ga.tok = tok, ga.pair = pair, ga.list = list, ga.ticket = set_ticket(set);
-    const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
+    /* one block where the router is small enough for one SM to read (and
+     * its shared memory fits), else the grid form */
+    const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
+    const bool one = (size_t)E * H * esz <= GATE1_MAX_BYTES && !c->moe_gate_grid &&
+                     gate1_smem_words(T, H, E, G, K) * sizeof(float) <= c->smem_optin;
+    const size_t smem = (one ? gate1_smem_words(T, H, E, G, K) : gate_smem_words(T, H, E, G, K)) * sizeof(float);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3((unsigned)((E + GATE_MAX_ROWS - 1) / GATE_MAX_ROWS));
-    cfg.blockDim = dim3(GATE_THREADS);
+    cfg.gridDim = dim3(one ? 1u : (unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32)));
+    cfg.blockDim = dim3(one ? GATE1_THREADS : GATE_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     if (c->pdl) {
@@ -1223,10 +1345,18 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         cfg.numAttrs = 1;
     }
     cudaError_t e;
-    if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16 && one) {
+        e = CU_SMEM_OPTIN(k_moe_gate1<__nv_bfloat16>, smem);
+        if (e == cudaSuccess)
+            e = cudaLaunchKernelEx(&cfg, k_moe_gate1<__nv_bfloat16>, ga);
+    } else if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
         e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
         if (e == cudaSuccess)
             e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
+    } else if (one) {
+        e = CU_SMEM_OPTIN(k_moe_gate1<float>, smem);
+        if (e == cudaSuccess)
+            e = cudaLaunchKernelEx(&cfg, k_moe_gate1<float>, ga);
     } else {
         e = CU_SMEM_OPTIN(k_moe_gate<float>, smem);
         if (e == cudaSuccess)
