@@ -34,9 +34,6 @@ typedef struct {
 
 struct pd_mla_prep_args; /* below */
 
-/** How many weights pd_mla_decode_args.l2_next names. */
-#define PD_MLA_L2_NEXT 3
-
 /** Arguments of MLA attention for one sequence's n_q new tokens at
  * positions start_pos .. start_pos+n_q-1, attending causally to every cached
  * token 0 .. start_pos+n_q-1 (the new tokens' latents are already in the
@@ -77,10 +74,6 @@ typedef struct {
      * rmsnorm, rope and cache store, so that a backend may fold them into
      * its first kernel (CUDA: the q_lat kernel) */
     const struct pd_mla_prep_args *prep;
-    /* weights (NULL: none) the step reads after this attention, in the
-     * order it reads them: a backend may start bringing them into a cache
-     * while the attention runs (CUDA: L2, from the split attention kernel) */
-    const pd_weight *l2_next[PD_MLA_L2_NEXT];
 } pd_mla_decode_args;
 
 /** The most top logprobs sample_rows reports for a row (OpenAI's

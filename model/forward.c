@@ -258,9 +258,6 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
                     .cache = cache, .n_layers = kv->n_layers, .layer = l, .block_size = kv->block_size,
                     .seq_lens = lens + s0, .block_off = boff + s0, .blocks = blocks, .kv_b = &L->kv_b,
                     .out = attn + (size_t)t * nh * dv, .prep = prep_in_decode ? &pa : NULL,
-                    /* then W_o, and the shared experts (moe_block reads them with the routed ones) */
-                    .l2_next = {&L->o, L->is_moe && c->n_shared_experts > 0 ? &L->shared.gate_up : NULL,
-                                L->is_moe && c->n_shared_experts > 0 ? &L->shared.down : NULL},
                 };
                 be->ops->mla_decode(be, &d);
                 t += s - s0;

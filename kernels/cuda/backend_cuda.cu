@@ -516,8 +516,6 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_block_composed = mb && !strcmp(mb, "0");
         const char *mg = getenv("PD_MOE_GATE");
         c->moe_gate_grid = mg && !strcmp(mg, "grid");
-        const char *l2n = getenv("PD_L2_NEXT");
-        c->no_l2_next = l2n && !strcmp(l2n, "0");
         const char *mpp = getenv("PD_MLA_PREP");
         c->mla_prep_apart = mpp && !strcmp(mpp, "apart");
     }

@@ -420,38 +420,13 @@ __device__ __forceinline__ void dec_tile_load(float *tile, const float *__restri
     }
 }
 
-/* Weights the ops after the attention read (pd_mla_decode_args.l2_next),
- * prefetched into L2 by the split attention's blocks while it runs: its
- * few MB of cache and q leave HBM idle for most of its time. */
-#define DEC_L2_RANGES 4
-typedef struct {
-    const void *p[DEC_L2_RANGES];
-    unsigned long long bytes[DEC_L2_RANGES]; /* multiples of 16 */
-} dec_l2_next;
-
-__device__ __forceinline__ void dec_l2_prefetch(const dec_l2_next &pf) {
-    const unsigned long long chunk = 32 * 1024;
-    const unsigned blk = blockIdx.y * gridDim.x + blockIdx.x, nblk = gridDim.x * gridDim.y;
-    unsigned long long c0 = 0; /* chunks of the ranges before this one */
-    for (int r = 0; r < DEC_L2_RANGES; r++) {
-        const unsigned long long n = (pf.bytes[r] + chunk - 1) / chunk;
-        for (unsigned long long c = threadIdx.x * (unsigned long long)nblk + blk; c < c0 + n; c += (unsigned long long)nblk * DEC_THREADS)
-            if (c >= c0) {
-                const unsigned long long o = (c - c0) * chunk;
-                cu_prefetch_l2((const char *)pf.p[r] + o, (unsigned)min(chunk, pf.bytes[r] - o));
-            }
-        c0 += n;
-    }
-}
-
 template <int KMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
     k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, const int *__restrict__ q_len,
                  const int *__restrict__ q_boff, int n_splits, int min_chunk, const float *__restrict__ ql,
                  const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
-                 float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o, dec_l2_next pf) {
+                 float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
     cu_pdl_launch_dependents();
-    dec_l2_prefetch(pf);
     extern __shared__ float4 smem4[];
     float *sm = (float *)smem4;
     const int D = kvr + dr, D4 = D / 4, DP = D + 4, kvr4 = kvr / 4;
@@ -810,7 +785,6 @@ typedef struct {
     const int *q_len, *q_boff, *btab;
     float *ql, *part, *out;
     qlat_prep prep; /* prep.on: the attention prologue folded into k_mla_qlat8 (absorbed_prep_folds) */
-    dec_l2_next l2_next; /* weights k_mla_decode prefetches into L2 (zero bytes: none) */
 } absorbed_call;
 
 /* Whether absorbed_launch takes k_mla_qlat8, which can fold the prologue in. */
@@ -840,13 +814,13 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
             return e;
         k_mla_decode<1><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
                                                         n_splits, a->min_chunk, a->ql, a->cache, a->n_layers, a->layer, a->bs,
-                                                        a->btab, part_m, part_l, part_o, a->l2_next);
+                                                        a->btab, part_m, part_l, part_o);
     } else {
         if ((e = CU_SMEM_OPTIN(k_mla_decode<2>, smem)) != cudaSuccess)
             return e;
         k_mla_decode<2><<<grid, DEC_THREADS, smem, s>>>(nh, kvr, a->dr, a->scale, a->start_pos, a->q_len, a->q_boff,
                                                         n_splits, a->min_chunk, a->ql, a->cache, a->n_layers, a->layer, a->bs,
-                                                        a->btab, part_m, part_l, part_o, a->l2_next);
+                                                        a->btab, part_m, part_l, part_o);
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
@@ -1010,7 +984,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = 0, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
-        .ql = NULL, .part = NULL, .out = a->out, .prep = {}, .l2_next = {},
+        .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     absorbed_run(c, &ac, a->kv_b);
 }
@@ -1045,19 +1019,8 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens, .q_boff = a->block_off,
-        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {}, .l2_next = {},
+        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
-    if (!c->no_l2_next) { /* the weights the ops after the attention read, into L2 while it runs */
-        const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
-        for (int r = 0, k = 0; r < PD_MLA_L2_NEXT && k < DEC_L2_RANGES; r++) {
-            const pd_weight *w = a->l2_next[r];
-            const size_t bytes = w && w->data ? (size_t)w->rows * w->cols * esz : 0;
-            if (bytes && ((uintptr_t)w->data & 15) == 0) {
-                ac.l2_next.p[k] = w->data;
-                ac.l2_next.bytes[k++] = bytes & ~(size_t)15;
-            }
-        }
-    }
     const pd_mla_prep_args *p = a->prep;
     if (p) { /* the prologue: folded into the q_lat kernel where it takes these rows, else mla_prep first */
         if (p->rows != a->n_seqs || p->q != a->q || p->n_heads != nh || p->qk_nope_dim != dn ||
