@@ -887,11 +887,11 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  * separate ops take nine launches (rmsnorm, router GEMM, shared gate_up and
  * down, route, plan, routed gate_up and down, combine), most on a few SMs.
  * Here:
- *   1. k_moe_gate1 (one block: routers up to GATE1_MAX_BYTES) or k_moe_gate
- *      (a grid whose last block routes, for larger routers): the rows of x
- *      normed into shared memory (block 0 also writes h), the router
- *      logits one expert a warp, then each row routed (route_row) and the
- *      pairs planned (plan_small, or plan_block past 32 pairs), the shared experts
+ *   1. k_moe_gate: every block norms the rows of x into shared memory
+ *      (block 0 also writes h) and computes router logits for its experts,
+ *      one expert a warp; the last block to finish (a ticket) routes each
+ *      row (route_row) and plans the pairs (plan_small, or plan_block past
+ *      32 pairs), the shared experts
  *      as S more groups of the routed experts' size (inter_shared = S ·
  *      inter; a group's rows are a slice of the shared weights: row stride
  *      and up-row offset per group, k_gemv).
@@ -901,10 +901,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  *   4. x[r] += Σ_j w_j y[r, j] + Σ_s y_shared[s, r] (k_moe_combine_pairs).
  * The shared experts' sum over inter_shared units is thus two sums over
  * inter units added in the combine: the same value up to fp32 order. */
-#define GATE_THREADS 128    /* a block of the grid form */
-#define GATE1_THREADS 512   /* the one block of the single-block form */
-#define GATE_MAX_ROWS 4     /* the routing block routes one row a warp */
-#define GATE1_MAX_BYTES (512 * 1024) /* routers up to this size take the single-block form */
+#define GATE_THREADS 128 /* a block: four experts' logits */
+#define GATE_MAX_ROWS 4  /* the routing block routes one row a warp */
 
 typedef struct {
     int T, H, E, G, topk_group, top_k, scoring, method, norm_topk, S;
@@ -1071,11 +1069,12 @@ __device__ static void gate_route_plan(const moe_gate_args &a, const float *lg, 
         plan_block(n, a.top_k, a.E, a.S, a.T, sid, a.off, a.tok, a.pair, a.list, cnt, THREADS);
 }
 
-/* The grid form: block b computes the logits of experts 4b .. 4b + 3 (a
- * warp each) into global memory, and the last block to finish (a ticket)
- * routes and plans; every block's logits are visible to it, each having
- * fenced its writes before taking its ticket. For routers too large for
- * one SM to read quickly (V3: 256 × 7168). */
+/* Block b computes the logits of experts 4b .. 4b + 3 (a warp each) into
+ * global memory, and the last block to finish (a ticket) routes and plans;
+ * every block's logits are visible to it, each having fenced its writes
+ * before taking its ticket. (One block doing all of it for V2-Lite's 256 KB
+ * router was slower: 31.6 us against 26, an SM alone reads the router
+ * slowly.) */
 template <typename WT>
 static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args a) {
     cu_pdl_launch_dependents();
@@ -1105,38 +1104,6 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     gate_route_plan<GATE_THREADS>(a, lg, lg + (size_t)a.T * a.E);
     if (threadIdx.x == 0)
         *a.ticket = 0; /* for the next launch (graph replays included) */
-}
-
-/* The single-block form (routers of at most GATE1_MAX_BYTES: V2-Lite's
- * 64 × 2048 is 256 KB): one block norms, computes every logit (warp w takes
- * experts w, w + 16, ...) into shared memory, routes and plans, with no
- * ticket, fence or second pass through L2. The router's rows are prefetched
- * into L2 before the PDL wait. */
-template <typename WT>
-static __global__ void __launch_bounds__(GATE1_THREADS) k_moe_gate1(moe_gate_args a) {
-    cu_pdl_launch_dependents();
-    extern __shared__ float4 smem4[];
-    float *hn = (float *)smem4; /* [T, H] normed rows, then the routing's words */
-    __shared__ double part[GATE1_THREADS / 32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    {
-        const size_t bytes = (size_t)a.E * a.H * sizeof(WT), chunk = 4096; /* multiples of 16 */
-        for (size_t o = (size_t)threadIdx.x * chunk; o < bytes; o += (size_t)GATE1_THREADS * chunk)
-            cu_prefetch_l2((const char *)a.router + o, (unsigned)min(chunk, bytes - o));
-    }
-    gate_norm<GATE1_THREADS>(a, hn, part);
-    float *lg = hn + (size_t)a.T * a.H + a.H; /* after hn and the norm's weights */
-    for (int e = warp; e < a.E; e += GATE1_THREADS / 32)
-        gate_logit<WT>(a, hn, e, lane, lg + e, a.E);
-    __syncthreads();
-    for (int i = threadIdx.x; i < a.T * a.E; i += GATE1_THREADS)
-        a.logits[i] = lg[i]; /* the op's scratch holds them afterwards, as in the grid form */
-    gate_route_plan<GATE1_THREADS>(a, lg, lg + (size_t)a.T * a.E);
-}
-
-/* Shared words of k_moe_gate1: hn, the norm's weights, then logits and the routing's words. */
-static size_t gate1_smem_words(int T, int H, int E, int G, int top_k) {
-    return (size_t)T * H + H + gate_smem_words(T, 0, E, G, top_k);
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -1326,16 +1293,11 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     ga.bias = p->e_score_correction_bias, ga.x = a->x, ga.norm = a->norm, ga.router = a->router->data;
     ga.h = a->h, ga.logits = a->logits, ga.weights = a->weights, ga.ids = a->ids;
     ga.off = off, ga.tok = tok, ga.pair = pair, ga.list = list, ga.ticket = set_ticket(set);
-    /* one block where the router is small enough for one SM to read (and
-     * its shared memory fits), else the grid form */
-    const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
-    const bool one = (size_t)E * H * esz <= GATE1_MAX_BYTES && !c->moe_gate_grid &&
-                     gate1_smem_words(T, H, E, G, K) * sizeof(float) <= c->smem_optin;
-    const size_t smem = (one ? gate1_smem_words(T, H, E, G, K) : gate_smem_words(T, H, E, G, K)) * sizeof(float);
+    const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(one ? 1u : (unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32)));
-    cfg.blockDim = dim3(one ? GATE1_THREADS : GATE_THREADS);
+    cfg.gridDim = dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32)));
+    cfg.blockDim = dim3(GATE_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     if (c->pdl) {
@@ -1345,18 +1307,10 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         cfg.numAttrs = 1;
     }
     cudaError_t e;
-    if (c->wfmt == PD_CUDA_WEIGHTS_BF16 && one) {
-        e = CU_SMEM_OPTIN(k_moe_gate1<__nv_bfloat16>, smem);
-        if (e == cudaSuccess)
-            e = cudaLaunchKernelEx(&cfg, k_moe_gate1<__nv_bfloat16>, ga);
-    } else if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
         e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
         if (e == cudaSuccess)
             e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
-    } else if (one) {
-        e = CU_SMEM_OPTIN(k_moe_gate1<float>, smem);
-        if (e == cudaSuccess)
-            e = cudaLaunchKernelEx(&cfg, k_moe_gate1<float>, ga);
     } else {
         e = CU_SMEM_OPTIN(k_moe_gate<float>, smem);
         if (e == cudaSuccess)

@@ -2423,8 +2423,8 @@ static void test_moe_block(void **state) {
         {"v2 group-limited, 1 shared", 128, 48, 16, 4, 4, 2, 0, 1, 1, false, 16.0f},
         {"v3 sigmoid noaux_tc, 1 shared", 64, 32, 32, 8, 4, 2, 1, 2, 1, true, 2.5f},
         {"v3, no shared", 96, 40, 16, 4, 4, 2, 1, 2, 0, true, 2.5f},
-        /* a router over CUDA's one-block limit (512 KB): its grid form */
-        {"v3, large router", 2304, 8, 128, 8, 8, 4, 1, 2, 1, true, 2.5f},
+        /* 128 experts: 32 blocks of the gate kernel; 8 × 4 rows = 32 pairs (plan_small's limit) */
+        {"v3, 128 experts", 256, 16, 128, 8, 8, 4, 1, 2, 1, true, 2.5f},
     };
     static const int rows_list[] = {1, 3, 4, 6};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
