@@ -514,6 +514,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_host_plan = mh && !strcmp(mh, "host");
         const char *mb = getenv("PD_MOE_BLOCK");
         c->moe_block_composed = mb && !strcmp(mb, "0");
+        const char *mr1 = getenv("PD_MOE_ROUTE");
+        c->moe_route_in_gate = mr1 && !strcmp(mr1, "gate");
         const char *mpp = getenv("PD_MLA_PREP");
         c->mla_prep_apart = mpp && !strcmp(mpp, "apart");
     }

@@ -117,6 +117,7 @@ typedef struct {
     bool moe_f32_rows;           /* PD_MOE_ROWS=f32: the prefill MoE's rows in fp32, rounded per GEMM (A/B runs) */
     bool moe_y_f32;              /* PD_MOE_Y=f32: the prefill MoE's GEMM outputs (gate_up, down) in fp32 (A/B runs) */
     bool moe_block_composed;     /* PD_MOE_BLOCK=0: moe_block as the separate ops (A/B runs) */
+    bool moe_route_in_gate;      /* PD_MOE_ROUTE=gate: at one row too, k_moe_gate's last block routes (A/B runs) */
     bool mla_prep_apart;         /* PD_MLA_PREP=apart: mla_decode's prologue as mla_prep, not in q_lat (A/B runs) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;

@@ -39,7 +39,7 @@
  * pd_backend_cuda_stream, cudaMemcpy) between two GEMMs on it is not seen:
  * call any table operation in between.
  */
-#include "cuda_common.cuh"
+#include "gemv.cuh"
 
 #include <cuda_pipeline.h>
 #include <stdlib.h>
@@ -280,16 +280,12 @@ static bool gemm_bf16(cu_ctx *c, int M, int N, int K, const float *x, const __nv
  * fewer registers) at a time, so a weight row is read once per MT tokens
  * (from L2 after the first). Needs K % 8 == 0 and 16-byte aligned rows of
  * W and x (cu_gemv_ok). */
-#define GV_WARPS 8
-#define GV_MT 4
-
 template <bool SWIGLU, typename WT, int GV_ROWS, int MT>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(int N, int K, const WT *__restrict__ w0, const void *const *__restrict__ w, const int *__restrict__ off,
            const int *__restrict__ glist, const int *__restrict__ gldw, const int *__restrict__ gupo, int M,
            const int *__restrict__ xrow, const int *__restrict__ yrow, const float *__restrict__ x, int ldx,
            float *__restrict__ y, int ldy, int accumulate) {
-    constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
     /* glist: the groups that have rows, in order, then -1s (grid.y is its
      * length); without it blockIdx.y is the group */
     cu_pdl_launch_dependents();
@@ -311,78 +307,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     const int p0 = off ? off[g] : 0, p1 = off ? off[g + 1] : M;
     if (p0 >= p1)
         return;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
-    if (n0 >= N)
-        return;
     const WT *W = w ? (const WT *)w[g] : w0;
     const size_t ldw = gldw ? (size_t)gldw[g] : (size_t)K, upo = gupo ? (size_t)gupo[g] : (size_t)N;
-    const WT *wr[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        int n = n0 + (r % GV_ROWS);
-        if (n >= N)
-            n = n0; /* computed, not stored */
-        wr[r] = W + ((r < GV_ROWS ? 0 : upo) + n) * ldw;
-    }
-    const int K8 = K / 8;
-    for (int pc = p0; pc < p1; pc += MT) {
-        const int m = min(MT, p1 - pc);
-        const float4 *xr[MT];
-#pragma unroll
-        for (int j = 0; j < MT; j++) {
-            const int p = pc + (j < m ? j : 0);
-            xr[j] = (const float4 *)(x + (size_t)(xrow ? xrow[p] : p) * ldx);
-        }
-        float acc[NR][MT];
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int j = 0; j < MT; j++)
-                acc[r][j] = 0.0f;
-#pragma unroll 4
-        for (int k8 = lane; k8 < K8; k8 += 32) {
-            gv_w8<WT> wv[NR];
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                wv[r].load(wr[r], k8);
-#pragma unroll
-            for (int j = 0; j < MT; j++) {
-                if (j < m) {
-                    const float4 a = __ldg(xr[j] + 2 * k8), b = __ldg(xr[j] + 2 * k8 + 1);
-#pragma unroll
-                    for (int r = 0; r < NR; r++)
-                        acc[r][j] += wv[r].dot(a, b);
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int j = 0; j < MT; j++)
-                acc[r][j] = cu_warp_sum(acc[r][j]);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < GV_ROWS; r++) {
-                const int n = n0 + r;
-                if (n >= N)
-                    continue;
-#pragma unroll
-                for (int j = 0; j < MT; j++) {
-                    if (j >= m)
-                        continue;
-                    const int p = pc + j;
-                    float *dst = y + (size_t)(yrow ? yrow[p] : p) * ldy + n;
-                    if (SWIGLU) {
-                        const float gt = acc[r][j], up = acc[GV_ROWS + r][j];
-                        *dst = gt / (1.0f + expf(-gt)) * up;
-                    } else {
-                        *dst = accumulate ? *dst + acc[r][j] : acc[r][j];
-                    }
-                }
-            }
-        }
-    }
+    gemv_block<SWIGLU, WT, GV_ROWS, MT>(W, ldw, upo, N, K, p0, p1, xrow, yrow, x, ldx, y, ldy, accumulate);
 }
 
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {

@@ -14,7 +14,7 @@
  * (gate_up, then down after one silu_mul over all rows), and one combine
  * kernel adds each token's weighted expert outputs to out in expert order,
  * the CPU backend's order, without atomics. */
-#include "cuda_common.cuh"
+#include "gemv.cuh"
 
 #include <cuda_pipeline.h>
 #include <math.h>
@@ -913,6 +913,7 @@ typedef struct {
     int32_t *ids;
     int *off, *tok, *pair, *list;
     unsigned *ticket;
+    int logits_only; /* the routing is done by k_moe_gate_up1 (one row): write the logits and stop */
 } moe_gate_args;
 
 /* 32-bit words of the gate kernel's shared memory: the normed rows [T, H]
@@ -1089,6 +1090,8 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     gate_norm<GATE_THREADS>(a, hn, part);
     if (e < a.E)
         gate_logit<WT>(a, hn, e, lane, a.logits + e, a.E);
+    if (a.logits_only)
+        return;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
@@ -1104,6 +1107,73 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     gate_route_plan<GATE_THREADS>(a, lg, lg + (size_t)a.T * a.E);
     if (threadIdx.x == 0)
         *a.ticket = 0; /* for the next launch (graph replays included) */
+}
+
+/* One row (a batch-1 decode step): the grouped gate_up GEMV routes for
+ * itself instead of waiting for k_moe_gate's last block to route and plan
+ * (a fence, a ticket and a serial tail on one SM: most of that kernel's
+ * ~20 us). Every block's first warp routes the row from the logits
+ * k_moe_gate wrote (route_row, the same arithmetic in every block); block
+ * (x, gy) then takes, for gy < top_k, the gy-th smallest chosen expert (the
+ * plan's order) and its pair, and for gy >= top_k shared group gy - top_k.
+ * Block (0, 0) also writes ids, weights and the plan (plan_small) that the
+ * down GEMV and the combine read. Needs E <= GU1_MAX_E, G <= GU1_MAX_G,
+ * top_k <= 32. */
+#define GU1_MAX_E 256
+#define GU1_MAX_G 64
+typedef struct {
+    const float *logits; /* [E] */
+    int E, G, topk_group, top_k, scoring, method, norm_topk, S, N, K;
+    float scaling;
+    const float *bias;
+    int32_t *ids;
+    float *weights;
+    int *off, *tok, *pair, *list;
+    const void *const *w; /* the set's gate_up table [E + S] */
+    const int *gldw, *gupo;
+    const float *h;
+    float *act;
+} moe_gu1_args;
+
+template <typename WT>
+static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_args a) {
+    __shared__ float rs[3 * GU1_MAX_E + 2 * GU1_MAX_G + 32];
+    __shared__ int32_t sid[32];
+    __shared__ float sw[32];
+    __shared__ int grp, prow[1], xrow0[1];
+    cu_pdl_launch_dependents();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gy = blockIdx.y;
+    if (warp == 0)
+        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias, a.logits, rs,
+                  sid, sw, lane);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int g = a.E + (gy - a.top_k), p = gy; /* a shared group: act row top_k + s */
+        if (gy < a.top_k)
+            for (int j = 0; j < a.top_k; j++) {
+                int rank = 0;
+                for (int i = 0; i < a.top_k; i++)
+                    rank += sid[i] < sid[j];
+                if (rank == gy) {
+                    g = sid[j];
+                    p = j;
+                }
+            }
+        grp = g;
+        prow[0] = p;
+        xrow0[0] = 0;
+    }
+    if (blockIdx.x == 0 && gy == 0) {
+        for (int i = threadIdx.x; i < a.top_k; i += GV_WARPS * 32) {
+            a.ids[i] = sid[i];
+            a.weights[i] = sw[i];
+        }
+        plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
+    }
+    __syncthreads();
+    const int g = grp;
+    gemv_block<true, WT, 2, 1>((const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0, prow,
+                               a.h, a.K, a.act, a.N, 0);
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -1293,6 +1363,9 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     ga.bias = p->e_score_correction_bias, ga.x = a->x, ga.norm = a->norm, ga.router = a->router->data;
     ga.h = a->h, ga.logits = a->logits, ga.weights = a->weights, ga.ids = a->ids;
     ga.off = off, ga.tok = tok, ga.pair = pair, ga.list = list, ga.ticket = set_ticket(set);
+    /* one row: the gate_up GEMV routes for itself (k_moe_gate_up1) */
+    const bool route_in_gu = T == 1 && E <= GU1_MAX_E && G <= GU1_MAX_G && K <= 32 && !c->moe_route_in_gate;
+    ga.logits_only = route_in_gu;
     const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -1319,7 +1392,21 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     if (!CU_LAUNCHED(c, e, "moe_block: gate"))
         return true;
     /* act[pair] = silu(gate_g · h[tok]) ⊙ (up_g · h[tok]) over the routed and shared groups */
-    if (!CU_LAUNCHED(c,
+    if (route_in_gu) {
+        moe_gu1_args ua = {};
+        ua.logits = a->logits, ua.E = E, ua.G = G, ua.topk_group = p->topk_group, ua.top_k = K;
+        ua.scoring = p->scoring, ua.method = p->topk_method, ua.norm_topk = p->norm_topk_prob ? 1 : 0, ua.S = S;
+        ua.N = I, ua.K = H, ua.scaling = p->routed_scaling_factor, ua.bias = p->e_score_correction_bias;
+        ua.ids = a->ids, ua.weights = a->weights, ua.off = off, ua.tok = tok, ua.pair = pair, ua.list = list;
+        ua.w = set_gu(set), ua.gldw = set_ints(set, 0), ua.gupo = set_ints(set, 1), ua.h = a->h, ua.act = act;
+        const dim3 grid((unsigned)((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(K + S));
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+            k_moe_gate_up1<__nv_bfloat16><<<grid, GV_WARPS * 32, 0, c->stream>>>(ua);
+        else
+            k_moe_gate_up1<float><<<grid, GV_WARPS * 32, 0, c->stream>>>(ua);
+        if (!CU_LAUNCHED(c, cudaGetLastError(), "moe_block: gate_up (routing)"))
+            return true;
+    } else if (!CU_LAUNCHED(c,
                      cu_gemv_grouped_launch(c->wfmt, true, Gr + S, I, H, NULL, set_gu(set), off, list, set_ints(set, 0),
                                             set_ints(set, 1), 0, T, tok, pair, a->h, H, act, I, false, false,
                                             c->stream),

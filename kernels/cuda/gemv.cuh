@@ -1,0 +1,92 @@
+/* The skinny GEMM's (k_gemv, gemm.cu) work for one block: group rows
+ * (blockIdx.x's GV_WARPS · GV_ROWS output rows) of one weight W (row
+ * stride ldw, SwiGLU up rows from upo) over pairs [p0, p1), as gemm.cu
+ * describes; shared with moe.cu's kernels that find their group
+ * themselves. */
+#ifndef PD_CUDA_GEMV_CUH
+#define PD_CUDA_GEMV_CUH
+
+#include "cuda_common.cuh"
+
+#define GV_WARPS 8
+#define GV_MT 4
+
+template <bool SWIGLU, typename WT, int GV_ROWS, int MT>
+__device__ __forceinline__ void gemv_block(const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K, int p0,
+                                           int p1, const int *__restrict__ xrow, const int *__restrict__ yrow,
+                                           const float *__restrict__ x, int ldx, float *__restrict__ y, int ldy,
+                                           int accumulate) {
+    constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
+    if (n0 >= N)
+        return;
+    const WT *wr[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        int n = n0 + (r % GV_ROWS);
+        if (n >= N)
+            n = n0; /* computed, not stored */
+        wr[r] = W + ((r < GV_ROWS ? 0 : upo) + n) * ldw;
+    }
+    const int K8 = K / 8;
+    for (int pc = p0; pc < p1; pc += MT) {
+        const int m = min(MT, p1 - pc);
+        const float4 *xr[MT];
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            const int p = pc + (j < m ? j : 0);
+            xr[j] = (const float4 *)(x + (size_t)(xrow ? xrow[p] : p) * ldx);
+        }
+        float acc[NR][MT];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+                acc[r][j] = 0.0f;
+#pragma unroll 4
+        for (int k8 = lane; k8 < K8; k8 += 32) {
+            gv_w8<WT> wv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                wv[r].load(wr[r], k8);
+#pragma unroll
+            for (int j = 0; j < MT; j++) {
+                if (j < m) {
+                    const float4 a = __ldg(xr[j] + 2 * k8), b = __ldg(xr[j] + 2 * k8 + 1);
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        acc[r][j] += wv[r].dot(a, b);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+                acc[r][j] = cu_warp_sum(acc[r][j]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                const int n = n0 + r;
+                if (n >= N)
+                    continue;
+#pragma unroll
+                for (int j = 0; j < MT; j++) {
+                    if (j >= m)
+                        continue;
+                    const int p = pc + j;
+                    float *dst = y + (size_t)(yrow ? yrow[p] : p) * ldy + n;
+                    if (SWIGLU) {
+                        const float gt = acc[r][j], up = acc[GV_ROWS + r][j];
+                        *dst = gt / (1.0f + expf(-gt)) * up;
+                    } else {
+                        *dst = accumulate ? *dst + acc[r][j] : acc[r][j];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#endif
