@@ -1138,31 +1138,36 @@ typedef struct {
 template <typename WT>
 static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_args a) {
     __shared__ float rs[3 * GU1_MAX_E + 2 * GU1_MAX_G + 32];
+    __shared__ float lgs[GU1_MAX_E], bss[GU1_MAX_E];
     __shared__ int32_t sid[32];
     __shared__ float sw[32];
-    __shared__ int grp, prow[1], xrow0[1];
+    __shared__ int order[32], prow[1], xrow0[1];
     cu_pdl_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gy = blockIdx.y;
-    if (warp == 0)
-        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias, a.logits, rs,
-                  sid, sw, lane);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int g = a.E + (gy - a.top_k), p = gy; /* a shared group: act row top_k + s */
-        if (gy < a.top_k)
-            for (int j = 0; j < a.top_k; j++) {
-                int rank = 0;
-                for (int i = 0; i < a.top_k; i++)
-                    rank += sid[i] < sid[j];
-                if (rank == gy) {
-                    g = sid[j];
-                    p = j;
-                }
-            }
-        grp = g;
-        prow[0] = p;
-        xrow0[0] = 0;
+    /* the logits and the bias into shared memory first, every load at once:
+     * route_row reads them several times, ~0.5 us a pass from L2 */
+    for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32) {
+        lgs[e] = a.logits[e];
+        bss[e] = a.bias ? a.bias[e] : 0.0f;
     }
+    __syncthreads();
+    if (warp == 0)
+        route_row(a.E, a.G, a.topk_group, a.top_k, a.scoring, a.method, a.norm_topk, a.scaling, a.bias ? bss : NULL,
+                  lgs, rs, sid, sw, lane);
+    __syncthreads();
+    if (threadIdx.x < a.top_k) { /* the plan's order: by expert id */
+        int rank = 0;
+        for (int i = 0; i < a.top_k; i++)
+            rank += sid[i] < sid[threadIdx.x];
+        order[rank] = threadIdx.x;
+    }
+    if (threadIdx.x == 0)
+        xrow0[0] = 0;
+    __syncthreads();
+    const int p = gy < a.top_k ? order[gy] : gy; /* a shared group s = gy - top_k: act row top_k + s */
+    const int g = gy < a.top_k ? sid[p] : a.E + (gy - a.top_k);
+    if (threadIdx.x == 0)
+        prow[0] = p;
     if (blockIdx.x == 0 && gy == 0) {
         for (int i = threadIdx.x; i < a.top_k; i += GV_WARPS * 32) {
             a.ids[i] = sid[i];
@@ -1171,7 +1176,6 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
     }
     __syncthreads();
-    const int g = grp;
     gemv_block<true, WT, 2, 1>((const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0, prow,
                                a.h, a.K, a.act, a.N, 0);
 }
