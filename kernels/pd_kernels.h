@@ -61,7 +61,8 @@ typedef struct {
     int n_heads, qk_nope_dim, qk_rope_dim, v_dim, kv_lora_rank;
     float softmax_scale;
     int n_seqs;
-    const float *q; /* [n_seqs, n_heads, qk_nope_dim + qk_rope_dim], rope applied */
+    const float *q; /* [n_seqs, n_heads, qk_nope_dim + qk_rope_dim], rope applied (with prep: not yet; the op
+                     * ropes q_pe in place through prep->q) */
     const float *cache;
     int n_layers, layer, block_size;
     const int32_t *seq_lens;  /* [n_seqs], >= 1 */
@@ -70,9 +71,12 @@ typedef struct {
     const pd_weight *kv_b; /* [n_heads*(qk_nope_dim+v_dim), kv_lora_rank] */
     float *out;            /* [n_seqs, n_heads * v_dim] */
     /* NULL, or the attention prologue of these same rows (its rows ==
-     * n_seqs, its q == q), which the op then runs first: mla_prep's
-     * rmsnorm, rope and cache store, so that a backend may fold them into
-     * its first kernel (CUDA: the q_lat kernel) */
+     * n_seqs, its q == q, its heads and dims the call's), which the op then
+     * runs first: mla_prep's rmsnorm, rope and cache store, so that a
+     * backend may fold them into its first kernel (CUDA: the q_lat kernel;
+     * else, or with PD_MLA_PREP=apart, mla_prep). Errors (CUDA, sticky):
+     * PD_ERR_INVALID where its rows, q, heads or dims differ from the
+     * call's, and mla_prep's own. The CPU backend does not check. */
     const struct pd_mla_prep_args *prep;
 } pd_mla_decode_args;
 
@@ -264,9 +268,14 @@ typedef struct {
      * passes than the separate ops (CUDA, decode-sized batches: four
      * kernels, the shared experts run as experts of the grouped GEMMs).
      * Returns false, having done nothing, where the backend has no faster
-     * path for these arguments (CUDA: more than 4 rows, shapes its kernels
-     * do not take, PD_MOE_BLOCK=0): the caller then runs the separate ops.
-     * Invalid arguments are recorded as the backend's error (true). */
+     * path for these arguments (CUDA: more than 4 rows, sizes or
+     * alignments its kernels do not take, PD_MOE_BLOCK=0): the caller then
+     * runs the separate ops.
+     * Invalid arguments (CUDA: rows < 0, a missing pointer, routing
+     * parameters moe_route_ids refuses, a router, expert or shared expert
+     * weight whose shape disagrees with hidden, inter and n_experts) are
+     * recorded as the backend's sticky error, and it returns true having
+     * queued nothing. The CPU backend always runs pd_moe_block_composed. */
     bool (*moe_block)(pd_backend *be, const pd_moe_block_args *a);
     /** A layer's input norm and the two projections that read it (transformers
      * DeepseekV3DecoderLayer.input_layernorm, then DeepseekV3Attention's
@@ -282,7 +291,7 @@ typedef struct {
      * kernels queued ahead have finished: nothing queued may write it).
      * h, y1 and y2 must not overlap one another or x. Errors (CUDA, sticky):
      * PD_ERR_INVALID for rows < 0, dim <= 0, a weight whose cols is not
-     * dim, a missing pointer or overlapping buffers. */
+     * dim or whose rows <= 0, a missing pointer or overlapping buffers. */
     void (*rmsnorm_gemm_pair)(pd_backend *be, int rows, int dim, const float *x, const float *norm, float eps,
                               float *h, const pd_weight *w1, float *y1, const pd_weight *w2, float *y2);
 
@@ -453,13 +462,19 @@ typedef struct {
 pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_t n, bool inject_failure,
                                       pd_all_reduce_check *res_p, pd_err *err);
 
-/** Destroys a backend; *be_p set to NULL. */
-/** moe_block as the ops it stands for, on be: rmsnorm, gemm (router),
- * moe_route_ids, gemm_swiglu and gemm (shared experts, into a->mo),
- * moe_experts_ids and add. The CPU backend's moe_block, and the CUDA
- * backend's for batches its fused kernels do not take. Errors: those of
- * the ops, recorded as each backend records them. */
+/** moe_block as the ops it stands for, on be: rmsnorm (into a->h), gemm
+ * (router, into a->logits), moe_route_ids (a->ids, a->weights), with shared
+ * experts gemm_swiglu (or gemm and silu_mul where the backend has no
+ * gemm_swiglu) and gemm into a->mo, moe_experts_ids adding the routed
+ * experts into a->mo (into a->x without shared experts), then add (x += mo).
+ * The same math as moe_block (pd_moe_block_args), one rank. The CPU
+ * backend's moe_block; a caller whose moe_block returned false may run it
+ * (the tests do; the model runs its own separate ops, which also cover
+ * tensor and expert parallelism). rows <= 0: nothing. Errors: those of the
+ * ops, recorded as each backend records them (CUDA: sticky). */
 void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a);
+
+/** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);
 
 #endif

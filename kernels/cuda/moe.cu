@@ -894,16 +894,24 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  *      32 pairs), the shared experts
  *      as S more groups of the routed experts' size (inter_shared = S ·
  *      inter; a group's rows are a slice of the shared weights: row stride
- *      and up-row offset per group, k_gemv).
+ *      and up-row offset per group, k_gemv). At one row (and E <= GU1_MAX_E,
+ *      G <= GU1_MAX_G, top_k <= 32; not with PD_MOE_ROUTE=gate) it only
+ *      writes the logits (logits_only) and step 2 routes and plans.
  *   2. grouped gate_up with SwiGLU over the routed experts that have pairs
- *      and the S shared groups;
+ *      and the S shared groups (at one row k_moe_gate_up1, which also
+ *      routes the row and writes ids, weights and the plan);
  *   3. grouped down over the same groups;
  *   4. x[r] += Σ_j w_j y[r, j] + Σ_s y_shared[s, r] (k_moe_combine_pairs).
  * The shared experts' sum over inter_shared units is thus two sums over
  * inter units added in the combine: the same value up to fp32 order. */
 #define GATE_THREADS 128 /* a block: four experts' logits */
 #define GATE_MAX_ROWS 4  /* the routing block routes one row a warp */
+static_assert(GATE_MAX_ROWS <= GATE_THREADS / 32, "k_moe_gate's routing block: a warp a row");
 
+/* k_moe_gate's arguments (cu_moe_block): T rows of H, E experts in G
+ * groups, pd_moe_route_params' routing, S shared groups; x, norm, router,
+ * h, logits, ids and weights as pd_moe_block_args; off, tok, pair and list
+ * the plan (plan_block's layout, in CU_SCR_MOE_IDX). */
 typedef struct {
     int T, H, E, G, topk_group, top_k, scoring, method, norm_topk, S;
     float scaling, eps;
@@ -912,7 +920,7 @@ typedef struct {
     float *h, *logits, *weights;
     int32_t *ids;
     int *off, *tok, *pair, *list;
-    unsigned *ticket;
+    unsigned *ticket; /* the set's counter of finished blocks (0 between launches); unused with logits_only */
     int logits_only; /* the routing is done by k_moe_gate_up1 (one row): write the logits and stop */
 } moe_gate_args;
 
@@ -1071,7 +1079,8 @@ __device__ static void gate_route_plan(const moe_gate_args &a, const float *lg, 
 }
 
 /* Block b computes the logits of experts 4b .. 4b + 3 (a warp each) into
- * global memory, and the last block to finish (a ticket) routes and plans;
+ * global memory, and (unless logits_only) the last block to finish (a
+ * ticket) routes and plans;
  * every block's logits are visible to it, each having fenced its writes
  * before taking its ticket. (One block doing all of it for V2-Lite's 256 KB
  * router was slower: 31.6 us against 26, an SM alone reads the router
@@ -1302,7 +1311,43 @@ static cu_moe_set *moe_set_get(cu_ctx *c, const pd_moe_block_args *a, int S) {
     return t;
 }
 
-/* Whether the fused path takes this block; S: the shared groups. */
+/* Whether the weights' shapes agree with hidden, inter and n_experts (a
+ * router [E, H], experts' gate_up [2I, H] and down [H, I], shared gate_up
+ * [2 Ish, H] and down [H, Ish] with Ish > 0) and every weight has data;
+ * false with the error recorded otherwise. The arguments' other fields
+ * were checked before. */
+static bool moe_block_shapes_ok(cu_ctx *c, const pd_moe_block_args *a) {
+    const int E = a->route.n_experts, I = a->inter, H = a->hidden;
+    if (!a->router->data || a->router->rows != E || a->router->cols != H) {
+        cu_fail(c, PD_ERR_INVALID, "moe_block: router [%d, %d]%s; want [%d, %d]", a->router->rows, a->router->cols,
+                a->router->data ? "" : " without data", E, H);
+        return false;
+    }
+    if (a->shared_gate_up) {
+        const pd_weight *sg = a->shared_gate_up, *sd = a->shared_down;
+        const int Ish = sg->rows / 2;
+        if (!sg->data || !sd->data || sg->rows <= 0 || sg->rows % 2 || sg->cols != H || sd->rows != H ||
+            sd->cols != Ish) {
+            cu_fail(c, PD_ERR_INVALID,
+                    "moe_block: shared experts' gate_up [%d, %d], down [%d, %d]%s; want [2 Ish, %d], [%d, Ish], Ish > 0",
+                    sg->rows, sg->cols, sd->rows, sd->cols, sg->data && sd->data ? "" : " without data", H, H);
+            return false;
+        }
+    }
+    for (int e = 0; e < E; e++)
+        if (a->gate_up[e].rows != 2 * I || a->gate_up[e].cols != H || a->down[e].rows != H || a->down[e].cols != I ||
+            !a->gate_up[e].data || !a->down[e].data) {
+            cu_fail(c, PD_ERR_INVALID,
+                    "moe_block: expert %d has gate_up [%d, %d], down [%d, %d]%s; want [%d, %d], [%d, %d]", e,
+                    a->gate_up[e].rows, a->gate_up[e].cols, a->down[e].rows, a->down[e].cols,
+                    a->gate_up[e].data && a->down[e].data ? "" : " without data", 2 * I, H, H, I);
+            return false;
+        }
+    return true;
+}
+
+/* Whether the fused path takes this block (valid arguments:
+ * moe_block_shapes_ok); S: the shared groups. */
 static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p) {
     const pd_moe_route_params *p = &a->route;
     const int E = p->n_experts, I = a->inter, H = a->hidden, T = a->rows;
@@ -1310,20 +1355,18 @@ static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p
     const size_t esz = c->wfmt == PD_CUDA_WEIGHTS_BF16 ? 2 : 4;
     if (c->moe_block_composed || c->no_moe_device || c->no_gemv || T > GATE_MAX_ROWS || E > 4096 || I <= 0 ||
         H % 8 || I % 8 || (H * esz) % 16 || (I * esz) % 16 || !cu_gemv_ok(H, a->router->data, a->x, H) ||
-        a->router->rows != E || a->router->cols != H || ((uintptr_t)a->h & 15) || ((uintptr_t)a->logits & 15))
+        ((uintptr_t)a->h & 15) || ((uintptr_t)a->logits & 15))
         return false;
     int S = 0;
     if (a->shared_gate_up) {
         const int Ish = a->shared_gate_up->rows / 2;
-        if (Ish % I || Ish / I > 64 || a->shared_gate_up->rows != 2 * Ish || a->shared_gate_up->cols != H ||
-            a->shared_down->rows != H || a->shared_down->cols != Ish || ((uintptr_t)a->shared_gate_up->data & 15) ||
+        if (Ish % I || Ish / I > 64 || ((uintptr_t)a->shared_gate_up->data & 15) ||
             ((uintptr_t)a->shared_down->data & 15))
             return false;
         S = Ish / I;
     }
     for (int e = 0; e < E; e++)
-        if (a->gate_up[e].rows != 2 * I || a->gate_up[e].cols != H || a->down[e].rows != H ||
-            a->down[e].cols != I || ((uintptr_t)a->gate_up[e].data & 15) || ((uintptr_t)a->down[e].data & 15))
+        if (((uintptr_t)a->gate_up[e].data & 15) || ((uintptr_t)a->down[e].data & 15))
             return false;
     if (gate_smem_words(T, H, E, G, p->top_k) * 4 > c->smem_optin || ((uintptr_t)a->x & 15) ||
         ((uintptr_t)a->norm & 15) || ((uintptr_t)a->router->data & 15))
@@ -1334,7 +1377,13 @@ static bool moe_block_fits(const cu_ctx *c, const pd_moe_block_args *a, int *S_p
 
 bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     cu_ctx *c = cu_of(be);
-    if (c->status != PD_OK || !a || a->rows == 0)
+    if (c->status != PD_OK)
+        return true;
+    if (!a) {
+        cu_fail(c, PD_ERR_INVALID, "moe_block: no arguments");
+        return true;
+    }
+    if (a->rows == 0)
         return true;
     const pd_moe_route_params *p = &a->route;
     const int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1;
@@ -1348,6 +1397,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
                 a->rows, a->hidden, a->inter, E, p->top_k, G);
         return true;
     }
+    if (!moe_block_shapes_ok(c, a))
+        return true;
     int S = 0;
     if (!moe_block_fits(c, a, &S))
         return false; /* the caller runs the separate ops */
