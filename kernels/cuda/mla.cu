@@ -398,16 +398,6 @@ __device__ __forceinline__ void dec_softmax_step(float s, int hh, int lane, int 
     }
 }
 
-/* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
- * of query i against heads h0 .. h0+15, chunk = max(n_vis / n_splits,
- * min_chunk) rounded up to whole tiles (splits past the end stay empty: a
- * split's fixed cost — its share of q_lat read, its partial written and
- * merged — is worth a few tiles of work). Query i sees n_vis = q_len[i] tokens (q_len NULL: one
- * sequence's queries, start_pos + i + 1) through the block table
- * btab + q_boff[i] (q_boff NULL: btab). Writes unnormalised partials:
- * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]; a split past the
- * end writes l = 0. Needs kvr % 4 == 0, dr % 4 == 0, kvr <= 512 * KMAX, a
- * 16-byte aligned cache. */
 /* Queues the cp.async loads of cache rows t0 .. t0 + nt - 1 (through the
  * block table) into tile [nt][DP]; the caller commits. */
 __device__ __forceinline__ void dec_tile_load(float *tile, const float *__restrict__ cache, const int *btab, int t0,
@@ -420,6 +410,16 @@ __device__ __forceinline__ void dec_tile_load(float *tile, const float *__restri
     }
 }
 
+/* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
+ * of query i against heads h0 .. h0+15, chunk = max(n_vis / n_splits,
+ * min_chunk) rounded up to whole tiles (splits past the end stay empty: a
+ * split's fixed cost — its share of q_lat read, its partial written and
+ * merged — is worth a few tiles of work). Query i sees n_vis = q_len[i] tokens (q_len NULL: one
+ * sequence's queries, start_pos + i + 1) through the block table
+ * btab + q_boff[i] (q_boff NULL: btab). Writes unnormalised partials:
+ * part_m/part_l [n_q, nh, S], part_o [n_q, nh, S, kvr]; a split past the
+ * end writes l = 0. Needs kvr % 4 == 0, dr % 4 == 0, kvr <= 512 * KMAX, a
+ * 16-byte aligned cache. */
 template <int KMAX>
 static __global__ void __launch_bounds__(DEC_THREADS)
     k_mla_decode(int nh, int kvr, int dr, float scale, int start_pos, const int *__restrict__ q_len,
