@@ -300,6 +300,26 @@ static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
 bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a);
 void cu_moe_sets_free(cu_ctx *c);
 
+/* A launch configuration of grid × block threads with smem bytes of dynamic
+ * shared memory on stream s, with programmatic dependent launch when pdl
+ * (the kernel then calls cu_pdl_wait before reading what earlier kernels
+ * wrote); at: storage for the one attribute, alive until the launch. */
+static inline cudaLaunchConfig_t cu_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
+                                                  cudaLaunchAttribute *at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    if (pdl) {
+        at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at->val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cfg;
+}
+
 /* The device table of data pointers of w[0..n), NULL (error recorded) on failure. */
 const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
 

@@ -322,18 +322,8 @@ static cudaError_t gemv_launch_t(bool pdl, cudaStream_t s, int n_groups, int N, 
                                  const int *gupo, int M, const int *xrow, const int *yrow, const float *x, int ldx,
                                  float *y, int ldy, int acc) {
     dim3 grid((unsigned)((N + GV_WARPS * GV_ROWS - 1) / (GV_WARPS * GV_ROWS)), (unsigned)n_groups);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(GV_WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    if (pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(GV_WARPS * 32), 0, s, pdl, &at);
     return cudaLaunchKernelEx(&cfg, k_gemv<SWIGLU, WT, GV_ROWS, MT>, N, K, w0, w, off, glist, gldw, gupo, M, xrow,
                               yrow, x, ldx, y, ldy, acc);
 }
@@ -619,18 +609,8 @@ static cudaError_t norm_gemv2_launch_t(bool pdl, cudaStream_t s, int M, int K, c
     cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS, MT>), smem);
     if (e != cudaSuccess)
         return e;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3((unsigned)(nb1 + nb2));
-    cfg.blockDim = dim3(GV_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    if (pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)(nb1 + nb2)), dim3(GV_WARPS * 32), smem, s, pdl, &at);
     return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS, MT>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
                               (const WT *)w2, N2, y2);
 }

@@ -1422,18 +1422,9 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     const bool route_in_gu = T == 1 && E <= GU1_MAX_E && G <= GU1_MAX_G && K <= 32 && !c->moe_route_in_gate;
     ga.logits_only = route_in_gu;
     const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32)));
-    cfg.blockDim = dim3(GATE_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    if (c->pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32))),
+                                              dim3(GATE_THREADS), smem, c->stream, c->pdl, &at);
     cudaError_t e;
     if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
         e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
