@@ -518,6 +518,14 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_route_in_gate = mr1 && !strcmp(mr1, "gate");
         const char *mpp = getenv("PD_MLA_PREP");
         c->mla_prep_apart = mpp && !strcmp(mpp, "apart");
+        const char *md = getenv("PD_MLA_DECODE");
+        c->mla_decode_scalar = md && !strcmp(md, "scalar");
+        const char *sf = getenv("PD_MOE_SHARED_FIRST");
+        c->moe_shared_last = sf && !strcmp(sf, "0");
+        const char *qc = getenv("PD_QLAT_COLS");
+        c->qlat_cols = qc && !strcmp(qc, "256") ? 256 : 0;
+        const char *ms = getenv("PD_MLA_SPLITS");
+        c->mla_max_splits = ms && atoi(ms) > 0 && atoi(ms) <= 256 ? atoi(ms) : 0;
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = cu_err_set(err, PD_ERR_IO, "cudaStreamCreate: %s", cudaGetErrorString(e));
