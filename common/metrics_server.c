@@ -105,6 +105,15 @@ void pd_metrics_server_stop(pd_metrics_server **s_p) {
     event_base_loopbreak(s->base);
     pthread_join(s->thread, NULL);
     evhttp_free(s->http);
+    /* libevent finishes freeing a connection's bufferevent from the loop. A
+     * bufferevent with deferred callbacks (TLS, or any from
+     * evhttp_set_bevcb) holds itself while one is queued, and event_base_free
+     * drops queued callbacks without running them: it would leak with its
+     * socket (gateway/pd_gateway.h, pd_gw_server_free). evhttp's own
+     * bufferevents (libevent 2.1) defer nothing and are released by
+     * event_base_free either way. As the gateway's owner does, one more turn
+     * without blocking first; only what evhttp_free left is on this base. */
+    event_base_loop(s->base, EVLOOP_NONBLOCK);
     event_base_free(s->base);
     pthread_mutex_destroy(&s->mu);
     free(s->text);

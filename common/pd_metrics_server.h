@@ -22,7 +22,8 @@ void pd_metrics_server_publish(pd_metrics_server *s, const char *text, size_t le
  * a no-op. */
 typedef void (*pd_metrics_scrape_fn)(void *user, pd_strbuf *b);
 void pd_metrics_server_set_scrape(pd_metrics_server *s, pd_metrics_scrape_fn fn, void *user);
-/** Stops the thread, closes the socket, frees; *s_p = NULL. */
+/** Stops the thread, closes the socket and every connection still open,
+ * frees; *s_p = NULL. NULL s_p or *s_p is a no-op. */
 void pd_metrics_server_stop(pd_metrics_server **s_p);
 
 #endif
