@@ -43,11 +43,69 @@ void pd_backend_free(pd_backend **be_p) {
     }
 }
 
-void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a) {
+/* The checks of the CUDA moe_block (kernels/cuda/moe.cu, cu_moe_block and
+ * moe_block_shapes_ok) without its kernels' size limits: every pointer the
+ * block reads or writes, routing parameters the CUDA moe_route_ids takes,
+ * and weights whose shapes agree with hidden, inter and n_experts. The
+ * caller has returned for rows 0. */
+static pd_status moe_block_args_check(const pd_moe_block_args *a, pd_err *err) {
+    const pd_moe_route_params *p = &a->route;
+    const int E = p->n_experts, K = p->top_k, G = p->n_group > 0 ? p->n_group : 1, H = a->hidden, I = a->inter;
+    if (a->rows < 0 || H <= 0 || I <= 0)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: rows %d, hidden %d, inter %d", a->rows, H, I);
+    const struct {
+        const void *p;
+        const char *name;
+    } need[] = {{a->x, "x"},           {a->norm, "norm"}, {a->router, "router"}, {a->gate_up, "gate_up"},
+                {a->down, "down"},     {a->h, "h"},       {a->logits, "logits"}, {a->ids, "ids"},
+                {a->weights, "weights"}, {a->gu, "gu"},   {a->act, "act"},       {a->mo, "mo"}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (!need[i].p)
+            return pd_err_set(err, PD_ERR_INVALID, "moe_block: no %s", need[i].name);
+    if (a->shared_gate_up && !a->shared_down)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: shared experts' gate_up without their down");
+    if (E <= 0 || K <= 0 || K > E)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: %d experts, top_k %d", E, K);
+    if (p->scoring < 0 || p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: scoring %d, topk_method %d", p->scoring, p->topk_method);
+    if (p->topk_method != 0 && G > 1 && (E % G || p->topk_group <= 0 || p->topk_group > G))
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: %d experts in %d groups, keeping %d", E, G, p->topk_group);
+    const pd_weight *r = a->router;
+    if (!r->data || r->rows != E || r->cols != H)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: router [%d, %d]%s; want [%d, %d]", r->rows, r->cols,
+                          r->data ? "" : " without data", E, H);
+    if (a->shared_gate_up) {
+        const pd_weight *sg = a->shared_gate_up, *sd = a->shared_down;
+        const int Ish = sg->rows / 2;
+        if (!sg->data || !sd->data || sg->rows <= 0 || sg->rows % 2 || sg->cols != H || sd->rows != H ||
+            sd->cols != Ish)
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "moe_block: shared experts' gate_up [%d, %d], down [%d, %d]%s; want [2 Ish, %d], "
+                              "[%d, Ish], Ish > 0",
+                              sg->rows, sg->cols, sd->rows, sd->cols, sg->data && sd->data ? "" : " without data", H,
+                              H);
+    }
+    for (int e = 0; e < E; e++) {
+        const pd_weight *g = &a->gate_up[e], *d = &a->down[e];
+        if (!g->data || !d->data || g->rows != 2 * I || g->cols != H || d->rows != H || d->cols != I)
+            return pd_err_set(err, PD_ERR_INVALID,
+                              "moe_block: expert %d has gate_up [%d, %d], down [%d, %d]%s; want [%d, %d], [%d, %d]", e,
+                              g->rows, g->cols, d->rows, d->cols, g->data && d->data ? "" : " without data", 2 * I, H,
+                              H, I);
+    }
+    return PD_OK;
+}
+
+pd_status pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a, pd_err *err) {
+    if (!be || !a)
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: no %s", be ? "arguments" : "backend");
+    if (a->rows == 0)
+        return PD_OK;
+    pd_status st = moe_block_args_check(a, err);
+    if (st != PD_OK)
+        return st;
     const pd_backend_i *o = be->ops;
     const int T = a->rows, H = a->hidden, E = a->route.n_experts, K = a->route.top_k;
-    if (T <= 0)
-        return;
     o->rmsnorm(be, T, H, a->x, H, a->norm, a->eps, a->h, H);
     o->gemm(be, T, a->h, a->router, a->logits, false);
     o->moe_route_ids(be, T, a->logits, &a->route, a->ids, a->weights);
@@ -65,4 +123,5 @@ void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a) {
     o->moe_experts_ids(be, T, H, a->inter, a->h, a->ids, a->weights, K, E, a->gate_up, a->down, out);
     if (out != a->x)
         o->add(be, (size_t)T * H, a->x, out);
+    return PD_OK;
 }

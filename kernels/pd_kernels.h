@@ -275,7 +275,11 @@ typedef struct {
      * parameters moe_route_ids refuses, a router, expert or shared expert
      * weight whose shape disagrees with hidden, inter and n_experts) are
      * recorded as the backend's sticky error, and it returns true having
-     * queued nothing. The CPU backend always runs pd_moe_block_composed. */
+     * queued nothing. The CPU backend always runs pd_moe_block_composed;
+     * having no status to keep an error in, it logs what that refuses (the
+     * same invalid arguments) and, beyond its routing's limits (more than
+     * 1024 experts or 256 groups, top_k above 256), what it cannot route,
+     * and returns true having written nothing. */
     bool (*moe_block)(pd_backend *be, const pd_moe_block_args *a);
     /** A layer's input norm and the two projections that read it (transformers
      * DeepseekV3DecoderLayer.input_layernorm, then DeepseekV3Attention's
@@ -470,9 +474,22 @@ pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_
  * The same math as moe_block (pd_moe_block_args), one rank. The CPU
  * backend's moe_block; a caller whose moe_block returned false may run it
  * (the tests do; the model runs its own separate ops, which also cover
- * tensor and expert parallelism). rows <= 0: nothing. Errors: those of the
- * ops, recorded as each backend records them (CUDA: sticky). */
-void pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a);
+ * tensor and expert parallelism). rows 0: nothing.
+ * Errors: PD_ERR_INVALID, having queued nothing and written nothing (err
+ * says what): be or a NULL; rows < 0, hidden or inter <= 0; any of x,
+ * norm, router, gate_up, down, h, logits, ids, weights, gu, act, mo NULL,
+ * or shared_gate_up without shared_down; routing parameters the routing
+ * does not define (n_experts <= 0, top_k outside [1, n_experts], scoring outside
+ * 0..1, topk_method outside 0..2, and with group-limited routing n_group
+ * not dividing n_experts or topk_group outside [1, n_group]); a router
+ * that is not [n_experts, hidden], an expert whose gate_up is not
+ * [2 inter, hidden] or whose down is not [hidden, inter], shared experts
+ * whose gate_up is not [2 Ish, hidden] with Ish > 0 or whose down is not
+ * [hidden, Ish], or any of these weights without data — the checks of the
+ * CUDA moe_block, without its kernels' size limits. Once the arguments
+ * pass, PD_OK: the ops' own errors are recorded as each backend records
+ * them (CUDA: sticky). */
+pd_status pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a, pd_err *err);
 
 /** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);

@@ -233,14 +233,18 @@ static void topk_idx(const float *v, int n, int k, int *out) {
  * unbiased s, normalised if norm_topk_prob, × routed_scaling_factor.
  * V2 (DeepSeek-V2 §2.2): s = softmax(logit); greedy top-k, or
  * group-limited: group score = max s in the group; weights = s (× scale,
- * normalised when norm_topk_prob). */
+ * normalised when norm_topk_prob). A row's scores live on the stack, which
+ * bounds what it routes (CPU_ROUTE_MAX_*). */
+#define CPU_ROUTE_MAX_EXPERTS 1024
+#define CPU_ROUTE_MAX_GROUPS 256
+#define CPU_ROUTE_MAX_TOP_K 256
 static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
                           float *weights) {
     int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1, per = E / G;
     for (int r = 0; r < rows; r++) {
         const float *lg = logits + (size_t)r * E;
-        float s[1024], choice[1024], gs[256];
-        int gsel[256], esel[256];
+        float s[CPU_ROUTE_MAX_EXPERTS], choice[CPU_ROUTE_MAX_EXPERTS], gs[CPU_ROUTE_MAX_GROUPS];
+        int gsel[CPU_ROUTE_MAX_GROUPS], esel[CPU_ROUTE_MAX_TOP_K];
         if (p->scoring == 1) {
             for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-lg[e]));
         } else {
@@ -370,8 +374,27 @@ static void cpu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const f
     cpu_rmsnorm(be, rows, dim, x, dim, w, eps, h, dim);
 }
 
+/* The composed block (pd_moe_block_composed). The CPU backend has no status
+ * to keep an error in, so arguments it refuses, and routing beyond
+ * cpu_moe_route's limits, are logged and nothing is written (as
+ * sample_rows). */
 static bool cpu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
-    pd_moe_block_composed(be, a);
+    if (a && a->rows > 0) {
+        const pd_moe_route_params *p = &a->route;
+        const bool grouped = p->topk_method != 0 && p->n_group > 1;
+        if (p->n_experts > CPU_ROUTE_MAX_EXPERTS || (grouped && p->n_group > CPU_ROUTE_MAX_GROUPS) ||
+            p->top_k > CPU_ROUTE_MAX_TOP_K) {
+            PD_LOGE("kernels",
+                    "moe_block: %d experts, top_k %d, %d groups: the CPU backend routes at most %d experts, top_k %d, "
+                    "%d groups",
+                    p->n_experts, p->top_k, p->n_group, CPU_ROUTE_MAX_EXPERTS, CPU_ROUTE_MAX_TOP_K,
+                    CPU_ROUTE_MAX_GROUPS);
+            return true;
+        }
+    }
+    pd_err err = {{0}};
+    if (pd_moe_block_composed(be, a, &err) != PD_OK)
+        PD_LOGE("kernels", "%s", err.msg);
     return true;
 }
 

@@ -2478,7 +2478,9 @@ static void test_moe_block(void **state) {
                 get(s, b, got, dx, nx);
                 if (!done) { /* nothing done: x as it was, and the separate ops follow */
                     check(s, OP_FUSED, "moe_block declined, x untouched", nerr(got, x, nx), 0.0);
-                    pd_moe_block_composed(b, &a);
+                    pd_err err = {{0}};
+                    if (pd_moe_block_composed(b, &a, &err) != PD_OK)
+                        fail_msg("%s: pd_moe_block_composed: %s", s->name, err.msg);
                     get(s, b, got, dx, nx);
                 }
                 b->ops->download(b, gi, dids, ni * 4);
@@ -2540,6 +2542,209 @@ static void test_moe_block(void **state) {
     END(s);
 }
 
+/* ---- moe_block: invalid arguments ------------------------------------- */
+
+/* What moe_block_errors mutates: copies of the valid weights that a case
+ * may change, so that the valid ones stay as they are. */
+typedef struct {
+    pd_weight router, sgu, sdn;
+    pd_weight *gu, *dn; /* [E] */
+} moe_bad;
+
+/* Makes a (valid on entry) invalid in the c-th way; returns a part of the
+ * message that names what is wrong, or NULL past the last case. */
+static const char *moe_block_mutate(int c, pd_moe_block_args *a, moe_bad *w) {
+    const int E = a->route.n_experts, H = a->hidden, I = a->inter;
+    switch (c) {
+    case 0: a->rows = -1; return "rows -1";
+    case 1: a->hidden = 0; return "hidden 0";
+    case 2: a->inter = 0; return "inter 0";
+    case 3: a->x = NULL; return "no x";
+    case 4: a->norm = NULL; return "no norm";
+    case 5: a->router = NULL; return "no router";
+    case 6: a->gate_up = NULL; return "no gate_up";
+    case 7: a->down = NULL; return "no down";
+    case 8: a->h = NULL; return "no h";
+    case 9: a->logits = NULL; return "no logits";
+    case 10: a->ids = NULL; return "no ids";
+    case 11: a->weights = NULL; return "no weights";
+    case 12: a->gu = NULL; return "no gu";
+    case 13: a->act = NULL; return "no act";
+    case 14: a->mo = NULL; return "no mo";
+    case 15: a->shared_down = NULL; return "gate_up without their down";
+    case 16: a->route.n_experts = 0; return "0 experts";
+    case 17: a->route.top_k = 0; return "top_k 0";
+    case 18: a->route.top_k = E + 1; return "top_k 5";
+    case 19: a->route.scoring = 2; return "scoring 2";
+    case 20: a->route.scoring = -1; return "scoring -1";
+    case 21: a->route.topk_method = 3; return "topk_method 3";
+    case 22: a->route.n_group = 3; return "4 experts in 3 groups";
+    case 23: a->route.topk_group = 0; return "keeping 0";
+    case 24: a->route.topk_group = 3; return "keeping 3";
+    case 25: w->router.cols = H + 1; a->router = &w->router; return "router [4, 17]";
+    case 26: w->router.rows = E - 1; a->router = &w->router; return "router [3, 16]";
+    case 27: w->router.data = NULL; a->router = &w->router; return "router [4, 16] without data";
+    case 28: w->sgu.rows = 2 * I - 1; a->shared_gate_up = &w->sgu; return "shared experts' gate_up [15, 16]";
+    case 29: w->sgu.cols = H - 1; a->shared_gate_up = &w->sgu; return "shared experts' gate_up [16, 15]";
+    case 30: w->sdn.cols = I + 1; a->shared_down = &w->sdn; return "down [16, 9]";
+    case 31: w->sdn.data = NULL; a->shared_down = &w->sdn; return "down [16, 8] without data";
+    case 32: w->gu[1].rows = 2 * I - 2; a->gate_up = w->gu; return "expert 1 has gate_up [14, 16]";
+    case 33: w->gu[3].data = NULL; a->gate_up = w->gu; return "expert 3 has gate_up [16, 16], down [16, 8] without";
+    case 34: w->dn[2].cols = I + 1; a->down = w->dn; return "expert 2 has gate_up [16, 16], down [16, 9]";
+    case 35: w->dn[0].rows = H + 8; a->down = w->dn; return "expert 0 has gate_up [16, 16], down [24, 8]";
+    default: return NULL;
+    }
+}
+
+/* Fills every buffer the block may write with a pattern (x with its
+ * input), so that check_untouched sees any write. */
+static void moe_fill(pd_backend *b, const pd_moe_block_args *a, const float *x, const float *pat, size_t n_pat) {
+    b->ops->upload(b, a->x, x, (size_t)a->rows * a->hidden * 4);
+    void *outs[] = {a->h, a->logits, a->ids, a->weights, a->gu, a->act, a->mo};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+        b->ops->upload(b, outs[i], pat, n_pat * 4);
+}
+
+static void moe_untouched(suite *s, pd_backend *b, const pd_moe_block_args *a, const float *x, const float *pat,
+                          size_t n_pat, const char *what) {
+    float *got = malloc(n_pat * 4);
+    void *outs[] = {a->x, a->h, a->logits, a->ids, a->weights, a->gu, a->act, a->mo};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+        const size_t n = i == 0 ? (size_t)a->rows * a->hidden : n_pat;
+        b->ops->download(b, got, outs[i], n * 4);
+        backend_ok(s, b);
+        if (memcmp(got, i == 0 ? x : pat, n * 4))
+            fail_msg("%s: %s: output %zu written", s->name, what, i);
+    }
+    free(got);
+}
+
+/* Invalid arguments: pd_moe_block_composed returns PD_ERR_INVALID with a
+ * message that names the fault and writes nothing, on every backend; the
+ * moe_block op refuses the same (CUDA: its sticky status is PD_ERR_INVALID;
+ * the CPU backend, which has no status, logs and writes nothing). The CPU
+ * backend's moe_block also refuses more experts than its routing holds. */
+static void test_moe_block_errors(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    enum { T = 2, H = 16, I = 8, E = 4, K = 2, NPAT = 64 }; /* NPAT covers each scratch buffer's size */
+    pd_weight router, sgu, sdn, gu[E], dn[E];
+    float *wr = rnd(s, (size_t)2 * I * H, 0.25);
+    assert_int_equal(b->ops->weight_from_f32(b, wr, E, H, &router), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, wr, 2 * I, H, &sgu), PD_OK);
+    assert_int_equal(b->ops->weight_from_f32(b, wr, H, I, &sdn), PD_OK);
+    for (int e = 0; e < E; e++) {
+        assert_int_equal(b->ops->weight_from_f32(b, wr, 2 * I, H, &gu[e]), PD_OK);
+        assert_int_equal(b->ops->weight_from_f32(b, wr, H, I, &dn[e]), PD_OK);
+    }
+    float *x = rnd(s, (size_t)T * H, 1.0), *nw = rnd(s, H, 1.0), *bias = rnd(s, E, 0.1), pat[NPAT];
+    for (int i = 0; i < NPAT; i++)
+        pat[i] = 7.0f + (float)i;
+    float *dnw = put(b, nw, (size_t)H * 4), *dbias = put(b, bias, (size_t)E * 4);
+    void *bufs[7];
+    for (int i = 0; i < 7; i++)
+        bufs[i] = b->ops->alloc(b, NPAT * 4);
+    float *dx = b->ops->alloc(b, (size_t)T * H * 4);
+    const pd_moe_block_args valid = {
+        .rows = T, .hidden = H, .x = dx, .norm = dnw, .eps = 1e-6f, .router = &router,
+        .route = {.n_experts = E, .top_k = K, .n_group = 2, .topk_group = 1, .scoring = 1, .topk_method = 2,
+                  .norm_topk_prob = true, .routed_scaling_factor = 2.5f, .e_score_correction_bias = dbias},
+        .inter = I, .gate_up = gu, .down = dn, .shared_gate_up = &sgu, .shared_down = &sdn,
+        .h = bufs[0], .logits = bufs[1], .ids = bufs[2], .weights = bufs[3], .gu = bufs[4], .act = bufs[5],
+        .mo = bufs[6],
+    };
+    pd_err err = {{0}};
+    for (int c = 0;; c++) {
+        pd_moe_block_args a = valid;
+        pd_weight gu2[E], dn2[E];
+        memcpy(gu2, gu, sizeof gu2);
+        memcpy(dn2, dn, sizeof dn2);
+        moe_bad w = {.router = router, .sgu = sgu, .sdn = sdn, .gu = gu2, .dn = dn2};
+        const char *needle = moe_block_mutate(c, &a, &w);
+        if (!needle)
+            break;
+        char what[160];
+        snprintf(what, sizeof what, "case %d (%s)", c, needle);
+        moe_fill(b, &valid, x, pat, NPAT);
+        err.msg[0] = 0;
+        assert_int_equal(pd_moe_block_composed(b, &a, &err), PD_ERR_INVALID);
+        if (!strstr(err.msg, needle) || strncmp(err.msg, "moe_block: ", 11))
+            fail_msg("%s: %s: pd_moe_block_composed says '%s'", s->name, what, err.msg);
+        moe_untouched(s, b, &valid, x, pat, NPAT, what);
+        pd_backend *ob = b; /* the backend whose moe_block is asked: CUDA, a fresh one (its error sticks) */
+#ifdef PD_HAVE_CUDA
+        if (s->cuda)
+            assert_int_equal(pd_backend_cuda_init_ex(0, (pd_cuda_weights)s->fmt, &ob, &err), PD_OK);
+#endif
+        assert_true(ob->ops->moe_block(ob, &a));
+#ifdef PD_HAVE_CUDA
+        if (s->cuda) {
+            assert_int_equal(pd_backend_cuda_status(ob, &err), PD_ERR_INVALID);
+            if (strncmp(err.msg, "moe_block: ", 11))
+                fail_msg("%s: %s: moe_block says '%s'", s->name, what, err.msg);
+            pd_backend_free(&ob);
+        }
+#endif
+        moe_untouched(s, b, &valid, x, pat, NPAT, what);
+    }
+    /* no arguments, no backend; rows 0 is nothing to do, whatever else */
+    assert_int_equal(pd_moe_block_composed(b, &(pd_moe_block_args){.rows = 0}, &err), PD_OK);
+    assert_int_equal(pd_moe_block_composed(b, NULL, &err), PD_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no arguments"));
+    assert_int_equal(pd_moe_block_composed(NULL, &valid, &err), PD_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no backend"));
+    if (!s->cuda) {
+        assert_true(b->ops->moe_block(b, NULL));
+        /* valid, but more experts than the CPU routing holds (1024 scores on
+         * its stack): refused, nothing written */
+        enum { EB = 1025 };
+        pd_weight rb, *gub = calloc(EB, sizeof(pd_weight)), *dnb = calloc(EB, sizeof(pd_weight));
+        float *wrb = calloc((size_t)EB * H, 4);
+        assert_int_equal(b->ops->weight_from_f32(b, wrb, EB, H, &rb), PD_OK);
+        for (int e = 0; e < EB; e++) {
+            gub[e] = gu[0];
+            dnb[e] = dn[0];
+        }
+        float *dlb = b->ops->alloc(b, (size_t)T * EB * 4);
+        pd_moe_block_args a = valid;
+        a.router = &rb, a.gate_up = gub, a.down = dnb, a.logits = dlb;
+        a.route.n_experts = EB, a.route.n_group = 1, a.route.topk_method = 0, a.route.e_score_correction_bias = NULL;
+        moe_fill(b, &valid, x, pat, NPAT);
+        assert_true(b->ops->moe_block(b, &a));
+        moe_untouched(s, b, &valid, x, pat, NPAT, "1025 experts on the CPU");
+        b->ops->free(b, dlb);
+        b->ops->weight_free(b, &rb);
+        free(wrb);
+        free(gub);
+        free(dnb);
+    }
+    /* the valid arguments run */
+    moe_fill(b, &valid, x, pat, NPAT);
+    assert_int_equal(pd_moe_block_composed(b, &valid, &err), PD_OK);
+    float got[T * H];
+    get(s, b, got, dx, (size_t)T * H);
+    const double moved = nerr(got, x, (size_t)T * H);
+    assert_true(moved > 0 && isfinite(moved));
+    b->ops->weight_free(b, &router);
+    b->ops->weight_free(b, &sgu);
+    b->ops->weight_free(b, &sdn);
+    for (int e = 0; e < E; e++) {
+        b->ops->weight_free(b, &gu[e]);
+        b->ops->weight_free(b, &dn[e]);
+    }
+    for (int i = 0; i < 7; i++)
+        b->ops->free(b, bufs[i]);
+    b->ops->free(b, dx);
+    b->ops->free(b, dnw);
+    b->ops->free(b, dbias);
+    free(wr);
+    free(x);
+    free(nw);
+    free(bias);
+    END(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_chain), cmocka_unit_test(test_rmsnorm),
@@ -2549,7 +2754,8 @@ int main(void) {
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
         cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
-        cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block), cmocka_unit_test(test_mla_decode_prep),
+        cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block), cmocka_unit_test(test_moe_block_errors),
+        cmocka_unit_test(test_mla_decode_prep),
         cmocka_unit_test(test_rmsnorm_gemm_pair),
     };
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
