@@ -2,7 +2,7 @@
  * prefill and D decode replicas as child processes of this one. It prints
  * where it listens and an example request, restarts nothing silently (a
  * child that exits is reported, and the stack keeps serving with what is
- * left), and stops every child on SIGINT/SIGTERM. Exit status: 0 after
+ * left), and stops every child on SIGINT/SIGTERM, reporting each one's end. Exit status: 0 after
  * SIGINT/SIGTERM, 1 when the gateway exited by itself (the rest is then
  * stopped), 2 for bad flags or an HTTP or control port already in use
  * (checked before any child starts). Flags it does not know
@@ -39,6 +39,17 @@ static int g_n_children;
 static volatile sig_atomic_t g_stop;
 
 static void on_signal(int sig) { g_stop = sig; }
+
+/* Reports how child C ended (STATUS from waitpid) on stderr; TAIL follows
+ * ("; not restarted" while the stack serves on, "" once it is going down). */
+static void report_exit(const child *c, int status, const char *tail) {
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "pdserve up: %s (pid %d) killed by signal %d%s\n", c->name, (int)c->pid,
+                WTERMSIG(status), tail);
+    else
+        fprintf(stderr, "pdserve up: %s (pid %d) exited with status %d%s\n", c->name, (int)c->pid,
+                WEXITSTATUS(status), tail);
+}
 
 static pid_t spawn(const char *self, char **args, const char *name, const char *env) {
     pid_t pid = fork();
@@ -350,12 +361,7 @@ int pd_cmd_up(int argc, char **argv) {
         }
         for (int i = 0; i < g_n_children; i++)
             if (g_children[i].pid == pid) {
-                if (WIFSIGNALED(status))
-                    fprintf(stderr, "pdserve up: %s (pid %d) killed by signal %d; not restarted\n",
-                            g_children[i].name, (int)pid, WTERMSIG(status));
-                else
-                    fprintf(stderr, "pdserve up: %s (pid %d) exited with status %d; not restarted\n",
-                            g_children[i].name, (int)pid, WEXITSTATUS(status));
+                report_exit(&g_children[i], status, "; not restarted");
                 g_children[i].pid = 0;
                 alive--;
                 if (!strcmp(g_children[i].name, "gateway")) {
@@ -364,7 +370,9 @@ int pd_cmd_up(int argc, char **argv) {
                 }
             }
     }
-    /* stop replicas first, then the gateway; SIGKILL what lingers after 5 s */
+    /* stop replicas first, then the gateway; SIGKILL what lingers after 5 s.
+     * Every child's end is reported, those that had already exited (and were
+     * not reaped above) too: a replica that failed at start-up says so here. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < g_n_children; i++)
             if (g_children[i].pid > 0 && (pass == 1) == !strcmp(g_children[i].name, "gateway"))
@@ -374,8 +382,13 @@ int pd_cmd_up(int argc, char **argv) {
         int left = 0;
         for (int i = 0; i < g_n_children; i++) {
             if (g_children[i].pid <= 0) continue;
-            if (waitpid(g_children[i].pid, NULL, WNOHANG) == g_children[i].pid) g_children[i].pid = 0;
-            else left++;
+            int status;
+            if (waitpid(g_children[i].pid, &status, WNOHANG) == g_children[i].pid) {
+                report_exit(&g_children[i], status, "");
+                g_children[i].pid = 0;
+            } else {
+                left++;
+            }
         }
         if (!left) break;
         struct timespec ts = {0, 50 * 1000 * 1000};
@@ -383,8 +396,10 @@ int pd_cmd_up(int argc, char **argv) {
     }
     for (int i = 0; i < g_n_children; i++)
         if (g_children[i].pid > 0) {
+            int status;
             kill(g_children[i].pid, SIGKILL);
-            waitpid(g_children[i].pid, NULL, 0);
+            if (waitpid(g_children[i].pid, &status, 0) == g_children[i].pid)
+                report_exit(&g_children[i], status, " after 5 s");
         }
     fprintf(stderr, "pdserve up: stopped\n");
     return rc;

@@ -2,7 +2,8 @@
 # pdserve up on a busy port refuses before any child starts (exit 2, naming
 # the port): its replicas would otherwise register, under the same ids, with
 # the gateway already there and take over its replicas. And when its gateway
-# exits by itself (here: no such model), up stops the rest and exits 1.
+# exits by itself (here: an unknown --reasoning-parser), up stops the rest,
+# reports how each child ended, and exits 1.
 set -u
 BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
@@ -39,12 +40,19 @@ for busy in "$port" "$((port + 1))"; do
     fi
     kill $holder; wait $holder 2>/dev/null
 done
-# free ports, but the gateway cannot start: up exits 1, not 0
-timeout 60 "$BIN" up --model "$T/no-such-model" --port "$port" >"$T/out" 2>&1
+# free ports, but the gateway cannot start: up exits 1, not 0, and says how
+# each of its three children ended (the replicas, stopped by up, too)
+"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
+timeout 60 "$BIN" up --model "$T/m" --port "$port" --reasoning-parser no-such-parser >"$T/out" 2>&1
 rc=$?
-if [ $rc -ne 1 ] || ! grep -q "gateway (pid [0-9]*) exited with status" "$T/out"; then
+if [ $rc -ne 1 ] || ! grep -q "gateway (pid [0-9]*) exited with status 2" "$T/out"; then
     echo "FAIL gateway that cannot start: exit $rc (want 1)"; sed 's/^/    /' "$T/out"; fail=1
 else
     echo "ok   gateway that cannot start: up exits 1"
 fi
+for c in prefill-0 decode-0; do
+    if ! grep -qE "pdserve up: $c \(pid [0-9]+\) (exited with status|killed by signal) [0-9]+" "$T/out"; then
+        echo "FAIL: $c's end not reported"; sed 's/^/    /' "$T/out"; fail=1
+    fi
+done
 exit $fail
