@@ -4,12 +4,14 @@
  * child that exits is reported, and the stack keeps serving with what is
  * left), and stops every child on SIGINT/SIGTERM, reporting each one's end. Exit status: 0 after
  * SIGINT/SIGTERM, 1 when the gateway exited by itself (the rest is then
- * stopped), 2 for bad flags or an HTTP or control port already in use
- * (checked before any child starts). Flags it does not know
+ * stopped), 2 for bad flags, a model directory whose files cannot be read or
+ * an HTTP or control port already in use (all checked before any child
+ * starts, so a stack that cannot serve prints no banner). Flags it does not know
  * are passed to the replicas (e.g. --max-num-seqs). Every flag it routes (its
  * own and the gateway's) is accepted as "--flag value" and as "--flag=value",
  * as getopt_long accepts both in the services. */
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <stdbool.h>
 #include <signal.h>
@@ -25,6 +27,7 @@
 #include "pd_cli.h"
 #include "pd_common.h"
 #include "pd_kernels.h"
+#include "pd_model.h"
 #include "pd_replica_ops.h"
 
 #define MAX_CHILDREN 64
@@ -139,6 +142,49 @@ static bool port_in_use(const char *host, int port) {
     return used;
 }
 
+/* Whether PATH can be opened for reading; else says why, naming PATH. */
+static bool readable(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "pdserve up: %s: cannot open: %s\n", path, strerror(errno));
+        return false;
+    }
+    close(fd);
+    return true;
+}
+
+/* The files every child opens first, checked before any starts (as vLLM
+ * and SGLang check a model before serving): DIR/config.json read and
+ * parsed, the tokenizer (TOKENIZER, else DIR/tokenizer.json) and the
+ * weights (DIR/model.safetensors.index.json, else DIR/model.safetensors)
+ * readable. The weights' headers are the replicas' to validate (and
+ * --verify-checkpoint's). False, with a message naming the file, when one
+ * fails. */
+static bool model_files_ok(const char *dir, const char *tokenizer) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    pd_model_config cfg;
+    pd_err err = {{0}};
+    if (pd_config_load(path, &cfg, &err) != PD_OK) {
+        fprintf(stderr, "pdserve up: %s\n", err.msg);
+        return false;
+    }
+    if (tokenizer) {
+        if (!readable(tokenizer)) return false;
+    } else {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        if (!readable(path)) return false;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (access(path, F_OK) != 0) {
+        fprintf(stderr, "pdserve up: %s: neither model.safetensors.index.json nor model.safetensors found\n",
+                dir);
+        return false;
+    }
+    return readable(path);
+}
+
 /* Flags that belong to the gateway alone (the rest go to the replicas);
  * A in either form, "--flag" or "--flag=value". */
 static bool is_gateway_flag(const char *a) {
@@ -186,7 +232,7 @@ static int visible_gpus(char (*vis)[64], int cap) {
 int pd_cmd_up(int argc, char **argv) {
     char *gw_extra[64];
     int n_gw_extra = 0;
-    const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL;
+    const char *model = NULL, *host = "127.0.0.1", *name = NULL, *hb = NULL, *tokenizer = NULL;
     int metrics_port = 0; /* replica r serves its /metrics on metrics_port + r */
     int port = 8000, n_prefill = 1, n_decode = 1, threshold = 1024;
     const char *placement = "auto"; /* --gpu-placement auto|shared */
@@ -209,11 +255,13 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--gpu-placement")) placement = v;
         else if (is_gateway_flag(a) && strchr(a, '=') && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i]; /* "--flag=value": getopt_long splits it */
+            if (flag_is(a, "--tokenizer")) tokenizer = strchr(a, '=') + 1;
             if (flag_is(a, "--tokenizer") && n_pass < 120)
                 passthrough[n_pass++] = argv[i]; /* the replicas read it too (constrained decoding) */
         } else if (is_gateway_flag(a) && i + 1 < argc && n_gw_extra < 60) {
             gw_extra[n_gw_extra++] = argv[i];
             gw_extra[n_gw_extra++] = argv[i + 1];
+            if (flag_is(a, "--tokenizer")) tokenizer = argv[i + 1];
             if (flag_is(a, "--tokenizer") && n_pass < 119) {
                 passthrough[n_pass++] = argv[i];
                 passthrough[n_pass++] = argv[i + 1];
@@ -249,6 +297,7 @@ int pd_cmd_up(int argc, char **argv) {
         fprintf(stderr, "pdserve up: --gpu-placement must be auto or shared, got '%s'\n", placement);
         return 2;
     }
+    if (!model_files_ok(model, tokenizer)) return 2;
     /* Checked before any child starts: replicas connect to the control port
      * whoever holds it, so a second stack on a busy port would register its
      * replicas, under the same ids, with the first stack's gateway (taking

@@ -1,15 +1,18 @@
 #!/bin/sh
 # pdserve up routes every gateway flag to the gateway in both forms,
 # "--flag value" and "--flag=value" (getopt_long accepts both in the services).
-# Each run gives the flag a value that is not a number, on a model that does
-# not exist, so every child exits at once: a numeric gateway flag must draw the
-# gateway's own complaint about that flag, and no flag may reach a replica
-# (which would call it unknown).
+# Each run gives the flag a value that is not a number, and the gateway an
+# unknown --reasoning-parser, so the gateway exits at once (and up stops the
+# replicas): a numeric gateway flag must draw the gateway's own complaint
+# about that flag, and no flag may reach a replica (which would call it
+# unknown).
 set -u
 BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail=0
+# up checks the model before it starts anything: a real one (tiny)
+"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 # a free port P with P + 1 free too (up refuses a busy HTTP or control port)
 port=$(python3 -c '
 import socket
@@ -26,11 +29,11 @@ strings=" model served-model-name tokenizer host ssl-certfile ssl-keyfile reason
 n=0
 for f in $flags; do
     for form in space equals; do
-        model="--model $T/no-such-model"
+        model="--model $T/m"
         [ "$f" = model ] && model=""
         if [ $form = space ]; then set -- --$f abc; else set -- --$f=abc; fi
         # shellcheck disable=SC2086
-        timeout 30 "$BIN" up $model --port "$port" "$@" >"$T/out" 2>&1
+        timeout 30 "$BIN" up $model --port "$port" --reasoning-parser no-such-parser "$@" >"$T/out" 2>&1
         rc=$?
         [ $rc -lt 124 ] || { echo "FAIL --$f ($form): exit $rc"; fail=1; continue; }
         if grep -q "unknown or incomplete flag '--$f" "$T/out"; then
@@ -50,7 +53,6 @@ for f in $flags; do
 done
 [ "$n" -ge 50 ] || { echo "FAIL: only $n flag checks passed (expected every gateway flag in 2 forms)"; fail=1; }
 # --tokenizer is the gateway's and the replicas' too (constrained decoding reads it there): both forms
-"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 cp "$T/m/tokenizer.json" "$T/tok.json"
 for form in space equals; do
     if [ $form = space ]; then set -- --tokenizer "$T/tok.json"; else set -- "--tokenizer=$T/tok.json"; fi

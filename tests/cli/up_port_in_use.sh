@@ -27,10 +27,12 @@ s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("up", flush=True); ti
     for _ in $(seq 50); do grep -q up "$T/hold" 2>/dev/null && return; sleep 0.2; done
     echo "FAIL: could not hold port $1"; exit 1
 }
+holder=
 trap 'kill $holder 2>/dev/null; rm -rf "$T"' EXIT
+"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 for busy in "$port" "$((port + 1))"; do
     hold "$busy"
-    timeout 20 "$BIN" up --model "$T/no-such-model" --port "$port" >"$T/out" 2>&1
+    timeout 20 "$BIN" up --model "$T/m" --port "$port" >"$T/out" 2>&1
     rc=$?
     if [ $rc -ne 2 ] || ! grep -q "port $port (HTTP on 127.0.0.1) or $((port + 1)) (control on 127.0.0.1) is in use" "$T/out" ||
         grep -q "registered\|gateway on http" "$T/out"; then
@@ -42,7 +44,6 @@ for busy in "$port" "$((port + 1))"; do
 done
 # free ports, but the gateway cannot start: up exits 1, not 0, and says how
 # each of its three children ended (the replicas, stopped by up, too)
-"$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 timeout 60 "$BIN" up --model "$T/m" --port "$port" --reasoning-parser no-such-parser >"$T/out" 2>&1
 rc=$?
 if [ $rc -ne 1 ] || ! grep -q "gateway (pid [0-9]*) exited with status 2" "$T/out"; then
