@@ -21,7 +21,9 @@
  * after the headers (408): a client that trickles bytes (slowloris) holds a
  * connection for at most their sum. Error messages name the flag and the
  * limit. An error answered before the request was read whole closes the
- * connection in stages (gw_conn_close_linger; not after a 408).
+ * connection in stages (gw_conn_close_linger; not after a 408). An
+ * HTTP/1.1 request without a Host header field, or any with more than one, is
+ * refused with 400 (RFC 9112 §3.2; HTTP/1.0 may omit it).
  *
  * Responses: Content-Length, or chunked transfer encoding for streamed
  * bodies (an HTTP/1.0 client gets the body unframed and the connection
@@ -237,6 +239,17 @@ static int on_headers_complete(http_parser *p) {
     h->headers_done = true;
     if (p->http_major != 1)
         return h1_refuse(h, 505, "only HTTP/1.0 and HTTP/1.1 are served here");
+    /* RFC 9112 §3.2: 400 for an HTTP/1.1 request without Host and for any
+     * request with more than one (an empty value is valid: a target
+     * without an authority). */
+    int n_host = 0;
+    for (int i = 0; i < s->n_hdrs; i++)
+        n_host += strcasecmp(s->hdrs[i].name, "Host") == 0;
+    if (n_host > 1)
+        return h1_refuse(h, 400, "more than one Host header field (RFC 9112 section 3.2)");
+    if (n_host == 0 && p->http_minor >= 1)
+        return h1_refuse(
+            h, 400, "an HTTP/1.1 request must carry a Host header field (RFC 9112 section 3.2)");
     if (p->method == HTTP_CONNECT)
         return h1_refuse(h, 405, "CONNECT is not supported");
     if (p->content_length != ULLONG_MAX && p->content_length > cfg->max_request_body_bytes)

@@ -288,6 +288,57 @@ static void test_not_found_and_method(void **state) {
     gwt_close(c);
 }
 
+/* One request written raw on a fresh connection; its status, and the error
+ * message of a 400 (an OpenAI error body: message, type, param null, code). */
+static int raw_status(const char *request, char *msg, size_t cap) {
+    gwt_conn *c = gwt_open(g_srv.port);
+    gwt_sendf(c, "%s", request);
+    gwt_resp r;
+    assert_int_equal(gwt_read(c, &r), 0);
+    int status = r.status;
+    if (status == 400) {
+        json_t *j = jparse(r.body);
+        json_t *e = json_object_get(j, "error");
+        snprintf(msg, cap, "%s", json_string_value(json_object_get(e, "message")));
+        assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+        assert_true(json_is_null(json_object_get(e, "param")));
+        assert_int_equal(json_integer_value(json_object_get(e, "code")), 400);
+        json_decref(j);
+        assert_true(gwt_wait_closed(c, 2)); /* the connection does not stay */
+    }
+    gwt_resp_free(&r);
+    gwt_close(c);
+    return status;
+}
+
+/* RFC 9112 §3.2: an HTTP/1.1 request without a Host header field, and any
+ * request with more than one, is answered 400; HTTP/1.0 may omit it, an
+ * empty value is valid (a target without an authority), the name is
+ * case-insensitive. */
+static void test_host_header(void **state) {
+    char msg[512] = "";
+    assert_int_equal(raw_status("GET /health HTTP/1.1\r\n\r\n", msg, sizeof msg), 400);
+    assert_non_null(strstr(msg, "Host"));
+    msg[0] = 0;
+    assert_int_equal(
+        raw_status("POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                   "Content-Length: 2\r\n\r\n{}",
+                   msg, sizeof msg),
+        400);
+    assert_non_null(strstr(msg, "Host"));
+    msg[0] = 0;
+    assert_int_equal(
+        raw_status("GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", msg, sizeof msg), 400);
+    assert_non_null(strstr(msg, "Host"));
+    msg[0] = 0;
+    assert_int_equal(
+        raw_status("GET /health HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", msg, sizeof msg), 400);
+    assert_non_null(strstr(msg, "Host"));
+    assert_int_equal(raw_status("GET /health HTTP/1.0\r\n\r\n", msg, sizeof msg), 200);
+    assert_int_equal(raw_status("GET /health HTTP/1.1\r\nhOST: t\r\n\r\n", msg, sizeof msg), 200);
+    assert_int_equal(raw_status("GET /health HTTP/1.1\r\nHost:\r\n\r\n", msg, sizeof msg), 200);
+}
+
 static int metrics_fn(void *ctx, const char *path, const char *query, struct evbuffer *body,
                       const char **ctype) {
     evbuffer_add_printf(body, "pdserve:test 1\nquery %s\n", query ? query : "-");
@@ -1963,6 +2014,7 @@ int main(void) {
         cmocka_unit_test(test_health_and_models),
         cmocka_unit_test(test_tokenize_endpoints),
         cmocka_unit_test(test_not_found_and_method),
+        cmocka_unit_test(test_host_header),
         cmocka_unit_test(test_extra_get_handler_and_ready),
         cmocka_unit_test(test_content_type),
         cmocka_unit_test(test_validation_errors_http),
