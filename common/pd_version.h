@@ -10,6 +10,7 @@
 #define PD_VERSION_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* The release this source tree is; the commit says exactly which tree. */
 #define PD_VERSION "0.1.0"
@@ -64,6 +65,19 @@ int pd_version_deps(pd_dep_version *deps, int cap);
 
 /** The number of flagged entries among n. */
 int pd_version_deps_mismatches(const pd_dep_version *deps, int n);
+
+/** Bytes that hold the longest pd_version_deps_line of PD_DEPS_MAX entries
+ * (each name, ", ", " " and the whole loaded string). */
+#define PD_VERSION_DEPS_LINE_MAX (PD_DEPS_MAX * (24 + 192 + 3) + 1)
+
+/** The "libraries loaded" list of deps[0..n) into buf (cap bytes, always
+ * NUL-terminated when cap > 0; a longer list is cut at cap):
+ * "ZeroMQ 4.3.4, OpenSSL 3.0.19, CUDA driver no device (<the driver's
+ * error>)": each library's version number, or its whole loaded string when
+ * that has no number or starts "no " / "not " (why there is none: "no
+ * device (..)", "not loaded: .."); "UCX transports" is left out (a list,
+ * logged on its own line). Returns buf. */
+char *pd_version_deps_line(const pd_dep_version *deps, int n, char *buf, size_t cap);
 
 /** Logs the version line, then the loaded libraries on one line, then one
  * WARN per mismatch. Every service calls it first, after its flags parse. */

@@ -288,32 +288,40 @@ int pd_version_deps_mismatches(const pd_dep_version *deps, int n) {
     return k;
 }
 
+char *pd_version_deps_line(const pd_dep_version *deps, int n, char *buf, size_t cap) {
+    if (cap == 0)
+        return buf;
+    buf[0] = '\0';
+    size_t off = 0;
+    for (int i = 0; i < n && off < cap; i++) {
+        if (!strcmp(deps[i].name, "UCX transports")) /* a list, not a version: its own line */
+            continue;
+        /* the version number alone; the whole string when it has none or
+         * says why there is none ("no device (<the driver's error>)", "not
+         * loaded: <why>"), whose digits are not a version */
+        const char *ld = deps[i].loaded;
+        long v[4];
+        int nv = strncmp(ld, "no ", 3) && strncmp(ld, "not ", 4) ? ver_parse(ld, v) : 0;
+        char ver[sizeof deps[0].loaded] = "";
+        if (nv == 0)
+            snprintf(ver, sizeof ver, "%s", ld);
+        for (int k = 0; k < nv; k++)
+            snprintf(ver + strlen(ver), sizeof ver - strlen(ver), "%s%ld", k ? "." : "", v[k]);
+        off +=
+            (size_t)snprintf(buf + off, cap - off, "%s%s %s", off ? ", " : "", deps[i].name, ver);
+    }
+    return buf;
+}
+
 void pd_version_log(const char *module) {
     PD_LOGI(module, "%s", pd_version_line());
     pd_dep_version deps[PD_DEPS_MAX];
     int n = pd_version_deps(deps, PD_DEPS_MAX);
-    char line[1024];
-    size_t off = 0;
-    const char *tls = NULL;
-    for (int i = 0; i < n && off < sizeof line; i++) {
-        if (!strcmp(deps[i].name, "UCX transports")) { /* a list, not a version: its own line */
-            tls = deps[i].loaded;
-            continue;
-        }
-        /* the version number alone; the whole string when it has none */
-        long v[4];
-        int nv = ver_parse(deps[i].loaded, v);
-        char ver[64] = "";
-        if (nv == 0)
-            snprintf(ver, sizeof ver, "%.60s", deps[i].loaded);
-        for (int k = 0; k < nv; k++)
-            snprintf(ver + strlen(ver), sizeof ver - strlen(ver), "%s%ld", k ? "." : "", v[k]);
-        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s %s", i ? ", " : "",
-                                deps[i].name, ver);
-    }
-    PD_LOGI(module, "libraries loaded: %s", line);
-    if (tls)
-        PD_LOGI(module, "UCX transports: %s", tls);
+    char line[PD_VERSION_DEPS_LINE_MAX];
+    PD_LOGI(module, "libraries loaded: %s", pd_version_deps_line(deps, n, line, sizeof line));
+    for (int i = 0; i < n; i++)
+        if (!strcmp(deps[i].name, "UCX transports"))
+            PD_LOGI(module, "UCX transports: %s", deps[i].loaded);
     for (int i = 0; i < n; i++)
         if (deps[i].mismatch)
             PD_LOGW(module, "%s: loaded %s, built against %s: %s", deps[i].name, deps[i].loaded,

@@ -58,6 +58,54 @@ static void test_every_library(void **state) {
     assert_int_equal(pd_version_deps(d, 3), 3);
 }
 
+/* The "libraries loaded" line: a library's version number alone, or its
+ * whole run-time string when that has no number (CUDA on a host without a
+ * device: the driver's whole error, never cut mid-word); "UCX transports"
+ * is not in it (pd_version_log gives it a line of its own). */
+static void test_deps_line(void **state) {
+    const char *why = "no device (CUDA driver version is insufficient for CUDA runtime version)";
+    pd_dep_version d[6];
+    memset(d, 0, sizeof d);
+    snprintf(d[0].name, sizeof d[0].name, "UCX transports");
+    snprintf(d[0].loaded, sizeof d[0].loaded, "self/memory0, tcp/lo");
+    snprintf(d[1].name, sizeof d[1].name, "OpenSSL");
+    snprintf(d[1].loaded, sizeof d[1].loaded, "OpenSSL 3.0.19 27 Jan 2026");
+    snprintf(d[2].name, sizeof d[2].name, "CUDA driver");
+    snprintf(d[2].loaded, sizeof d[2].loaded, "%s", why);
+    snprintf(d[3].name, sizeof d[3].name, "cuBLASLt");
+    snprintf(d[3].loaded, sizeof d[3].loaded, "no device");
+    /* reasons with digits in them are not versions */
+    snprintf(d[4].name, sizeof d[4].name, "CUDA runtime");
+    snprintf(d[4].loaded, sizeof d[4].loaded, "no device (0 devices)");
+    snprintf(d[5].name, sizeof d[5].name, "NCCL");
+    snprintf(d[5].loaded, sizeof d[5].loaded,
+             "not loaded: libnccl.so.2: cannot open shared object file");
+    char line[1024];
+    assert_ptr_equal(pd_version_deps_line(d, 6, line, sizeof line), line);
+    char want[1024];
+    snprintf(want, sizeof want, "%s %s, %s %s, %s %s, %s %s, %s %s", d[1].name, "3.0.19", d[2].name,
+             why, d[3].name, d[3].loaded, d[4].name, d[4].loaded, d[5].name, d[5].loaded);
+    assert_string_equal(line, want);
+    /* parentheses closed */
+    int depth = 0;
+    for (const char *c = line; *c; c++)
+        depth += (*c == '(') - (*c == ')');
+    assert_int_equal(depth, 0);
+    /* a buffer too small: a NUL-terminated prefix of the whole line */
+    char small[40];
+    pd_version_deps_line(d, 6, small, sizeof small);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_memory_equal(small, want, sizeof small - 1);
+    /* every library of this process fits the line pd_version_log uses */
+    pd_dep_version all[PD_DEPS_MAX];
+    int n = pd_version_deps(all, PD_DEPS_MAX);
+    char big[PD_VERSION_DEPS_LINE_MAX];
+    pd_version_deps_line(all, n, big, sizeof big);
+    for (int i = 0; i < n; i++)
+        if (strcmp(all[i].name, "UCX transports") != 0 && !strstr(big, all[i].name))
+            fail_msg("%s missing from '%s'", all[i].name, big);
+}
+
 static void test_log_and_phase(void **state) {
     pd_version_log("test"); /* must not crash; the lines go to stderr */
     double t0 = pd_now_s();
@@ -69,6 +117,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_line_and_labels),
         cmocka_unit_test(test_every_library),
+        cmocka_unit_test(test_deps_line),
         cmocka_unit_test(test_log_and_phase),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
