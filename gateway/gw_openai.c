@@ -584,10 +584,11 @@ static int tokenize(const pd_gw_config *cfg, gw_kind kind, const pd_tokenizer *t
     if (m > 0 && cfg->max_model_len > 0 && len / m >= (size_t)cfg->max_model_len) {
         const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
         return fail(e, 400, what,
-                    "This model's maximum context length is %d tokens. However, your %s has at "
+                    "This model's maximum context length is %d tokens. However, your %s %s at "
                     "least %zu tokens (%zu bytes; no token is longer than %zu bytes), which leaves "
                     "no room for a completion. Please reduce the length of the %s.",
-                    cfg->max_model_len, what, (len + m - 1) / m, len, m, what);
+                    cfg->max_model_len, what, kind == GW_KIND_CHAT ? "have" : "has",
+                    (len + m - 1) / m, len, m, what);
     }
     int32_t *ids = NULL;
     size_t n = 0;
@@ -934,29 +935,36 @@ static int parse_response_format(const json_t *root, gw_oai_req *out, gw_oai_err
     return 0;
 }
 
+/* The prompt's length (out->n_prompt tokens) against --max-model-len L. A
+ * prompt of L tokens or more leaves no room for the one token every request
+ * generates (an echo-only request too), so no max_tokens could help: 400
+ * naming the prompt ("messages" for chat), its length and L, as vLLM does.
+ * Else an explicit max_tokens (MAX_KEY: "max_tokens", or chat's
+ * "max_completion_tokens") beyond L - P is 400 naming MAX_KEY; without one,
+ * out->max_tokens is what is left (at most cfg->default_max_tokens). */
 static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max,
-                        int64_t max_tokens, gw_oai_req *out, gw_oai_err *e) {
+                        const char *max_key, int64_t max_tokens, gw_oai_req *out, gw_oai_err *e) {
     const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
     int64_t L = cfg->max_model_len, P = out->n_prompt;
+    if (P >= L)
+        return fail(e, 400, what,
+                    "This model's maximum context length is %lld tokens. However, your %s %s "
+                    "%lld tokens, which leaves no room for a completion. Please reduce the "
+                    "length of the %s.",
+                    (long long)L, what, kind == GW_KIND_CHAT ? "have" : "has", (long long)P, what);
     if (explicit_max) {
         /* max_tokens may be any int64: compare without forming P + max_tokens */
         if (max_tokens > L - P)
-            return fail(e, 400, kind == GW_KIND_CHAT ? "max_tokens" : "max_tokens",
+            return fail(e, 400, max_key,
                         "This model's maximum context length is %lld tokens. However, you "
                         "requested %lld tokens (%lld in the %s, %lld for the completion: "
-                        "max_tokens). Please reduce the length of the %s or max_tokens.",
+                        "%s). Please reduce the length of the %s or %s.",
                         (long long)L,
                         (long long)(max_tokens > INT64_MAX - P ? INT64_MAX : P + max_tokens),
-                        (long long)P, what, (long long)max_tokens, what);
+                        (long long)P, what, (long long)max_tokens, max_key, what, max_key);
         out->max_tokens = (int)max_tokens;
         return 0;
     }
-    if (P >= L)
-        return fail(e, 400, what,
-                    "This model's maximum context length is %lld tokens. However, your %s has "
-                    "%lld tokens, which leaves no room for a completion (max_tokens would be "
-                    "%lld). Please reduce the length of the %s.",
-                    (long long)L, what, (long long)P, (long long)(L - P), what);
     int64_t left = L - P;
     out->max_tokens = (int)(cfg->default_max_tokens > 0 && cfg->default_max_tokens < left
                                 ? cfg->default_max_tokens
@@ -1148,7 +1156,7 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
             return -1;
     }
 
-    if (check_length(cfg, kind, explicit_max, max_tokens, out, e))
+    if (check_length(cfg, kind, explicit_max, max_key, max_tokens, out, e))
         return -1;
     if (out->min_tokens > out->max_tokens)
         return fail(e, 400, "min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)",

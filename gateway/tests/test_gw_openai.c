@@ -83,7 +83,7 @@ static const vcase cases[] = {
     {GW_KIND_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":9223372036854775807}", 400,
      "max_tokens"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":9223372036854775807}", 400,
-     "max_tokens"},
+     "max_completion_tokens"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":5.0}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_tokens\":null}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"max_completion_tokens\":0}", 400, "max_completion_tokens"},
@@ -789,13 +789,43 @@ static void test_length_limit_message(void **state) {
     assert_int_equal(
         gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
     gw_oai_req_clear(&r);
-    /* a prompt that fills the context on its own */
-    body = "{\"prompt\":[1,2,3,4,5,6,7,8,9,10]}";
+    /* a prompt that fills the context on its own: no max_tokens can help,
+     * with max_tokens given or not, so the prompt is named (with its length
+     * and the limit), as vLLM does */
+    const char *fill[] = {"{\"prompt\":[1,2,3,4,5,6,7,8,9,10]}",
+                          "{\"prompt\":[1,2,3,4,5,6,7,8,9,10],\"max_tokens\":2}",
+                          "{\"prompt\":[1,2,3,4,5,6,7,8,9,10,11,12],\"max_tokens\":1}",
+                          "{\"prompt\":[1,2,3,4,5,6,7,8,9,10],\"max_tokens\":0,\"echo\":true}"};
+    for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
+        assert_int_not_equal(gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, fill[i],
+                                            strlen(fill[i]), &r, &e),
+                             0);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "prompt");
+        assert_non_null(strstr(e.message, "maximum context length is 10 tokens"));
+        char has[64];
+        snprintf(has, sizeof has, "your prompt has %d tokens", i == 2 ? 12 : 10);
+        assert_non_null(strstr(e.message, has));
+    }
+    /* chat: the rendered messages; max_tokens or max_completion_tokens named
+     * only when the messages fit */
+    cfg.max_model_len = 4;
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hello there, how are you\"}],"
+           "\"max_tokens\":2}";
     assert_int_not_equal(
-        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
     assert_int_equal(e.status, 400);
-    assert_string_equal(e.param, "prompt");
-    assert_non_null(strstr(e.message, "10 tokens"));
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "maximum context length is 4 tokens"));
+    assert_non_null(strstr(e.message, "your messages have"));
+    cfg.max_model_len = 1000;
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":1000}";
+    assert_int_not_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "max_completion_tokens");
+    assert_non_null(strstr(e.message, "for the completion: max_completion_tokens"));
+    cfg.max_model_len = 10;
     /* default max_tokens clamps to what is left */
     cfg.default_max_tokens = 100;
     body = "{\"prompt\":[1,2,3,4]}";
