@@ -27,18 +27,9 @@
 #include <unistd.h>
 
 #include "pd_metrics_server.h"
+#include "pd_test_net.h"
 
 static const char g_snap[] = "# TYPE pdserve:num_requests_running gauge\npdserve:num_requests_running 3\n";
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 /* Open descriptors of this process. */
 static int n_fds(void) {
@@ -110,7 +101,7 @@ static bool peer_closed(int fd, int timeout_ms) {
 }
 
 static pd_metrics_server *start(int *port_p) {
-    *port_p = free_port();
+    *port_p = pd_test_free_port();
     pd_metrics_server *s = NULL;
     pd_err err = {{0}};
     assert_int_equal(pd_metrics_server_start("127.0.0.1", *port_p, &s, &err), PD_OK);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "pd_metrics_server.h"
+#include "pd_test_net.h"
 #include "pd_nvml.h"
 #include "pd_replica_ops.h"
 
@@ -49,16 +50,6 @@ static int setup(void **state) {
 static size_t on_body(char *p, size_t size, size_t n, void *user) {
     pd_strbuf_printf(user, "%.*s", (int)(size * n), p);
     return size * n;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* GET http://127.0.0.1:port/metrics into b. */
@@ -100,7 +91,7 @@ static void test_values_in_metrics(void **state) {
     assert_string_equal(pd_nvml_driver_version(nv), "999.1.2");
     assert_int_equal(fake_initialised(), 1);
 
-    int port = free_port();
+    int port = pd_test_free_port();
     pd_metrics_server *s = NULL;
     assert_int_equal(pd_metrics_server_start("127.0.0.1", port, &s, &err), PD_OK);
     const char *snap = "# TYPE pdserve:num_requests_running gauge\npdserve:num_requests_running{replica=\"t\"} 3\n";

@@ -7,6 +7,7 @@
 # about that flag, and no flag may reach a replica (which would call it
 # unknown).
 set -u
+. "$(dirname "$0")/lib.sh"
 BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -14,14 +15,7 @@ fail=0
 # up checks the model before it starts anything: a real one (tiny)
 "$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 # a free port P with P + 1 free too (up refuses a busy HTTP or control port)
-port=$(python3 -c '
-import socket
-while True:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    try:
-        t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
-    except OSError:
-        pass')
+port=$(free_port_pair)
 # the gateway's flags, from its own --help; --control is up's to set (PORT + 1)
 flags=$("$BIN" gateway --help | awk '$1 ~ /^--/ && $1 != "--control" { print substr($1, 3) }')
 [ -n "$flags" ] || { echo "FAIL: no flags in 'pdserve gateway --help'"; exit 1; }

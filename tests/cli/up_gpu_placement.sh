@@ -6,21 +6,16 @@
 # replica logs the CUDA_VISIBLE_DEVICES it was started with before its CUDA
 # backend fails to start (no GPU here), which is what is checked.
 set -u
+. "$(dirname "$0")/lib.sh"
 BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 "$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "mkmodel failed"; exit 1; }
 fail=0
-free_port() { python3 -c 'import socket
-while True:
-    s=socket.socket(); s.bind(("127.0.0.1",0)); p=s.getsockname()[1]; s.close()
-    t=socket.socket()
-    try: t.bind(("127.0.0.1",p+1)); t.close(); print(p); break
-    except OSError: t.close()'; }
 run_up() { # log, env and up's command line; waits until both replicas have exited (a CUDA
     # replica cannot start here) or, for CPU replicas, 2 s; at most 15 s
     log=$1; shift
-    port=$(free_port)
+    port=$(free_port_pair)
     : >"$log" # exists before the wait below greps it (the job's redirection may come later)
     env "$@" --port "$port" >"$log" 2>&1 &
     pid=$!
@@ -54,7 +49,7 @@ nowant "$T/d" " on GPU" "--gpu-placement shared"
 run_up "$T/e" PD_UP_FAKE_GPUS=4 "$BIN" up --model "$T/m"
 nowant "$T/e" "CUDA_VISIBLE_DEVICES" "CPU replicas"
 # a bad value: exit 2, naming the accepted ones (on a free port: the default may be taken)
-"$BIN" up --model "$T/m" --gpu-placement sometimes --port "$(free_port)" >"$T/f" 2>&1
+"$BIN" up --model "$T/m" --gpu-placement sometimes --port "$(free_port_pair)" >"$T/f" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "auto or shared" "$T/f" || { echo "FAIL: --gpu-placement sometimes: exit $rc"; fail=1; }
 [ $fail -eq 0 ] && echo "up GPU placement: ok"

@@ -5,19 +5,13 @@
 # with exit 2 and a message naming the file. Each case is a copy of a tiny
 # checkpoint ('pdserve mkmodel --preset tiny') with one thing broken.
 set -u
+. "$(dirname "$0")/lib.sh"
 BIN=${PD_BIN:-build/pdserve}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail=0
 "$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
-port=$(python3 -c '
-import socket
-while True:
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    try:
-        t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close(); print(p); break
-    except OSError:
-        pass')
+port=$(free_port_pair)
 # broken NAME HOW: $T/NAME, a copy of $T/m (hard links) changed by the shell command HOW
 broken() {
     cp -rl "$T/m" "$T/$1"
