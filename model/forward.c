@@ -236,11 +236,9 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             .inv_freq = rk->inv_freq_b, .mscale = m->rope_mscale, .cache = cache, .slots = slots,
             .slot_offset = (size_t)l * kv->block_size,
         };
-        if (prep_in_decode) {
-            /* in mla_decode below */
-        } else if (fuse_prep) {
+        if (fuse_prep && !prep_in_decode) { /* with prep_in_decode: in mla_decode below */
             be->ops->mla_prep(be, &pa);
-        } else {
+        } else if (!fuse_prep) {
             be->ops->rope_pos(be, T, nh, q + dn, nh * qd, qd, dr, pos, rk->inv_freq_b, m->rope_mscale);
             be->ops->rmsnorm(be, T, kvr, ckv, D, L->kv_a_norm, c->rms_norm_eps, ckv, D);
             be->ops->rope_pos(be, T, 1, ckv + kvr, D, D, dr, pos, rk->inv_freq_b, m->rope_mscale);

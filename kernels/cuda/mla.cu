@@ -17,7 +17,9 @@
  * 16 latent queries (score = q_lat·c_KV + q_pe·k_pe), keeps a running max and
  * sum per head and accumulates o_lat = Σ p c_KV; k_mla_combine merges the
  * splits by log-sum-exp and applies W_UV. Heads share the cache rows, so a
- * tile is read once per 16 heads (from L2 for the other head groups). */
+ * tile is read once per 16 heads (from L2 for the other head groups). With
+ * bf16 weights, latent 512 and rope 64 the split kernel is
+ * k_mla_decode_tc: the same partials, both products on tensor cores (TF32). */
 #include "cuda_common.cuh"
 
 #include <cuda_pipeline.h>
