@@ -581,7 +581,10 @@ static __global__ void __launch_bounds__(DEC_THREADS)
  * writes l = 0, and part_o only with zero_empty: k_mla_combine8 reads only
  * splits that saw tokens). Shapes: KQ = D / 64 (q columns per warp / 8),
  * NT = kvr / 64 (8-column tiles per warp); instantiated for DeepSeek's
- * kvr 512, dr 64. */
+ * kvr 512, dr 64. Fragment layouts: PTX ISA, "Matrix Fragments for
+ * mma.m16n8k8" (.tf32): lane = 4g + t holds A (g, t), (g+8, t), (g, t+4),
+ * (g+8, t+4), B (k t, n g), (k t+4, n g), C (g, 2t), (g, 2t+1), (g+8, 2t),
+ * (g+8, 2t+1). */
 #define DTC_SRP 40 /* partial-score row pitch: float2 stores without bank conflicts */
 #define DTC_PSP 40 /* P row pitch */
 
