@@ -43,33 +43,53 @@ void pd_backend_free(pd_backend **be_p) {
     }
 }
 
+pd_status pd_moe_route_check(const char *op, int rows, const float *logits, const pd_moe_route_params *p,
+                             const int32_t *ids, const float *weights, const pd_moe_route_limits *lim, pd_err *err) {
+    if (rows == 0)
+        return PD_OK;
+    if (rows < 0)
+        return pd_err_set(err, PD_ERR_INVALID, "%s: rows %d", op, rows);
+    if (!p || !logits || !ids || !weights)
+        return pd_err_set(err, PD_ERR_INVALID, "%s: no %s", op,
+                          !p ? "parameters" : !logits ? "logits" : !ids ? "ids" : "weights");
+    const int E = p->n_experts, K = p->top_k, G = p->n_group > 0 ? p->n_group : 1;
+    const bool grouped = p->topk_method != 0 && G > 1;
+    if (E <= 0 || K <= 0 || K > E)
+        return pd_err_set(err, PD_ERR_INVALID, "%s: %d experts, top_k %d", op, E, K);
+    if (p->scoring < 0 || p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2)
+        return pd_err_set(err, PD_ERR_INVALID, "%s: scoring %d, topk_method %d", op, p->scoring, p->topk_method);
+    if (grouped && (E % G || p->topk_group <= 0 || p->topk_group > G))
+        return pd_err_set(err, PD_ERR_INVALID, "%s: %d experts in %d groups, keeping %d", op, E, G, p->topk_group);
+    if (lim && (E > lim->max_experts || K > lim->max_top_k || (grouped && G > lim->max_groups)))
+        return pd_err_set(err, PD_ERR_INVALID,
+                          "%s: %d experts, top_k %d, %d groups: this backend routes at most %d experts, top_k %d, "
+                          "%d groups",
+                          op, E, K, G, lim->max_experts, lim->max_top_k, lim->max_groups);
+    return PD_OK;
+}
+
 /* The checks of the CUDA moe_block (kernels/cuda/moe.cu, cu_moe_block and
  * moe_block_shapes_ok) without its kernels' size limits: every pointer the
- * block reads or writes, routing parameters the CUDA moe_route_ids takes,
- * and weights whose shapes agree with hidden, inter and n_experts. The
- * caller has returned for rows 0. */
+ * block reads or writes, routing arguments pd_moe_route_check takes, and
+ * weights whose shapes agree with hidden, inter and n_experts. The caller
+ * has returned for rows 0. */
 static pd_status moe_block_args_check(const pd_moe_block_args *a, pd_err *err) {
-    const pd_moe_route_params *p = &a->route;
-    const int E = p->n_experts, K = p->top_k, G = p->n_group > 0 ? p->n_group : 1, H = a->hidden, I = a->inter;
+    const int E = a->route.n_experts, H = a->hidden, I = a->inter;
     if (a->rows < 0 || H <= 0 || I <= 0)
         return pd_err_set(err, PD_ERR_INVALID, "moe_block: rows %d, hidden %d, inter %d", a->rows, H, I);
     const struct {
         const void *p;
         const char *name;
-    } need[] = {{a->x, "x"},           {a->norm, "norm"}, {a->router, "router"}, {a->gate_up, "gate_up"},
-                {a->down, "down"},     {a->h, "h"},       {a->logits, "logits"}, {a->ids, "ids"},
-                {a->weights, "weights"}, {a->gu, "gu"},   {a->act, "act"},       {a->mo, "mo"}};
+    } need[] = {{a->x, "x"}, {a->norm, "norm"}, {a->router, "router"}, {a->gate_up, "gate_up"}, {a->down, "down"},
+                {a->h, "h"}, {a->gu, "gu"},     {a->act, "act"},       {a->mo, "mo"}};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (!need[i].p)
             return pd_err_set(err, PD_ERR_INVALID, "moe_block: no %s", need[i].name);
     if (a->shared_gate_up && !a->shared_down)
         return pd_err_set(err, PD_ERR_INVALID, "moe_block: shared experts' gate_up without their down");
-    if (E <= 0 || K <= 0 || K > E)
-        return pd_err_set(err, PD_ERR_INVALID, "moe_block: %d experts, top_k %d", E, K);
-    if (p->scoring < 0 || p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2)
-        return pd_err_set(err, PD_ERR_INVALID, "moe_block: scoring %d, topk_method %d", p->scoring, p->topk_method);
-    if (p->topk_method != 0 && G > 1 && (E % G || p->topk_group <= 0 || p->topk_group > G))
-        return pd_err_set(err, PD_ERR_INVALID, "moe_block: %d experts in %d groups, keeping %d", E, G, p->topk_group);
+    pd_status st = pd_moe_route_check("moe_block", a->rows, a->logits, &a->route, a->ids, a->weights, NULL, err);
+    if (st != PD_OK)
+        return st;
     const pd_weight *r = a->router;
     if (!r->data || r->rows != E || r->cols != H)
         return pd_err_set(err, PD_ERR_INVALID, "moe_block: router [%d, %d]%s; want [%d, %d]", r->rows, r->cols,

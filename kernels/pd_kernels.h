@@ -32,6 +32,13 @@ typedef struct {
     const float *e_score_correction_bias; /* [n_experts] or NULL (backend memory) */
 } pd_moe_route_params;
 
+/** What a backend's routing holds at the most (pd_moe_route_check): more
+ * experts than max_experts, top_k above max_top_k, or with group-limited
+ * routing (topk_method 1 or 2, n_group > 1) more groups than max_groups. */
+typedef struct {
+    int max_experts, max_groups, max_top_k;
+} pd_moe_route_limits;
+
 struct pd_mla_prep_args; /* below */
 
 /** Arguments of MLA attention for one sequence's n_q new tokens at
@@ -207,7 +214,17 @@ typedef struct {
     /** MLA attention for one sequence (see pd_mla_args). */
     void (*mla_attention)(pd_backend *be, const pd_mla_args *a);
     /** Routes rows tokens from router logits [rows × n_experts]:
-     * ids_p [rows × top_k] (host int32), weights [rows × top_k] (host fp32). */
+     * ids [rows × top_k] (host int32), weights [rows × top_k] (host fp32).
+     * rows 0: nothing (CUDA's moe_route still wants p). Limits: the CPU
+     * backend routes at most 1024 experts, top_k 256 and, group-limited,
+     * 256 groups (its scores live on the stack); CUDA 4096 experts and
+     * n_group 1024.
+     * Errors, having written nothing: what pd_moe_route_check refuses (p,
+     * logits, ids or weights NULL, rows < 0, routing parameters the routing
+     * does not define, more than the backend's limits). The CPU backend,
+     * which has no status to keep an error in, logs it (as sample_rows);
+     * the CUDA backend records PD_ERR_INVALID as its sticky error (its
+     * moe_route takes rows < 0 as nothing). */
     void (*moe_route)(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p,
                       int32_t *ids, float *weights);
     /** Routed experts: out[r] += Σ_j weights[r,j] · expert_{ids[r,j]}(x[r]) with
@@ -233,7 +250,9 @@ typedef struct {
                      const int32_t *slots, size_t slot_offset);
     /** Batched MLA decode attention (see pd_mla_decode_args). */
     void (*mla_decode)(pd_backend *be, const pd_mla_decode_args *a);
-    /** moe_route with ids and weights [rows × top_k] in backend memory. */
+    /** moe_route with ids and weights [rows × top_k] in backend memory;
+     * the same limits and errors (CPU: logged; CUDA: sticky, rows < 0
+     * included, rows 0 nothing without p too; nothing written). */
     void (*moe_route_ids)(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
                           float *weights);
     /** moe_experts with ids and weights in backend memory. An id of -1 is
@@ -479,9 +498,10 @@ pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_
  * says what): be or a NULL; rows < 0, hidden or inter <= 0; any of x,
  * norm, router, gate_up, down, h, logits, ids, weights, gu, act, mo NULL,
  * or shared_gate_up without shared_down; routing parameters the routing
- * does not define (n_experts <= 0, top_k outside [1, n_experts], scoring outside
- * 0..1, topk_method outside 0..2, and with group-limited routing n_group
- * not dividing n_experts or topk_group outside [1, n_group]); a router
+ * does not define (pd_moe_route_check without limits: n_experts <= 0,
+ * top_k outside [1, n_experts], scoring outside 0..1, topk_method outside
+ * 0..2, and with group-limited routing n_group not dividing n_experts or
+ * topk_group outside [1, n_group]); a router
  * that is not [n_experts, hidden], an expert whose gate_up is not
  * [2 inter, hidden] or whose down is not [hidden, inter], shared experts
  * whose gate_up is not [2 Ish, hidden] with Ish > 0 or whose down is not
@@ -490,6 +510,20 @@ pd_status pd_backend_check_all_reduce(pd_backend *const *bes, int n_ranks, size_
  * pass, PD_OK: the ops' own errors are recorded as each backend records
  * them (CUDA: sticky). */
 pd_status pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a, pd_err *err);
+
+/** Checks the arguments of moe_route and moe_route_ids (the routing of
+ * moe_block too): rows tokens' logits [rows × n_experts] routed by p into
+ * ids and weights [rows × top_k]. op starts err's message ("moe_route: ...");
+ * lim: the backend's limits, NULL for none. rows 0: PD_OK, whatever else
+ * (nothing to route). Reads no buffer.
+ * Errors: PD_ERR_INVALID (err says what): p NULL; rows < 0; logits, ids or
+ * weights NULL; n_experts <= 0 or top_k outside [1, n_experts]; scoring
+ * outside 0..1 or topk_method outside 0..2; with group-limited routing
+ * (topk_method 1 or 2 and n_group > 1) n_group not dividing n_experts or
+ * topk_group outside [1, n_group]; more experts, groups (group-limited) or
+ * top_k than lim holds. */
+pd_status pd_moe_route_check(const char *op, int rows, const float *logits, const pd_moe_route_params *p,
+                             const int32_t *ids, const float *weights, const pd_moe_route_limits *lim, pd_err *err);
 
 /** Destroys a backend; *be_p set to NULL. */
 void pd_backend_free(pd_backend **be_p);

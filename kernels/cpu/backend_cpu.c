@@ -227,19 +227,33 @@ static void topk_idx(const float *v, int n, int k, int *out) {
     }
 }
 
+/* A row's scores live on cpu_route's stack, which bounds what it routes. */
+#define CPU_ROUTE_MAX_EXPERTS 1024
+#define CPU_ROUTE_MAX_GROUPS 256
+#define CPU_ROUTE_MAX_TOP_K 256
+static const pd_moe_route_limits cpu_route_max = {
+    .max_experts = CPU_ROUTE_MAX_EXPERTS, .max_groups = CPU_ROUTE_MAX_GROUPS, .max_top_k = CPU_ROUTE_MAX_TOP_K};
+
 /* DeepSeekMoE routing. V3 (noaux_tc, DeepSeek-V3 §2.1.2): s = sigmoid(logit);
  * choice = s + bias; group score = sum of the top-2 choices in each group;
  * keep topk_group groups (others -inf); top_k experts by choice; weights =
  * unbiased s, normalised if norm_topk_prob, × routed_scaling_factor.
  * V2 (DeepSeek-V2 §2.2): s = softmax(logit); greedy top-k, or
  * group-limited: group score = max s in the group; weights = s (× scale,
- * normalised when norm_topk_prob). A row's scores live on the stack, which
- * bounds what it routes (CPU_ROUTE_MAX_*). */
-#define CPU_ROUTE_MAX_EXPERTS 1024
-#define CPU_ROUTE_MAX_GROUPS 256
-#define CPU_ROUTE_MAX_TOP_K 256
-static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
-                          float *weights) {
+ * normalised when norm_topk_prob).
+ * moe_route and moe_route_ids (host memory is backend memory here), op
+ * naming which in the log. Arguments pd_moe_route_check refuses, with
+ * cpu_route_max, are logged and nothing is written: the CPU backend has no
+ * status to keep an error in (as sample_rows). */
+static void cpu_route(const char *op, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                      float *weights) {
+    pd_err err = {{0}};
+    if (pd_moe_route_check(op, rows, logits, p, ids, weights, &cpu_route_max, &err) != PD_OK) {
+        PD_LOGE("kernels", "%s", err.msg);
+        return;
+    }
+    if (rows == 0) /* nothing to route, whatever else */
+        return;
     int E = p->n_experts, G = p->n_group > 0 ? p->n_group : 1, per = E / G;
     for (int r = 0; r < rows; r++) {
         const float *lg = logits + (size_t)r * E;
@@ -287,6 +301,11 @@ static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const p
             weights[(size_t)r * p->top_k + j] = w * p->routed_scaling_factor;
         }
     }
+}
+
+static void cpu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p, int32_t *ids,
+                          float *weights) {
+    cpu_route("moe_route", rows, logits, p, ids, weights);
 }
 
 static void cpu_moe_experts(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,
@@ -376,24 +395,16 @@ static void cpu_add_rmsnorm(pd_backend *be, int rows, int dim, float *x, const f
 
 /* The composed block (pd_moe_block_composed). The CPU backend has no status
  * to keep an error in, so arguments it refuses, and routing beyond
- * cpu_moe_route's limits, are logged and nothing is written (as
- * sample_rows). */
+ * cpu_route's limits (checked first: the block writes h and logits before
+ * it routes), are logged and nothing is written (as sample_rows). */
 static bool cpu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
-    if (a && a->rows > 0) {
-        const pd_moe_route_params *p = &a->route;
-        const bool grouped = p->topk_method != 0 && p->n_group > 1;
-        if (p->n_experts > CPU_ROUTE_MAX_EXPERTS || (grouped && p->n_group > CPU_ROUTE_MAX_GROUPS) ||
-            p->top_k > CPU_ROUTE_MAX_TOP_K) {
-            PD_LOGE("kernels",
-                    "moe_block: %d experts, top_k %d, %d groups: the CPU backend routes at most %d experts, top_k %d, "
-                    "%d groups",
-                    p->n_experts, p->top_k, p->n_group, CPU_ROUTE_MAX_EXPERTS, CPU_ROUTE_MAX_TOP_K,
-                    CPU_ROUTE_MAX_GROUPS);
-            return true;
-        }
-    }
     pd_err err = {{0}};
-    if (pd_moe_block_composed(be, a, &err) != PD_OK)
+    pd_status st = PD_OK;
+    if (a)
+        st = pd_moe_route_check("moe_block", a->rows, a->logits, &a->route, a->ids, a->weights, &cpu_route_max, &err);
+    if (st == PD_OK)
+        st = pd_moe_block_composed(be, a, &err);
+    if (st != PD_OK)
         PD_LOGE("kernels", "%s", err.msg);
     return true;
 }
@@ -425,7 +436,7 @@ static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
 
 static void cpu_moe_route_ids(pd_backend *be, int rows, const float *logits, const pd_moe_route_params *p,
                               int32_t *ids, float *weights) {
-    cpu_moe_route(be, rows, logits, p, ids, weights);
+    cpu_route("moe_route_ids", rows, logits, p, ids, weights);
 }
 
 static void cpu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const float *x, const int32_t *ids,

@@ -846,6 +846,39 @@ static void run_route(suite *s, pd_backend *b, int rows, const float *lg, pd_moe
         b->ops->free(b, db);
 }
 
+/* The routing of rows tokens by p (logits lg and bias host memory) into
+ * ids_r and w_r [rows × top_k]: the reference backend's moe_route, or
+ * route_ref in the cpu group. */
+static void route_expect(suite *s, int rows, const float *lg, pd_moe_route_params p, const float *bias,
+                         int32_t *ids_r, float *w_r) {
+    const int E = p.n_experts, k = p.top_k;
+    if (s->ref) {
+        run_route(s, s->ref, rows, lg, p, bias, ids_r, w_r);
+        return;
+    }
+    double *wd = malloc(k * sizeof(double));
+    for (int r = 0; r < rows; r++) {
+        route_ref(E, lg + (size_t)r * E, &p, bias, ids_r + (size_t)r * k, wd);
+        for (int j = 0; j < k; j++)
+            w_r[(size_t)r * k + j] = (float)wd[j];
+    }
+    free(wd);
+}
+
+/* n routed pairs (k a row) against route_expect's: the same experts, and
+ * weights within s->tol (recorded under op). */
+static void route_match(suite *s, int op, const char *shape, int n, int k, const int32_t *ids, const float *w,
+                        const int32_t *ids_r, const float *w_r) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] != ids_r[i]) {
+            print_error("%s %s %s: row %d choice %d is expert %d, reference %d\n", s->name, op_names[op], shape,
+                        i / k, i % k, ids[i], ids_r[i]);
+            s->n_fail++;
+            break;
+        }
+    check(s, op, shape, nerr(w, w_r, (size_t)n), s->tol);
+}
+
 static void test_moe_route(void **state) {
     suite *s = *state;
     BEGIN(s);
@@ -873,25 +906,8 @@ static void test_moe_route(void **state) {
             snprintf(shape, sizeof shape, "%d experts top %d groups %d/%d, %d rows", E, k, p.n_group, p.topk_group,
                      rows);
             run_route(s, s->be, rows, lg, p, bias, ids, w);
-            if (s->ref) {
-                run_route(s, s->ref, rows, lg, p, bias, ids_r, w_r);
-            } else {
-                double *wd = malloc(k * sizeof(double));
-                for (int r = 0; r < rows; r++) {
-                    route_ref(E, lg + (size_t)r * E, &p, bias, ids_r + (size_t)r * k, wd);
-                    for (int j = 0; j < k; j++)
-                        w_r[(size_t)r * k + j] = (float)wd[j];
-                }
-                free(wd);
-            }
-            for (int i = 0; i < rows * k; i++)
-                if (ids[i] != ids_r[i]) {
-                    print_error("%s moe_route %s: row %d choice %d is expert %d, reference %d\n", s->name, shape,
-                                i / k, i % k, ids[i], ids_r[i]);
-                    s->n_fail++;
-                    break;
-                }
-            check(s, OP_ROUTE, shape, nerr(w, w_r, (size_t)rows * k), s->tol);
+            route_expect(s, rows, lg, p, bias, ids_r, w_r);
+            route_match(s, OP_ROUTE, shape, rows * k, k, ids, w, ids_r, w_r);
             free(lg);
             free(bias);
             free(ids);
@@ -1580,6 +1596,202 @@ static void test_moe_route_ids(void **state) {
         free(w);
         free(w2);
     }
+    END(s);
+}
+
+/* ---- moe_route, moe_route_ids: invalid arguments --------------------- */
+
+/* What is written to the stderr stream between stderr_begin and
+ * stderr_end (pd_log's lines: the CPU backend's errors) goes to a
+ * temporary file; stderr_end returns it (NUL-terminated; the caller
+ * frees). glibc lets stderr be assigned (its manual, "Standard Streams");
+ * a sanitizer's report, written to file descriptor 2, still reaches the
+ * real stderr, so that an overrun in between is not lost with the file. */
+static FILE *stderr_begin(void) {
+    FILE *f = tmpfile(), *saved = stderr;
+    assert_non_null(f);
+    fflush(saved);
+    stderr = f;
+    return saved;
+}
+
+static char *stderr_end(FILE *saved) {
+    FILE *f = stderr;
+    stderr = saved;
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    char *t = malloc((size_t)n + 1);
+    assert_non_null(t);
+    assert_int_equal(fread(t, 1, (size_t)n, f), (size_t)n);
+    t[n] = 0;
+    fclose(f);
+    return t;
+}
+
+/* A call of moe_route or moe_route_ids, less its outputs. */
+typedef struct {
+    int rows;
+    const float *logits;
+    pd_moe_route_params p;
+    bool no_p, no_ids, no_weights;
+} route_call;
+
+/* Makes a (valid on entry: 8 experts in 4 groups, top_k 2, noaux_tc) invalid
+ * in the c-th way; returns a part of the message that names the fault, or
+ * NULL past the last case. *cpu_only: beyond the CPU backend's limits
+ * (1024 experts, top_k 256, 256 groups), which the CUDA backend routes. */
+static const char *route_mutate(int c, route_call *a, bool *cpu_only) {
+    *cpu_only = c >= 16;
+    switch (c) {
+    case 0: a->rows = -1; return "rows -1";
+    case 1: a->no_p = true; return "no parameters";
+    case 2: a->logits = NULL; return "no logits";
+    case 3: a->no_ids = true; return "no ids";
+    case 4: a->no_weights = true; return "no weights";
+    case 5: a->p.n_experts = 0; return "0 experts";
+    case 6: a->p.n_experts = -8; return "-8 experts";
+    case 7: a->p.top_k = 0; return "top_k 0";
+    case 8: a->p.top_k = 9; return "8 experts, top_k 9";
+    case 9: a->p.scoring = 2; return "scoring 2";
+    case 10: a->p.scoring = -1; return "scoring -1";
+    case 11: a->p.topk_method = 3; return "topk_method 3";
+    case 12: a->p.topk_method = -1; return "topk_method -1";
+    case 13: a->p.n_group = 3; return "8 experts in 3 groups";
+    case 14: a->p.topk_group = 0; return "keeping 0";
+    case 15: a->p.topk_group = 5; return "keeping 5";
+    case 16: /* s[1024] on the stack */
+        a->p.n_experts = 1025, a->p.n_group = 1, a->p.topk_method = 0;
+        return "1025 experts, top_k 2, 1 groups: this backend routes at most 1024 experts";
+    case 17: /* esel[256] */
+        a->p.n_experts = 1024, a->p.top_k = 257, a->p.n_group = 1, a->p.topk_method = 0;
+        return "1024 experts, top_k 257";
+    case 18: /* gs[256] */
+        a->p.n_experts = 1024, a->p.n_group = 512;
+        return "1024 experts, top_k 2, 512 groups";
+    default: return NULL;
+    }
+}
+
+/* Invalid routing arguments: moe_route and moe_route_ids write neither ids
+ * nor weights (filled with a pattern beforehand) and report the fault: the
+ * CPU backend in a log line that names it, CUDA as a fresh backend's sticky
+ * PD_ERR_INVALID (its moe_route takes rows < 0 as nothing). Then valid
+ * routing still matches the reference, at the edge of the CPU limits too,
+ * and rows 0 is nothing whatever else. */
+static void test_moe_route_errors(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    enum { T = 3, E = 8, K = 2, EMAX = 1025, KMAX = 257, NOUT = T * KMAX };
+    float *lg = rnd(s, (size_t)T * EMAX, 1.0), *bias = rnd(s, EMAX, 0.1); /* enough for every case */
+    float *dl = put(b, lg, (size_t)T * EMAX * 4), *db = put(b, bias, (size_t)EMAX * 4);
+    int32_t *ids = malloc(NOUT * 4), *ids_pat = malloc(NOUT * 4), *ids_r = malloc(NOUT * 4);
+    float *w = malloc(NOUT * 4), *w_pat = malloc(NOUT * 4), *w_r = malloc(NOUT * 4);
+    for (int i = 0; i < NOUT; i++) {
+        ids_pat[i] = -7 - i;
+        w_pat[i] = 7.0f + (float)i;
+    }
+    int32_t *dids = b->ops->alloc(b, NOUT * 4);
+    float *dw = b->ops->alloc(b, NOUT * 4);
+    const route_call valid = {.rows = T, .logits = dl, .p = {E, K, 4, 2, 1, 2, true, 2.5f, db}};
+    pd_err err = {{0}};
+    for (int c = 0;; c++) {
+        route_call a = valid;
+        bool cpu_only;
+        const char *needle = route_mutate(c, &a, &cpu_only);
+        if (!needle)
+            break;
+        if (cpu_only && s->cuda)
+            continue;
+        for (int on_ids = 0; on_ids < 2; on_ids++) { /* moe_route (host outputs), moe_route_ids */
+            const char *op = on_ids ? "moe_route_ids" : "moe_route";
+            char what[200];
+            snprintf(what, sizeof what, "%s case %d (%s)", op, c, needle);
+            memcpy(ids, ids_pat, NOUT * 4);
+            memcpy(w, w_pat, NOUT * 4);
+            b->ops->upload(b, dids, ids_pat, NOUT * 4);
+            b->ops->upload(b, dw, w_pat, NOUT * 4);
+            pd_backend *ob = b; /* CUDA: a fresh backend, whose error sticks */
+#ifdef PD_HAVE_CUDA
+            if (s->cuda)
+                assert_int_equal(pd_backend_cuda_init_ex(0, (pd_cuda_weights)s->fmt, &ob, &err), PD_OK);
+#endif
+            void (*route)(pd_backend *, int, const float *, const pd_moe_route_params *, int32_t *, float *) =
+                on_ids ? ob->ops->moe_route_ids : ob->ops->moe_route;
+            FILE *cap = stderr_begin();
+            route(ob, a.rows, a.logits, a.no_p ? NULL : &a.p, a.no_ids ? NULL : on_ids ? dids : ids,
+                  a.no_weights ? NULL : on_ids ? dw : w);
+            char *log = stderr_end(cap);
+#ifdef PD_HAVE_CUDA
+            if (s->cuda) {
+                const pd_status want = !on_ids && a.rows < 0 ? PD_OK : PD_ERR_INVALID;
+                assert_int_equal(pd_backend_cuda_status(ob, &err), want);
+                if (want != PD_OK && strncmp(err.msg, op, strlen(op)))
+                    fail_msg("%s: %s: the backend says '%s'", s->name, what, err.msg);
+                pd_backend_free(&ob);
+            }
+#endif
+            b->ops->download(b, ids_r, dids, NOUT * 4);
+            get(s, b, w_r, dw, NOUT);
+            if (memcmp(ids, ids_pat, NOUT * 4) || memcmp(w, w_pat, NOUT * 4) || memcmp(ids_r, ids_pat, NOUT * 4) ||
+                memcmp(w_r, w_pat, NOUT * 4))
+                fail_msg("%s: %s: ids or weights written", s->name, what);
+            if (!s->cuda) {
+                char head[64];
+                snprintf(head, sizeof head, "kernels: %s: ", op);
+                if (!strstr(log, head) || !strstr(log, needle))
+                    fail_msg("%s: %s: the log says '%s'", s->name, what, log);
+            }
+            free(log);
+        }
+    }
+    /* valid: routed as the reference routes, and (CPU) nothing logged; the
+     * second at the CPU backend's limits (1024 experts in 256 groups, top_k
+     * 256) */
+    route_call ok[2] = {valid, valid};
+    ok[1].rows = 2;
+    ok[1].p.n_experts = 1024, ok[1].p.top_k = 256, ok[1].p.n_group = 256, ok[1].p.topk_group = 128;
+    for (int v = 0; v < 2; v++) {
+        const route_call a = ok[v];
+        const int n = a.rows * a.p.top_k;
+        const char *shape = v ? "1024 experts top 256, 256 groups (CPU limits)" : "8 experts top 2, 4 groups";
+        route_expect(s, a.rows, lg, a.p, bias, ids_r, w_r);
+        int32_t *ids2 = malloc((size_t)n * 4);
+        float *w2 = malloc((size_t)n * 4);
+        FILE *cap = stderr_begin();
+        b->ops->moe_route(b, a.rows, a.logits, &a.p, ids, w);
+        b->ops->moe_route_ids(b, a.rows, a.logits, &a.p, dids, dw);
+        char *log = stderr_end(cap);
+        backend_ok(s, b);
+        if (!s->cuda && log[0])
+            fail_msg("%s: valid routing (%s) logs '%s'", s->name, shape, log);
+        free(log);
+        b->ops->download(b, ids2, dids, (size_t)n * 4);
+        get(s, b, w2, dw, (size_t)n);
+        route_match(s, OP_ROUTE, shape, n, a.p.top_k, ids, w, ids_r, w_r);
+        route_match(s, OP_ROUTE_IDS, shape, n, a.p.top_k, ids2, w2, ids_r, w_r);
+        free(ids2);
+        free(w2);
+    }
+    /* rows 0: nothing, whatever else (CUDA's moe_route wants parameters) */
+    assert_int_equal(pd_moe_route_check("moe_route", 0, NULL, NULL, NULL, NULL, NULL, &err), PD_OK);
+    FILE *cap = stderr_begin();
+    b->ops->moe_route(b, 0, NULL, &valid.p, NULL, NULL);
+    b->ops->moe_route_ids(b, 0, NULL, NULL, NULL, NULL);
+    if (!s->cuda)
+        b->ops->moe_route(b, 0, NULL, NULL, NULL, NULL);
+    char *log = stderr_end(cap);
+    backend_ok(s, b);
+    if (!s->cuda && log[0])
+        fail_msg("%s: rows 0 logs '%s'", s->name, log);
+    free(log);
+    void *dev[] = {dl, db, dids, dw}, *host[] = {lg, bias, ids, ids_pat, ids_r, w, w_pat, w_r};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        b->ops->free(b, dev[i]);
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
     END(s);
 }
 
@@ -2752,7 +2964,8 @@ int main(void) {
         cmocka_unit_test(test_silu_mul),  cmocka_unit_test(test_add),       cmocka_unit_test(test_embed),
         cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
-        cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_moe_route_errors), cmocka_unit_test(test_moe_experts_ids), cmocka_unit_test(test_graph),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_rows_errors),
         cmocka_unit_test(test_fused_ops), cmocka_unit_test(test_moe_block), cmocka_unit_test(test_moe_block_errors),
         cmocka_unit_test(test_mla_decode_prep),
