@@ -199,9 +199,12 @@ void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_ro
     if (c->status == PD_OK &&
         (E <= 0 || E > ROUTE_MAX_EXPERTS || p->top_k <= 0 || p->top_k > E || G > ROUTE_MAX_GROUPS ||
          (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) || p->scoring < 0 ||
-         p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2 || !logits || !ids || !weights))
+         p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2 || !logits || !ids || !weights)) {
+        /* invalid arguments: nothing written (the outputs may be missing) */
         cu_fail(c, PD_ERR_INVALID, "moe_route: %d experts, top_k %d, %d groups (keep %d), scoring %d, method %d", E,
                 p->top_k, G, p->topk_group, p->scoring, p->topk_method);
+        return;
+    }
     size_t n = (size_t)rows * (p->top_k > 0 ? p->top_k : 0);
     if (c->status == PD_OK) {
         int32_t *dids = (int32_t *)cu_scratch(c, CU_SCR_ARG0, n * sizeof(int32_t));
@@ -212,8 +215,9 @@ void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_ro
             CU_OK(c, cudaStreamSynchronize(c->stream)))
             return;
     }
-    /* failed: expert 0 with NaN weights, so that nothing downstream passes for real */
-    for (size_t k = 0; k < n; k++) {
+    /* an earlier or a device failure: expert 0 with NaN weights, so that
+     * nothing downstream passes for real */
+    for (size_t k = 0; k < n && ids && weights; k++) {
         ids[k] = 0;
         weights[k] = NAN;
     }
