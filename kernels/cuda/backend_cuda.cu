@@ -522,6 +522,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_decode_scalar = md && !strcmp(md, "scalar");
         const char *sf = getenv("PD_MOE_SHARED_FIRST");
         c->moe_shared_last = sf && !strcmp(sf, "0");
+        const char *gp1 = getenv("PD_MOE_GU1_PDL");
+        c->moe_gu1_plain = gp1 && !strcmp(gp1, "0");
         const char *qc = getenv("PD_QLAT_COLS");
         c->qlat_cols = qc && !strcmp(qc, "256") ? 256 : 0;
         const char *ms = getenv("PD_MLA_SPLITS");

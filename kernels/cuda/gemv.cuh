@@ -2,7 +2,8 @@
  * (blockIdx.x's GV_WARPS · GV_ROWS output rows) of one weight W (row
  * stride ldw, SwiGLU up rows from upo) over pairs [p0, p1), as gemm.cu
  * describes; shared with moe.cu's kernels that find their group
- * themselves. */
+ * themselves. XS: x is in shared memory, read by plain loads; otherwise
+ * read-only global memory, read through __ldg. */
 #ifndef PD_CUDA_GEMV_CUH
 #define PD_CUDA_GEMV_CUH
 
@@ -11,7 +12,7 @@
 #define GV_WARPS 8
 #define GV_MT 4
 
-template <bool SWIGLU, typename WT, int GV_ROWS, int MT>
+template <bool SWIGLU, typename WT, int GV_ROWS, int MT, bool XS = false>
 __device__ __forceinline__ void gemv_block(const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K, int p0,
                                            int p1, const int *__restrict__ xrow, const int *__restrict__ yrow,
                                            const float *__restrict__ x, int ldx, float *__restrict__ y, int ldy,
@@ -53,7 +54,8 @@ __device__ __forceinline__ void gemv_block(const WT *__restrict__ W, size_t ldw,
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 if (j < m) {
-                    const float4 a = __ldg(xr[j] + 2 * k8), b = __ldg(xr[j] + 2 * k8 + 1);
+                    const float4 a = XS ? xr[j][2 * k8] : __ldg(xr[j] + 2 * k8);
+                    const float4 b = XS ? xr[j][2 * k8 + 1] : __ldg(xr[j] + 2 * k8 + 1);
 #pragma unroll
                     for (int r = 0; r < NR; r++)
                         acc[r][j] += wv[r].dot(a, b);

@@ -951,6 +951,10 @@ __device__ static void gate_norm(const moe_gate_args &a, float *hn, double *part
     for (int k = threadIdx.x; k < H4; k += THREADS)
         __pipeline_memcpy_async((float4 *)nw + k, (const float4 *)a.norm + k, sizeof(float4));
     cu_pdl_wait();
+    /* only now may the next kernel start: k_moe_gate_up1's shared-expert
+     * blocks read x without waiting for this kernel (x is final once this
+     * kernel's wait has returned) */
+    cu_pdl_launch_dependents();
     for (int k = threadIdx.x; k < a.T * H4; k += THREADS)
         __pipeline_memcpy_async((float4 *)hn + k, (const float4 *)a.x + k, sizeof(float4));
     __pipeline_commit();
@@ -1091,7 +1095,6 @@ __device__ static void gate_route_plan(const moe_gate_args &a, const float *lg, 
  * slowly.) */
 template <typename WT>
 static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args a) {
-    cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *hn = (float *)smem4; /* [T, H] normed rows */
     __shared__ double part[GATE_THREADS / 32];
@@ -1151,6 +1154,12 @@ typedef struct {
     const float *h;
     float *act;
     int shared_first; /* blockIdx.y < S: the shared groups, which stream without waiting for the route */
+    /* launched by PDL during k_moe_gate: the shared groups' blocks norm x
+     * themselves (x, norm, eps; dynamic shared memory of 2 H floats) instead
+     * of reading the h that k_moe_gate writes, and the routed blocks wait */
+    int self_norm;
+    const float *x, *norm;
+    float eps;
 } moe_gu1_args;
 
 template <typename WT>
@@ -1170,11 +1179,38 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             prow[0] = a.top_k + sg; /* act rows of the shared groups follow the routed pairs' */
             xrow0[0] = 0;
         }
+        const WT *W = (const WT *)a.w[a.E + sg];
+        const size_t ldw = (size_t)a.gldw[a.E + sg], upo = (size_t)a.gupo[a.E + sg];
+        if (a.self_norm) { /* k_moe_gate may still run: h = RMSNorm(x) · norm here (gate_norm's arithmetic) */
+            extern __shared__ float4 gu1_smem4[];
+            float *hs = (float *)gu1_smem4, *nw = hs + a.K;
+            __shared__ double part[GV_WARPS];
+            /* through L1 (__ldg), so that the blocks on an SM share one read of
+             * the same 16 KB from L2 */
+            for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
+                ((float4 *)nw)[k] = __ldg((const float4 *)a.norm + k);
+                ((float4 *)hs)[k] = __ldg((const float4 *)a.x + k);
+            }
+            __syncthreads();
+            const float inv = cu_block_inv_rms<GV_WARPS * 32>(hs, a.K, a.eps, part); /* ends after a barrier */
+            for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
+                float4 v = ((float4 *)hs)[k];
+                const float4 g = ((const float4 *)nw)[k];
+                v.x = v.x * inv * g.x;
+                v.y = v.y * inv * g.y;
+                v.z = v.z * inv * g.z;
+                v.w = v.w * inv * g.w;
+                ((float4 *)hs)[k] = v;
+            }
+            __syncthreads();
+            gemv_block<true, WT, 2, 1, true>(W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
+            return;
+        }
         __syncthreads();
-        gemv_block<true, WT, 2, 1>((const WT *)a.w[a.E + sg], (size_t)a.gldw[a.E + sg], (size_t)a.gupo[a.E + sg], a.N,
-                                   a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
+        gemv_block<true, WT, 2, 1>(W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
         return;
     }
+    cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run) */
     const int gy = a.shared_first ? (int)blockIdx.y - a.S : (int)blockIdx.y;
     /* the logits and the bias into shared memory first, every load at once:
      * route_row reads them several times, ~0.5 us a pass from L2 */
@@ -1469,12 +1505,26 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         ua.ids = a->ids, ua.weights = a->weights, ua.off = off, ua.tok = tok, ua.pair = pair, ua.list = list;
         ua.w = set_gu(set), ua.gldw = set_ints(set, 0), ua.gupo = set_ints(set, 1), ua.h = a->h, ua.act = act;
         ua.shared_first = !c->moe_shared_last;
+        /* by PDL (the shared groups' blocks stream during the gate kernel,
+         * norming x themselves) when their normed row fits in shared memory */
+        const size_t usmem = 2 * (size_t)H * sizeof(float);
+        const bool gu_pdl = c->pdl && !c->moe_gu1_plain && ua.shared_first && S > 0 && H % 4 == 0 &&
+                            usmem + 8192 <= c->smem_optin;
+        ua.self_norm = gu_pdl, ua.x = a->x, ua.norm = a->norm, ua.eps = a->eps;
         const dim3 grid((unsigned)((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(K + S));
-        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
-            k_moe_gate_up1<__nv_bfloat16><<<grid, GV_WARPS * 32, 0, c->stream>>>(ua);
-        else
-            k_moe_gate_up1<float><<<grid, GV_WARPS * 32, 0, c->stream>>>(ua);
-        if (!CU_LAUNCHED(c, cudaGetLastError(), "moe_block: gate_up (routing)"))
+        cudaLaunchAttribute uat;
+        cudaLaunchConfig_t ucfg =
+            cu_launch_config(grid, dim3(GV_WARPS * 32), gu_pdl ? usmem : 0, c->stream, gu_pdl, &uat);
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+            e = gu_pdl ? CU_SMEM_OPTIN(k_moe_gate_up1<__nv_bfloat16>, usmem) : cudaSuccess;
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&ucfg, k_moe_gate_up1<__nv_bfloat16>, ua);
+        } else {
+            e = gu_pdl ? CU_SMEM_OPTIN(k_moe_gate_up1<float>, usmem) : cudaSuccess;
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&ucfg, k_moe_gate_up1<float>, ua);
+        }
+        if (!CU_LAUNCHED(c, e, "moe_block: gate_up (routing)"))
             return true;
     } else if (!CU_LAUNCHED(c,
                      cu_gemv_grouped_launch(c->wfmt, true, Gr + S, I, H, NULL, set_gu(set), off, list, set_ints(set, 0),
@@ -1482,7 +1532,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
                                             c->stream),
                      "moe_block: gate_up"))
         return true;
-    /* y[pair] = down_g · act[pair] */
+    /* y[pair] = down_g · act[pair] (down and combine by PDL were slower:
+     * 2.68 ms a batch-1 step against 2.62, docs/benchmarks.md) */
     if (!CU_LAUNCHED(c,
                      cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
                                             set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false, false,
