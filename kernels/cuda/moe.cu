@@ -780,8 +780,11 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
-                        const float *__restrict__ w, const float *__restrict__ y, float *__restrict__ out) {
+                        const float *__restrict__ w, const float *__restrict__ y, float *__restrict__ out,
+                        unsigned *__restrict__ reset) {
     cu_pdl_launch_dependents();
+    if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *reset = 0; /* k_moe_down1's counter, for the next launch (its kernels have ended) */
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     if (d >= hidden)
         return;
@@ -881,7 +884,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out,
+                                                             NULL);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
 }
 
@@ -1160,6 +1164,7 @@ typedef struct {
     int self_norm;
     const float *x, *norm;
     float eps;
+    unsigned *sdone; /* NULL, or counts the shared groups' finished blocks (k_moe_down1 waits on it) */
 } moe_gu1_args;
 
 template <typename WT>
@@ -1204,10 +1209,16 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             }
             __syncthreads();
             gemv_block<true, WT, 2, 1, true>(W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
-            return;
+        } else {
+            __syncthreads();
+            gemv_block<true, WT, 2, 1>(W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
         }
-        __syncthreads();
-        gemv_block<true, WT, 2, 1>(W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
+        if (a.sdone) { /* publish the act rows: every writer fences, then one count */
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0)
+                atomicAdd(a.sdone, 1u);
+        }
         return;
     }
     cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run) */
@@ -1246,6 +1257,56 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
     __syncthreads();
     gemv_block<true, WT, 2, 1>((const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0, prow,
                                a.h, a.K, a.act, a.N, 0);
+}
+
+/* One row's grouped down GEMV, launched by PDL while k_moe_gate_up1 runs:
+ * block (x, gy) computes output rows 16 x .. 16 x + 15 of y row p with
+ * down_g, for gy < S the shared group g = E + gy (p = top_k + gy), else
+ * pair p = gy - S and its expert ids[p]. A shared group's blocks start as
+ * soon as k_moe_gate_up1's shared blocks have all counted themselves in
+ * sdone (need = their number; spinning: those blocks are the first of that
+ * grid, which had started entirely before this one could launch), reading
+ * their act row through L2 into shared memory; they stream while the routed
+ * experts' gate_up still runs. The routed blocks wait for the whole of
+ * k_moe_gate_up1 (cu_pdl_wait). The same GEMV (gemv_block) as the grouped
+ * down launch: the same numbers. Dynamic shared memory: I floats. */
+typedef struct {
+    int E, S, top_k, H, I;
+    unsigned need;
+    const unsigned *sdone;
+    const int32_t *ids;
+    const void *const *w; /* the set's down table [E + S] */
+    const int *ldw;
+    const float *act;
+    float *y;
+} moe_dn1_args;
+
+template <typename WT>
+static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args a) {
+    extern __shared__ float4 dn1_smem4[];
+    cu_pdl_launch_dependents();
+    const int gy = blockIdx.y;
+    if (gy < a.S) {
+        const int g = a.E + gy, p = a.top_k + gy;
+        if (threadIdx.x == 0) {
+            while (*(volatile const unsigned *)a.sdone < a.need)
+                __nanosleep(64);
+            __threadfence();
+        }
+        __syncthreads();
+        float *as = (float *)dn1_smem4;
+        const float4 *src = (const float4 *)(a.act + (size_t)p * a.I);
+        for (int k = threadIdx.x; k < a.I / 4; k += GV_WARPS * 32)
+            ((float4 *)as)[k] = __ldcg(src + k);
+        __syncthreads();
+        gemv_block<false, WT, 2, 1, true>((const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL, as,
+                                          a.I, a.y + (size_t)p * a.H, a.H, 0);
+        return;
+    }
+    cu_pdl_wait();
+    const int p = gy - a.S, g = a.ids[p];
+    gemv_block<false, WT, 2, 1>((const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
+                                a.act + (size_t)p * a.I, a.I, a.y + (size_t)p * a.H, a.H, 0);
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -1497,6 +1558,7 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     if (!CU_LAUNCHED(c, e, "moe_block: gate"))
         return true;
     /* act[pair] = silu(gate_g · h[tok]) ⊙ (up_g · h[tok]) over the routed and shared groups */
+    bool dn1 = false;
     if (route_in_gu) {
         moe_gu1_args ua = {};
         ua.logits = a->logits, ua.E = E, ua.G = G, ua.topk_group = p->topk_group, ua.top_k = K;
@@ -1511,6 +1573,10 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         const bool gu_pdl = c->pdl && !c->moe_gu1_plain && ua.shared_first && S > 0 && H % 4 == 0 &&
                             usmem + 8192 <= c->smem_optin;
         ua.self_norm = gu_pdl, ua.x = a->x, ua.norm = a->norm, ua.eps = a->eps;
+        /* and the down GEMV by PDL during it (k_moe_down1), counting the
+         * shared blocks in the set's ticket (unused at one row) */
+        dn1 = gu_pdl && !c->moe_down1_off && I % 4 == 0 && (size_t)I * sizeof(float) + 8192 <= c->smem_optin;
+        ua.sdone = dn1 ? set_ticket(set) : NULL;
         const dim3 grid((unsigned)((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(K + S));
         cudaLaunchAttribute uat;
         cudaLaunchConfig_t ucfg =
@@ -1532,16 +1598,39 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
                                             c->stream),
                      "moe_block: gate_up"))
         return true;
-    /* y[pair] = down_g · act[pair] (down and combine by PDL were slower:
-     * 2.68 ms a batch-1 step against 2.62, docs/benchmarks.md) */
-    if (!CU_LAUNCHED(c,
-                     cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
-                                            set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false, false,
-                                            c->stream),
-                     "moe_block: down"))
+    /* y[pair] = down_g · act[pair] (the grouped down GEMV and the combine
+     * by plain PDL were slower: 2.68 ms a batch-1 step against 2.62,
+     * docs/benchmarks.md) */
+    if (dn1) {
+        moe_dn1_args da = {};
+        da.E = E, da.S = S, da.top_k = K, da.H = H, da.I = I;
+        da.need = (unsigned)(S * ((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2))), da.sdone = set_ticket(set);
+        da.ids = a->ids, da.w = set_dn(set), da.ldw = set_ints(set, 2), da.act = act, da.y = y;
+        const size_t dsmem = (size_t)I * sizeof(float);
+        cudaLaunchAttribute dat;
+        cudaLaunchConfig_t dcfg = cu_launch_config(dim3((unsigned)((H + GV_WARPS * 2 - 1) / (GV_WARPS * 2)),
+                                                        (unsigned)(S + K)),
+                                                   dim3(GV_WARPS * 32), dsmem, c->stream, true, &dat);
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+            e = CU_SMEM_OPTIN(k_moe_down1<__nv_bfloat16>, dsmem);
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&dcfg, k_moe_down1<__nv_bfloat16>, da);
+        } else {
+            e = CU_SMEM_OPTIN(k_moe_down1<float>, dsmem);
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&dcfg, k_moe_down1<float>, da);
+        }
+        if (!CU_LAUNCHED(c, e, "moe_block: down (PDL)"))
+            return true;
+    } else if (!CU_LAUNCHED(c,
+                            cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
+                                                   set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false,
+                                                   false, c->stream),
+                            "moe_block: down"))
         return true;
     k_moe_combine_pairs<<<dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(H, K, E, S, a->ids, a->weights, y, a->x);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(H, K, E, S, a->ids, a->weights, y, a->x,
+                                                             dn1 ? set_ticket(set) : NULL);
     CU_LAUNCHED(c, cudaGetLastError(), "moe_block: combine");
     return true;
 }
