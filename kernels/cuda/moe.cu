@@ -908,10 +908,18 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  *   2. grouped gate_up with SwiGLU over the routed experts that have pairs
  *      and the S shared groups (at one row k_moe_gate_up1, which also
  *      routes the row and writes ids, weights and the plan);
- *   3. grouped down over the same groups;
+ *   3. grouped down over the same groups (at one row k_moe_down1);
  *   4. x[r] += Σ_j w_j y[r, j] + Σ_s y_shared[s, r] (k_moe_combine_pairs).
  * The shared experts' sum over inter_shared units is thus two sums over
- * inter units added in the combine: the same value up to fp32 order. */
+ * inter units added in the combine: the same value up to fp32 order.
+ * At one row with S > 0 and PDL on, steps 1-3 overlap: k_moe_gate_up1
+ * starts by programmatic dependent launch once every gate block has passed
+ * its own wait (x is final), its shared blocks norming x themselves and
+ * streaming while the router runs (its routed blocks wait for the gate);
+ * k_moe_down1 starts the same way during k_moe_gate_up1, its shared blocks
+ * as soon as the gate_up's shared blocks are done. Plain PDL for the down
+ * and combine launches, where the early blocks only wait, was slower
+ * (docs/benchmarks.md, session 9). */
 #define GATE_THREADS 128 /* a block: four experts' logits */
 #define GATE_MAX_ROWS 4  /* the routing block routes one row a warp */
 static_assert(GATE_MAX_ROWS <= GATE_THREADS / 32, "k_moe_gate's routing block: a warp a row");
