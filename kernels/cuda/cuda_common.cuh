@@ -120,8 +120,10 @@ typedef struct {
     bool moe_route_in_gate;      /* PD_MOE_ROUTE=gate: at one row too, k_moe_gate's last block routes (A/B runs) */
     bool mla_prep_apart;         /* PD_MLA_PREP=apart: mla_decode's prologue as mla_prep, not in q_lat (A/B runs) */
     bool mla_decode_scalar;      /* PD_MLA_DECODE=scalar: the split attention on CUDA cores, not TF32 mma (A/B runs) */
-    bool moe_gu1_plain;          /* PD_MOE_GU1_PDL=0: the batch-1 gate_up launched after the gate kernel, not by PDL (A/B runs) */
-    bool moe_down1_off;          /* PD_MOE_DOWN1=0: the batch-1 down GEMV after the gate_up, not by PDL during it (k_moe_down1; A/B runs) */
+    bool
+        moe_gu1_plain; /* PD_MOE_GU1_PDL=0: the batch-1 gate_up launched after the gate kernel, not by PDL (A/B runs) */
+    bool moe_down1_off; /* PD_MOE_DOWN1=0: the batch-1 down GEMV after the gate_up, not by PDL during it (k_moe_down1;
+                           A/B runs) */
     bool moe_shared_last;        /* PD_MOE_SHARED_FIRST=0: batch-1 gate_up blocks of the shared experts after the routed (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */
     int mla_max_splits;          /* PD_MLA_SPLITS: the batched decode attention's most splits a query (default DEC_GRAPH_SPLITS, mla.cu) */

@@ -309,7 +309,8 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         return;
     const WT *W = w ? (const WT *)w[g] : w0;
     const size_t ldw = gldw ? (size_t)gldw[g] : (size_t)K, upo = gupo ? (size_t)gupo[g] : (size_t)N;
-    gemv_block<SWIGLU, WT, GV_ROWS, MT>(W, ldw, upo, N, K, p0, p1, xrow, yrow, x, ldx, y, ldy, accumulate);
+    gemv_block<SWIGLU, WT, GV_ROWS, MT>((int)blockIdx.x, W, ldw, upo, N, K, p0, p1, xrow, yrow, x, ldx, y, ldy,
+                                        accumulate);
 }
 
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
@@ -543,55 +544,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
             h4[i] = v;
     }
     __syncthreads();
-    if (n0 >= N)
-        return;
-    const WT *wr[GV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GV_ROWS; r++) {
-        int n = n0 + r;
-        if (n >= N)
-            n = n0; /* computed, not stored */
-        wr[r] = W + (size_t)n * K;
-    }
-    float acc[GV_ROWS][MT];
-#pragma unroll
-    for (int r = 0; r < GV_ROWS; r++)
-#pragma unroll
-        for (int j = 0; j < MT; j++)
-            acc[r][j] = 0.0f;
-    const int K8 = K / 8;
-#pragma unroll 4
-    for (int k8 = lane; k8 < K8; k8 += 32) {
-        gv_w8<WT> wv[GV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GV_ROWS; r++)
-            wv[r].load(wr[r], k8);
-#pragma unroll
-        for (int j = 0; j < MT; j++) {
-            if (j < M) {
-                const float4 a = hs4[j * K4 + 2 * k8], b = hs4[j * K4 + 2 * k8 + 1];
-#pragma unroll
-                for (int r = 0; r < GV_ROWS; r++)
-                    acc[r][j] += wv[r].dot(a, b);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < GV_ROWS; r++)
-#pragma unroll
-        for (int j = 0; j < MT; j++)
-            acc[r][j] = cu_warp_sum(acc[r][j]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < GV_ROWS; r++) {
-            if (n0 + r >= N)
-                continue;
-#pragma unroll
-            for (int j = 0; j < MT; j++)
-                if (j < M)
-                    y[(size_t)j * N + n0 + r] = acc[r][j];
-        }
-    }
+    /* y = h · W^T over the M rows, h from shared memory: k_gemv's GEMV */
+    gemv_block<false, WT, GV_ROWS, MT, true>((int)blockIdx.x - (second ? nb1 : 0), W, (size_t)K, 0, N, K, 0, M, NULL,
+                                             NULL, hs, K, y, N, 0);
 }
 
 /* Dynamic shared memory of k_norm_gemv2 for M rows of K: the normed rows and the norm's weights. */

@@ -1,5 +1,6 @@
 /* The skinny GEMM's (k_gemv, gemm.cu) work for one block: group rows
- * (blockIdx.x's GV_WARPS · GV_ROWS output rows) of one weight W (row
+ * (block bx's GV_WARPS · GV_ROWS output rows: blockIdx.x, or its index among
+ * the blocks of one weight) of one weight W (row
  * stride ldw, SwiGLU up rows from upo) over pairs [p0, p1), as gemm.cu
  * describes; shared with moe.cu's kernels that find their group
  * themselves. XS: x is in shared memory, read by plain loads; otherwise
@@ -13,13 +14,13 @@
 #define GV_MT 4
 
 template <bool SWIGLU, typename WT, int GV_ROWS, int MT, bool XS = false>
-__device__ __forceinline__ void gemv_block(const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K, int p0,
-                                           int p1, const int *__restrict__ xrow, const int *__restrict__ yrow,
+__device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K,
+                                           int p0, int p1, const int *__restrict__ xrow, const int *__restrict__ yrow,
                                            const float *__restrict__ x, int ldx, float *__restrict__ y, int ldy,
                                            int accumulate) {
     constexpr int NR = SWIGLU ? 2 * GV_ROWS : GV_ROWS; /* weight rows per warp */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * GV_WARPS + warp) * GV_ROWS;
+    const int n0 = (bx * GV_WARPS + warp) * GV_ROWS;
     if (n0 >= N)
         return;
     const WT *wr[NR];

@@ -198,8 +198,8 @@ void cu_moe_route(pd_backend *be, int rows, const float *logits, const pd_moe_ro
     bool grouped = p->topk_method != 0 && G > 1;
     if (c->status == PD_OK &&
         (E <= 0 || E > ROUTE_MAX_EXPERTS || p->top_k <= 0 || p->top_k > E || G > ROUTE_MAX_GROUPS ||
-         (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) || p->scoring < 0 ||
-         p->scoring > 1 || p->topk_method < 0 || p->topk_method > 2 || !logits || !ids || !weights)) {
+         (grouped && (E % G != 0 || p->topk_group <= 0 || p->topk_group > G)) || p->scoring < 0 || p->scoring > 1 ||
+         p->topk_method < 0 || p->topk_method > 2 || !logits || !ids || !weights)) {
         /* invalid arguments: nothing written (the outputs may be missing) */
         cu_fail(c, PD_ERR_INVALID, "moe_route: %d experts, top_k %d, %d groups (keep %d), scoring %d, method %d", E,
                 p->top_k, G, p->topk_group, p->scoring, p->topk_method);
@@ -884,8 +884,7 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out,
-                                                             NULL);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out, NULL);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
 }
 
@@ -1194,7 +1193,8 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         }
         const WT *W = (const WT *)a.w[a.E + sg];
         const size_t ldw = (size_t)a.gldw[a.E + sg], upo = (size_t)a.gupo[a.E + sg];
-        if (a.self_norm) { /* k_moe_gate may still run: h = RMSNorm(x) · norm here (gate_norm's arithmetic) */
+        /* with self_norm k_moe_gate may still run: h = RMSNorm(x) · norm here (gate_norm's arithmetic) */
+        if (a.self_norm) {
             extern __shared__ float4 gu1_smem4[];
             float *hs = (float *)gu1_smem4, *nw = hs + a.K;
             __shared__ double part[GV_WARPS];
@@ -1216,10 +1216,12 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
                 ((float4 *)hs)[k] = v;
             }
             __syncthreads();
-            gemv_block<true, WT, 2, 1, true>(W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
+            gemv_block<true, WT, 2, 1, true>((int)blockIdx.x, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act,
+                                             a.N, 0);
         } else {
             __syncthreads();
-            gemv_block<true, WT, 2, 1>(W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
+            gemv_block<true, WT, 2, 1>((int)blockIdx.x, W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N,
+                                       0);
         }
         if (a.sdone) { /* publish the act rows: every writer fences, then one count */
             __threadfence();
@@ -1263,8 +1265,8 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
     }
     __syncthreads();
-    gemv_block<true, WT, 2, 1>((const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0, prow,
-                               a.h, a.K, a.act, a.N, 0);
+    gemv_block<true, WT, 2, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0,
+                               1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
 }
 
 /* One row's grouped down GEMV, launched by PDL while k_moe_gate_up1 runs:
@@ -1289,8 +1291,7 @@ typedef struct {
     float *y;
 } moe_dn1_args;
 
-template <typename WT>
-static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args a) {
+template <typename WT> static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args a) {
     extern __shared__ float4 dn1_smem4[];
     cu_pdl_launch_dependents();
     const int gy = blockIdx.y;
@@ -1307,13 +1308,13 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args
         for (int k = threadIdx.x; k < a.I / 4; k += GV_WARPS * 32)
             ((float4 *)as)[k] = __ldcg(src + k);
         __syncthreads();
-        gemv_block<false, WT, 2, 1, true>((const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL, as,
-                                          a.I, a.y + (size_t)p * a.H, a.H, 0);
+        gemv_block<false, WT, 2, 1, true>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1,
+                                          NULL, NULL, as, a.I, a.y + (size_t)p * a.H, a.H, 0);
         return;
     }
     cu_pdl_wait();
     const int p = gy - a.S, g = a.ids[p];
-    gemv_block<false, WT, 2, 1>((const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
+    gemv_block<false, WT, 2, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
                                 a.act + (size_t)p * a.I, a.I, a.y + (size_t)p * a.H, a.H, 0);
 }
 
@@ -1431,7 +1432,10 @@ static cu_moe_set *moe_set_get(cu_ctx *c, const pd_moe_block_args *a, int S) {
         ints[2 * n + g] = sh ? Ish : I;        /* down: rows of inter (routed) or inter_shared */
     }
     ints[3 * n] = 0; /* the ticket */
-    const bool ok = CU_OK(c, cudaMemcpy(t->dev, stage, bytes, cudaMemcpyHostToDevice));
+    /* the stream is non-blocking: kernels still reading this table (or
+     * spinning on its counter) must end before it is rewritten */
+    const bool ok = CU_OK(c, cudaStreamSynchronize(c->stream)) &&
+                    CU_OK(c, cudaMemcpy(t->dev, stage, bytes, cudaMemcpyHostToDevice));
     free(stage);
     if (!ok)
         return NULL;
@@ -1578,8 +1582,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         /* by PDL (the shared groups' blocks stream during the gate kernel,
          * norming x themselves) when their normed row fits in shared memory */
         const size_t usmem = 2 * (size_t)H * sizeof(float);
-        const bool gu_pdl = c->pdl && !c->moe_gu1_plain && ua.shared_first && S > 0 && H % 4 == 0 &&
-                            usmem + 8192 <= c->smem_optin;
+        const bool gu_pdl =
+            c->pdl && !c->moe_gu1_plain && ua.shared_first && S > 0 && H % 4 == 0 && usmem + 8192 <= c->smem_optin;
         ua.self_norm = gu_pdl, ua.x = a->x, ua.norm = a->norm, ua.eps = a->eps;
         /* and the down GEMV by PDL during it (k_moe_down1), counting the
          * shared blocks in the set's ticket (unused at one row) */
@@ -1616,9 +1620,9 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         da.ids = a->ids, da.w = set_dn(set), da.ldw = set_ints(set, 2), da.act = act, da.y = y;
         const size_t dsmem = (size_t)I * sizeof(float);
         cudaLaunchAttribute dat;
-        cudaLaunchConfig_t dcfg = cu_launch_config(dim3((unsigned)((H + GV_WARPS * 2 - 1) / (GV_WARPS * 2)),
-                                                        (unsigned)(S + K)),
-                                                   dim3(GV_WARPS * 32), dsmem, c->stream, true, &dat);
+        cudaLaunchConfig_t dcfg =
+            cu_launch_config(dim3((unsigned)((H + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(S + K)),
+                             dim3(GV_WARPS * 32), dsmem, c->stream, true, &dat);
         if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
             e = CU_SMEM_OPTIN(k_moe_down1<__nv_bfloat16>, dsmem);
             if (e == cudaSuccess)
@@ -1632,8 +1636,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
             return true;
     } else if (!CU_LAUNCHED(c,
                             cu_gemv_grouped_launch(c->wfmt, false, Gr + S, H, I, NULL, set_dn(set), off, list,
-                                                   set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false,
-                                                   false, c->stream),
+                                                   set_ints(set, 2), NULL, 0, T, pair, pair, act, I, y, H, false, false,
+                                                   c->stream),
                             "moe_block: down"))
         return true;
     k_moe_combine_pairs<<<dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
