@@ -331,16 +331,25 @@ static inline cudaLaunchConfig_t cu_launch_config(dim3 grid, dim3 block, size_t 
 /* The device table of data pointers of w[0..n), NULL (error recorded) on failure. */
 const void *const *cu_wtable_get(cu_ctx *c, const pd_weight *w, int n);
 
-/* Sets a kernel's dynamic shared memory limit once (cudaFuncSetAttribute
- * is not queued on the stream, so it is done before any recording). */
+/* Sets a kernel's dynamic shared memory limit once per device: a function's
+ * attributes belong to a device's context, and tensor parallelism runs one
+ * thread a device in one process (model/tp.c), so one flag for all devices
+ * left every device but the first without the limit. cudaFuncSetAttribute
+ * is not queued on the stream, so it is done before any recording. A
+ * device past CU_SMEM_MAX_DEVICES sets it on every call. */
+#define CU_SMEM_MAX_DEVICES 64
 #define CU_SMEM_OPTIN(func, bytes)                                                                                \
     ([&]() -> cudaError_t {                                                                                     \
-        static int done_ = 0;                                                                                   \
-        if ((bytes) <= 48 * 1024 || done_ >= (int)(bytes))                                                      \
+        static int done_[CU_SMEM_MAX_DEVICES]; /* each slot written by its device's thread only */              \
+        if ((bytes) <= 48 * 1024)                                                                               \
+            return cudaSuccess;                                                                                 \
+        int dev_ = -1;                                                                                          \
+        const bool slot_ = cudaGetDevice(&dev_) == cudaSuccess && dev_ >= 0 && dev_ < CU_SMEM_MAX_DEVICES;      \
+        if (slot_ && done_[dev_] >= (int)(bytes))                                                               \
             return cudaSuccess;                                                                                 \
         cudaError_t e_ = cudaFuncSetAttribute((func), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)); \
-        if (e_ == cudaSuccess)                                                                                  \
-            done_ = (int)(bytes);                                                                               \
+        if (e_ == cudaSuccess && slot_)                                                                         \
+            done_[dev_] = (int)(bytes);                                                                         \
         return e_;                                                                                              \
     }())
 
