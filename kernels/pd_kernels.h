@@ -83,7 +83,8 @@ typedef struct {
      * backend may fold them into its first kernel (CUDA: the q_lat kernel;
      * else, or with PD_MLA_PREP=apart, mla_prep). Errors (CUDA, sticky):
      * PD_ERR_INVALID where its rows, q, heads or dims differ from the
-     * call's, and mla_prep's own. The CPU backend does not check. */
+     * call's, and mla_prep's own. The CPU backend checks only what its
+     * mla_prep checks, and then writes nothing (logged). */
     const struct pd_mla_prep_args *prep;
 } pd_mla_decode_args;
 
@@ -201,7 +202,16 @@ typedef struct {
     /** Rotates interleaved pairs (x[2i], x[2i+1]) of a rope_dim slice of every
      * head by angle pos * inv_freq[i], scaling by mscale (YaRN attention factor).
      * x: rows × n_heads heads, head h of row r at x + r*row_stride + h*head_stride.
-     * pos: [rows] host int; inv_freq: [rope_dim/2] host fp32. */
+     * pos: [rows] host int; inv_freq: [rope_dim/2] host fp32.
+     * rows or n_heads 0: nothing. Limits: the CPU backend rotates an even
+     * rope_dim of at most 1024 (its cos/sin table lives on the stack); CUDA
+     * rope_dim / 2 pairs up to 4096, taking a rope_dim below 2 as nothing.
+     * Errors, having written nothing: the CPU backend, which has no status
+     * to keep an error in, logs rows or n_heads < 0, a rope_dim that is
+     * negative, odd or above its limit, and (rope_dim > 0) x, pos or
+     * inv_freq NULL (as moe_route); the CUDA backend records PD_ERR_INVALID
+     * as its sticky error for rows or n_heads < 0, a pointer NULL or more
+     * than its limit. */
     void (*rope)(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
                  int rope_dim, const int *pos, const float *inv_freq, float mscale);
     /** out[r, i] = silu(gu[r, i]) * gu[r, I + i], gu [rows × 2I], out [rows × I]. */
@@ -241,7 +251,8 @@ typedef struct {
      * the host, so that a decode step can be recorded as a graph. */
     /** embed with ids [rows] in backend memory (checked by the caller). */
     void (*embed_ids)(pd_backend *be, int rows, int dim, const int32_t *ids, const pd_weight *table, float *out);
-    /** rope with pos [rows] and inv_freq [rope_dim/2] in backend memory. */
+    /** rope with pos [rows] and inv_freq [rope_dim/2] in backend memory; the
+     * same limits and errors. */
     void (*rope_pos)(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride, int rope_dim,
                      const int32_t *pos, const float *inv_freq, float mscale);
     /** Writes row r of src (dim values, row stride src_stride) to
@@ -271,7 +282,9 @@ typedef struct {
      * each row, c_KV = RMSNorm(c_KV) · kv_norm, rope on k_pe and on every
      * head's q_pe at pos[r] (rope_pos's layout), then the row's c_KV | k_pe
      * to its cache slot (kv_store): rmsnorm, rope_pos twice and kv_store in
-     * one pass. */
+     * one pass. With rows > 0, a qk_rope_dim that is negative, odd or
+     * beyond the backend's rope limit is refused before anything is
+     * written (CPU: logged; CUDA: sticky, below 2 too). */
     void (*mla_prep)(pd_backend *be, const pd_mla_prep_args *a);
     /** act[M × I] = silu(x · W_gate^T) ⊙ (x · W_up^T), w [2I × K] (gate rows
      * then up rows, as gemm's gate_up): gemm into gu [M × 2I] (scratch the

@@ -64,15 +64,46 @@ static void cpu_rmsnorm(pd_backend *be, int rows, int dim, const float *x, int x
     }
 }
 
+/* cpu_rope's cos/sin table of a row lives on its stack: it rotates a
+ * rope_dim of at most CPU_ROPE_MAX_DIM (CPU_ROPE_MAX_DIM / 2 pairs). */
+#define CPU_ROPE_MAX_DIM 1024
+
+/* False, having logged why under op's name, for a rope_dim the CPU rope
+ * cannot rotate: negative, odd, or above CPU_ROPE_MAX_DIM. */
+static bool cpu_rope_dim_ok(const char *op, int rope_dim) {
+    if (rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= CPU_ROPE_MAX_DIM)
+        return true;
+    PD_LOGE("kernels", "%s: rope_dim %d: the CPU backend rotates an even rope_dim of at most %d", op, rope_dim,
+            CPU_ROPE_MAX_DIM);
+    return false;
+}
+
 /* RoPE (Su et al. 2021) on interleaved pairs, as the DeepSeek checkpoints
- * lay them out (transformers apply_rotary_pos_emb_interleave). */
-static void cpu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
-                     int rope_dim, const int *pos, const float *inv_freq, float mscale) {
+ * lay them out (transformers apply_rotary_pos_emb_interleave): rope and
+ * rope_pos (host memory is backend memory here), op naming which in the
+ * log. rows or n_heads 0, or rope_dim 0: nothing, whatever else. Arguments
+ * it cannot take (rows or n_heads < 0, a rope_dim cpu_rope_dim_ok refuses,
+ * x, pos or inv_freq NULL) are logged and nothing is written: the CPU
+ * backend has no status to keep an error in (as moe_route). */
+static void cpu_rope_run(const char *op, int rows, int n_heads, float *x, int row_stride, int head_stride,
+                         int rope_dim, const int *pos, const float *inv_freq, float mscale) {
+    if (rows == 0 || n_heads == 0)
+        return;
+    if (rows < 0 || n_heads < 0) {
+        PD_LOGE("kernels", "%s: rows %d, heads %d", op, rows, n_heads);
+        return;
+    }
+    if (!cpu_rope_dim_ok(op, rope_dim) || rope_dim == 0)
+        return;
+    if (!x || !pos || !inv_freq) {
+        PD_LOGE("kernels", "%s: no %s", op, !x ? "x" : !pos ? "pos" : "inv_freq");
+        return;
+    }
     int half = rope_dim / 2;
 #pragma omp parallel for if (rows > 16)
     for (int r = 0; r < rows; r++) {
-        float cs[512], sn[512];
-        for (int i = 0; i < half && i < 512; i++) {
+        float cs[CPU_ROPE_MAX_DIM / 2], sn[CPU_ROPE_MAX_DIM / 2];
+        for (int i = 0; i < half; i++) {
             float ang = (float)pos[r] * inv_freq[i]; /* fp32 product, as the reference */
             cs[i] = cosf(ang) * mscale;
             sn[i] = sinf(ang) * mscale;
@@ -86,6 +117,11 @@ static void cpu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_st
             }
         }
     }
+}
+
+static void cpu_rope(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
+                     int rope_dim, const int *pos, const float *inv_freq, float mscale) {
+    cpu_rope_run("rope", rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale);
 }
 
 static void cpu_silu_mul(pd_backend *be, int rows, int inter, const float *gu, float *out) {
@@ -363,7 +399,7 @@ static void cpu_embed_ids(pd_backend *be, int rows, int dim, const int32_t *ids,
 
 static void cpu_rope_pos(pd_backend *be, int rows, int n_heads, float *x, int row_stride, int head_stride,
                          int rope_dim, const int32_t *pos, const float *inv_freq, float mscale) {
-    cpu_rope(be, rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale);
+    cpu_rope_run("rope_pos", rows, n_heads, x, row_stride, head_stride, rope_dim, pos, inv_freq, mscale);
 }
 
 static void cpu_kv_store(pd_backend *be, int rows, int dim, const float *src, int src_stride, float *cache,
@@ -372,14 +408,23 @@ static void cpu_kv_store(pd_backend *be, int rows, int dim, const float *src, in
         memcpy(cache + ((size_t)slots[r] + slot_offset) * dim, src + (size_t)r * src_stride, dim * sizeof(float));
 }
 
-/* The fused step ops, as the operations they stand for (pd_kernels.h). */
-static void cpu_mla_prep(pd_backend *be, const pd_mla_prep_args *a) {
+/* The fused step ops, as the operations they stand for (pd_kernels.h).
+ * mla_prep checks qk_rope_dim before its rmsnorm writes c_KV: one that
+ * rope_pos would refuse is logged and nothing is written; false then. */
+static bool cpu_mla_prep_run(pd_backend *be, const pd_mla_prep_args *a) {
+    if (a->rows > 0 && !cpu_rope_dim_ok("mla_prep", a->qk_rope_dim))
+        return false;
     const int kvr = a->kv_lora_rank, dr = a->qk_rope_dim, D = kvr + dr, qd = a->qk_nope_dim + dr;
     cpu_rmsnorm(be, a->rows, kvr, a->ckv, D, a->kv_norm, a->eps, a->ckv, D);
     cpu_rope_pos(be, a->rows, 1, a->ckv + kvr, D, D, dr, a->pos, a->inv_freq, a->mscale);
     cpu_rope_pos(be, a->rows, a->n_heads, a->q + a->qk_nope_dim, a->n_heads * qd, qd, dr, a->pos, a->inv_freq,
                  a->mscale);
     cpu_kv_store(be, a->rows, D, a->ckv, D, a->cache, a->slots, a->slot_offset);
+    return true;
+}
+
+static void cpu_mla_prep(pd_backend *be, const pd_mla_prep_args *a) {
+    cpu_mla_prep_run(be, a);
 }
 
 static void cpu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, float *gu, float *act) {
@@ -416,11 +461,12 @@ static void cpu_rmsnorm_gemm_pair(pd_backend *be, int rows, int dim, const float
     cpu_gemm(be, rows, h, w2, y2, false);
 }
 
-/* One absorbed single-query attention per sequence. */
+/* One absorbed single-query attention per sequence; nothing written when
+ * its prologue (prep) refuses its qk_rope_dim. */
 static void cpu_mla_decode(pd_backend *be, const pd_mla_decode_args *d) {
     int qd = d->qk_nope_dim + d->qk_rope_dim;
-    if (d->prep)
-        cpu_mla_prep(be, d->prep);
+    if (d->prep && !cpu_mla_prep_run(be, d->prep))
+        return;
     for (int i = 0; i < d->n_seqs; i++) {
         pd_mla_args a = {
             .n_heads = d->n_heads, .qk_nope_dim = d->qk_nope_dim, .qk_rope_dim = d->qk_rope_dim,

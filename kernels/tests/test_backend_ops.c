@@ -151,6 +151,35 @@ static void fresh_backend(suite *s) {
             fail_msg("%s: %d comparisons over tolerance", (s)->name, (s)->n_fail - fails_before);                \
     } while (0)
 
+/* What is written to the stderr stream between stderr_begin and
+ * stderr_end (pd_log's lines: the CPU backend's errors) goes to a
+ * temporary file; stderr_end returns it (NUL-terminated; the caller
+ * frees). glibc lets stderr be assigned (its manual, "Standard Streams");
+ * a sanitizer's report, written to file descriptor 2, still reaches the
+ * real stderr, so that an overrun in between is not lost with the file. */
+static FILE *stderr_begin(void) {
+    FILE *f = tmpfile(), *saved = stderr;
+    assert_non_null(f);
+    fflush(saved);
+    stderr = f;
+    return saved;
+}
+
+static char *stderr_end(FILE *saved) {
+    FILE *f = stderr;
+    stderr = saved;
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    char *t = malloc((size_t)n + 1);
+    assert_non_null(t);
+    assert_int_equal(fread(t, 1, (size_t)n, f), (size_t)n);
+    t[n] = 0;
+    fclose(f);
+    return t;
+}
+
 /* ---- gemm ------------------------------------------------------------- */
 
 static void run_gemm(suite *s, pd_backend *b, int M, int N, int K, const float *x, const float *w, const float *y0,
@@ -396,6 +425,25 @@ static void run_rope(suite *s, pd_backend *b, int rows, int nh, int row_stride, 
     b->ops->free(b, dx);
 }
 
+/* The rotation rope should give x (rows × nh heads of head stride hs, row
+ * stride rs, the rope_dim dr slice at offset off), in double from the fp32
+ * angle product, as the reference takes it; what is outside the slices as
+ * x has it. */
+static void rope_ref(int rows, int nh, int rs, int hs, int off, int dr, const float *x, const int *pos,
+                     const float *freq, float mscale, double *rd) {
+    for (size_t i = 0; i < (size_t)rows * rs; i++)
+        rd[i] = x[i];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < dr / 2; i++) {
+                double ang = (float)pos[r] * freq[i]; /* the fp32 product, as the reference */
+                size_t k = (size_t)r * rs + (size_t)h * hs + off + 2 * i;
+                double a = x[k], bb = x[k + 1], c = cos(ang) * mscale, sn = sin(ang) * mscale;
+                rd[k] = a * c - bb * sn;
+                rd[k + 1] = bb * c + a * sn;
+            }
+}
+
 static void test_rope(void **state) {
     suite *s = *state;
     BEGIN(s);
@@ -423,17 +471,7 @@ static void test_rope(void **state) {
             free(yr);
         } else {
             double *rd = malloc(n * sizeof(double));
-            for (size_t i = 0; i < n; i++)
-                rd[i] = x[i];
-            for (int r = 0; r < rows; r++)
-                for (int h = 0; h < nh; h++)
-                    for (int i = 0; i < dr / 2; i++) {
-                        double ang = (float)pos[r] * freq[i]; /* the fp32 product, as the reference */
-                        size_t k = (size_t)r * rs + (size_t)h * hs + off + 2 * i;
-                        double a = x[k], bb = x[k + 1], c = cos(ang) * mscale, sn = sin(ang) * mscale;
-                        rd[k] = a * c - bb * sn;
-                        rd[k + 1] = bb * c + a * sn;
-                    }
+            rope_ref(rows, nh, rs, hs, off, dr, x, pos, freq, mscale, rd);
             check(s, OP_ROPE, shape, nerr_d(y, rd, n), s->tol);
             free(rd);
         }
@@ -442,6 +480,174 @@ static void test_rope(void **state) {
         free(pos);
         free(freq);
     }
+    END(s);
+}
+
+/* rope, rope_pos and mla_prep (alone and as mla_decode's prologue) given
+ * a rope_dim the CPU backend cannot rotate (its cos/sin table holds 1024 / 2
+ * pairs; odd or negative): nothing written (the buffers, filled with a
+ * pattern, keep it) and a log line that names the op, the rope_dim and the
+ * limit. These are CPU cases only: CUDA rotates up to 4096 pairs and takes
+ * an odd or negative rope_dim (rope) otherwise. Then, on every backend,
+ * rope_dim at the CPU limit (1024) matches the reference on both ops and
+ * (CPU) logs nothing, and rows 0 or heads 0 is nothing, whatever else. */
+static void test_rope_errors(void **state) {
+    suite *s = *state;
+    BEGIN(s);
+    pd_backend *b = s->be;
+    enum { ROWS = 3, NH = 2, OFF = 8, DMAX = 2048, HS = OFF + DMAX, RS = NH * HS, N = ROWS * RS, LIM = 1024 };
+    float *pat = malloc(N * 4), *y = malloc(N * 4), *freq = malloc(DMAX / 2 * 4);
+    for (int i = 0; i < N; i++)
+        pat[i] = 7.0f + 0.25f * (float)(i % 4001);
+    for (int i = 0; i < DMAX / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / LIM);
+    int pos[ROWS] = {163839, 17, (int)(pd_rng_next(&s->rng) % 5000)};
+    float *dx = put(b, pat, N * 4), *dfreq = put(b, freq, DMAX / 2 * 4);
+    int32_t *dpos = put(b, pos, sizeof pos);
+    static const struct {
+        int dr;
+        const char *needle;
+    } bad[] = {
+        {LIM + 2, "rope_dim 1026: the CPU backend rotates an even rope_dim of at most 1024"},
+        {DMAX, "rope_dim 2048: "},
+        {7, "rope_dim 7: "},
+        {-2, "rope_dim -2: "},
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0] && !s->cuda; c++)
+        for (int on_pos = 0; on_pos < 2; on_pos++) {
+            const char *op = on_pos ? "rope_pos" : "rope";
+            b->ops->upload(b, dx, pat, N * 4);
+            FILE *cap = stderr_begin();
+            if (on_pos)
+                b->ops->rope_pos(b, ROWS, NH, dx + OFF, RS, HS, bad[c].dr, dpos, dfreq, 1.3f);
+            else
+                b->ops->rope(b, ROWS, NH, dx + OFF, RS, HS, bad[c].dr, pos, freq, 1.3f);
+            char *log = stderr_end(cap);
+            get(s, b, y, dx, N);
+            if (memcmp(y, pat, N * 4))
+                fail_msg("%s: %s rope_dim %d: x written", s->name, op, bad[c].dr);
+            char head[64];
+            snprintf(head, sizeof head, "kernels: %s: ", op);
+            if (!strstr(log, head) || !strstr(log, bad[c].needle))
+                fail_msg("%s: %s rope_dim %d: the log says '%s'", s->name, op, bad[c].dr, log);
+            free(log);
+        }
+
+    /* mla_prep past the limit, and mla_decode with that prologue: q, c_KV |
+     * k_pe, the cache and the output keep their patterns */
+    if (!s->cuda && b->ops->mla_prep) {
+        const struct {
+            int nh, dn, dr, dv, kvr;
+        } c = {.nh = NH, .dn = OFF, .dr = LIM + 2, .dv = 8, .kvr = 16};
+        const int qd = c.dn + c.dr, D = c.kvr + c.dr, bs = 16;
+        const size_t nq = (size_t)ROWS * c.nh * qd, nk = (size_t)ROWS * D, nc = (size_t)ROWS * bs * D;
+        const size_t no = (size_t)ROWS * c.nh * c.dv, nall = nq + nk + nc + no;
+        float *ppat = malloc(nall * 4), *got = malloc(nall * 4), *norm = rnd(s, c.kvr, 1.0);
+        float *kvb = rnd(s, (size_t)c.nh * (c.dn + c.dv) * c.kvr, 0.25);
+        for (size_t i = 0; i < nall; i++)
+            ppat[i] = -3.0f - 0.5f * (float)(i % 3001);
+        int32_t lens[ROWS], boff[ROWS], blocks[ROWS], slots[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            lens[r] = 1, boff[r] = r, blocks[r] = r, slots[r] = r * bs;
+            pos[r] = 0;
+        }
+        pd_weight W;
+        assert_int_equal(b->ops->weight_from_f32(b, kvb, c.nh * (c.dn + c.dv), c.kvr, &W), PD_OK);
+        float *dq = put(b, ppat, nq * 4), *dk = put(b, ppat + nq, nk * 4), *dc = put(b, ppat + nq + nk, nc * 4);
+        float *dout = put(b, ppat + nq + nk + nc, no * 4), *dnorm = put(b, norm, (size_t)c.kvr * 4);
+        int32_t *d32[] = {put(b, pos, sizeof pos), put(b, lens, sizeof lens), put(b, boff, sizeof boff),
+                          put(b, blocks, sizeof blocks), put(b, slots, sizeof slots)};
+        pd_mla_prep_args pa = {.rows = ROWS, .n_heads = c.nh, .qk_nope_dim = c.dn, .qk_rope_dim = c.dr,
+                               .kv_lora_rank = c.kvr, .q = dq, .ckv = dk, .kv_norm = dnorm, .eps = 1e-6f,
+                               .pos = d32[0], .inv_freq = dfreq, .mscale = 1.0f, .cache = dc, .slots = d32[4]};
+        pd_mla_decode_args da = {
+            .n_heads = c.nh, .qk_nope_dim = c.dn, .qk_rope_dim = c.dr, .v_dim = c.dv, .kv_lora_rank = c.kvr,
+            .softmax_scale = (float)(1.0 / sqrt(qd)), .n_seqs = ROWS, .q = dq, .cache = dc, .n_layers = 1,
+            .layer = 0, .block_size = bs, .seq_lens = d32[1], .block_off = d32[2], .blocks = d32[3], .kv_b = &W,
+            .out = dout, .prep = &pa,
+        };
+        for (int dec = 0; dec < 2; dec++) {
+            const char *what = dec ? "mla_decode with its prologue" : "mla_prep";
+            FILE *cap = stderr_begin();
+            if (dec)
+                b->ops->mla_decode(b, &da);
+            else
+                b->ops->mla_prep(b, &pa);
+            char *log = stderr_end(cap);
+            get(s, b, got, dq, nq);
+            get(s, b, got + nq, dk, nk);
+            get(s, b, got + nq + nk, dc, nc);
+            get(s, b, got + nq + nk + nc, dout, no);
+            if (memcmp(got, ppat, nall * 4))
+                fail_msg("%s: %s, qk_rope_dim %d: q, c_KV, the cache or the output written", s->name, what, c.dr);
+            if (!strstr(log, "kernels: mla_prep: rope_dim 1026: the CPU backend rotates an even rope_dim of at "
+                             "most 1024"))
+                fail_msg("%s: %s, qk_rope_dim %d: the log says '%s'", s->name, what, c.dr, log);
+            free(log);
+        }
+        b->ops->weight_free(b, &W);
+        void *dev[] = {dq, dk, dc, dout, dnorm, d32[0], d32[1], d32[2], d32[3], d32[4]};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+            b->ops->free(b, dev[i]);
+        free(ppat);
+        free(got);
+        free(norm);
+        free(kvb);
+    }
+
+    /* rope_dim at the CPU limit: the reference's rotation (the double
+     * formula, or on CUDA the CPU backend's, as test_rope), nothing logged */
+    float *x = rnd(s, N, 1.0), *yr = NULL;
+    pos[0] = 163839, pos[1] = 17, pos[2] = (int)(pd_rng_next(&s->rng) % 5000);
+    b->ops->upload(b, dpos, pos, sizeof pos);
+    double *rd = NULL;
+    if (s->ref) {
+        yr = malloc(N * 4);
+        run_rope(s, s->ref, ROWS, NH, RS, HS, OFF, LIM, x, pos, freq, 1.3f, yr);
+    } else {
+        rd = malloc((size_t)N * sizeof(double));
+        rope_ref(ROWS, NH, RS, HS, OFF, LIM, x, pos, freq, 1.3f, rd);
+    }
+    for (int on_pos = 0; on_pos < 2; on_pos++) {
+        const char *shape =
+            on_pos ? "rope_pos at rope_dim 1024 (the CPU limit)" : "rope at rope_dim 1024 (the CPU limit)";
+        b->ops->upload(b, dx, x, N * 4);
+        FILE *cap = stderr_begin();
+        if (on_pos)
+            b->ops->rope_pos(b, ROWS, NH, dx + OFF, RS, HS, LIM, dpos, dfreq, 1.3f);
+        else
+            b->ops->rope(b, ROWS, NH, dx + OFF, RS, HS, LIM, pos, freq, 1.3f);
+        char *log = stderr_end(cap);
+        get(s, b, y, dx, N);
+        if (!s->cuda && log[0])
+            fail_msg("%s: %s logs '%s'", s->name, shape, log);
+        free(log);
+        check(s, OP_ROPE, shape, yr ? nerr(y, yr, N) : nerr_d(y, rd, N), s->tol);
+    }
+
+    /* rows 0 or heads 0: nothing, whatever else */
+    b->ops->upload(b, dx, pat, N * 4);
+    FILE *cap = stderr_begin();
+    b->ops->rope(b, 0, NH, NULL, RS, HS, DMAX + 2, NULL, NULL, 1.0f);
+    b->ops->rope(b, ROWS, 0, dx + OFF, RS, HS, -1, pos, freq, 1.0f);
+    b->ops->rope_pos(b, 0, NH, NULL, RS, HS, 3, NULL, NULL, 1.0f);
+    b->ops->rope_pos(b, ROWS, 0, dx + OFF, RS, HS, DMAX + 2, dpos, dfreq, 1.0f);
+    char *log = stderr_end(cap);
+    get(s, b, y, dx, N);
+    if (!s->cuda && log[0])
+        fail_msg("%s: rows 0 or heads 0 logs '%s'", s->name, log);
+    free(log);
+    if (memcmp(y, pat, N * 4))
+        fail_msg("%s: rows 0 or heads 0: x written", s->name);
+    b->ops->free(b, dx);
+    b->ops->free(b, dfreq);
+    b->ops->free(b, dpos);
+    free(pat);
+    free(y);
+    free(x);
+    free(freq);
+    free(rd);
+    free(yr);
     END(s);
 }
 
@@ -1600,35 +1806,6 @@ static void test_moe_route_ids(void **state) {
 }
 
 /* ---- moe_route, moe_route_ids: invalid arguments --------------------- */
-
-/* What is written to the stderr stream between stderr_begin and
- * stderr_end (pd_log's lines: the CPU backend's errors) goes to a
- * temporary file; stderr_end returns it (NUL-terminated; the caller
- * frees). glibc lets stderr be assigned (its manual, "Standard Streams");
- * a sanitizer's report, written to file descriptor 2, still reaches the
- * real stderr, so that an overrun in between is not lost with the file. */
-static FILE *stderr_begin(void) {
-    FILE *f = tmpfile(), *saved = stderr;
-    assert_non_null(f);
-    fflush(saved);
-    stderr = f;
-    return saved;
-}
-
-static char *stderr_end(FILE *saved) {
-    FILE *f = stderr;
-    stderr = saved;
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    const long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *t = malloc((size_t)n + 1);
-    assert_non_null(t);
-    assert_int_equal(fread(t, 1, (size_t)n, f), (size_t)n);
-    t[n] = 0;
-    fclose(f);
-    return t;
-}
 
 /* A call of moe_route or moe_route_ids, less its outputs. */
 typedef struct {
@@ -2960,7 +3137,7 @@ static void test_moe_block_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),      cmocka_unit_test(test_gemm_chain), cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope),      cmocka_unit_test(test_rope_errors),
         cmocka_unit_test(test_silu_mul),  cmocka_unit_test(test_add),       cmocka_unit_test(test_embed),
         cmocka_unit_test(test_mla),       cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_experts),
         cmocka_unit_test(test_step_ops),  cmocka_unit_test(test_mla_decode), cmocka_unit_test(test_moe_route_ids),
