@@ -27,6 +27,8 @@ typedef struct {
     size_t req_len, req_off;
     bool stall;        /* manual window: leave this stream's window closed */
     size_t unconsumed; /* bytes received and not given back to the stream window */
+    double t_data;     /* pd_now_s() when the last DATA chunk arrived; 0 before */
+    double t_closed;   /* pd_now_s() when the stream closed; 0 before */
 } h2c_stream;
 
 typedef struct {
@@ -113,6 +115,7 @@ static int h2c_data_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const uin
         memcpy(s->body + s->len, data, len);
         s->len += len;
         s->body[s->len] = 0;
+        s->t_data = pd_now_s();
     }
     if (c->manual) {
         if (s && s->stall) {
@@ -130,6 +133,7 @@ static int h2c_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *ud
     if (s) {
         s->closed = true;
         s->error_code = code;
+        s->t_closed = pd_now_s();
     }
     return 0;
 }
