@@ -579,27 +579,35 @@ static void test_upgrade(void **state) {
 #define GWT_SLOW 1
 #endif
 
+/* A gateway for test_stalled_reader: a 1 KiB output high-water mark, the
+ * write timeout given (0: none), the fake engine 2000 "word" tokens long,
+ * 8 a tick. */
+static void stall_server(gwt_server *h, double timeout_write_s) {
+    pd_gw_config cfg;
+    gwt_config(&cfg);
+    cfg.output_high_water_bytes = 1024;
+    cfg.timeout_write_s = timeout_write_s;
+    assert_int_equal(gwt_server_start(h, &cfg), 0);
+    script_long(h, 2000, 0.0005);
+    gwt_script sc = h->engine.script;
+    sc.batch = 8;
+    gwt_engine_set(&h->engine, &sc);
+}
+
 /* The client stops reading one stream (its window stays closed) while the
  * engine keeps generating: the gateway holds a bounded amount (16 × the
  * 1 KiB high-water mark here) and then resets that stream (CANCEL) and
  * aborts its request; another stream on the same connection is unaffected.
- * A finished response that stops moving is reset after timeout_write_s.
- * HTTP/1.1 has the same bound (the connection is dropped). The deadlines
- * are GWT_SLOW times longer in a sanitizer build; how soon the stalled
- * response is reset is timed from its last DATA (the gateway's last
- * progress), not from the request, whose generation takes what the
- * machine gives it. */
+ * HTTP/1.1 has the same bound (the connection is dropped). Both on a
+ * gateway without a write timeout, which would otherwise cut the stalled
+ * reader off too and hide a bound that does not hold. A finished response
+ * that stops moving is reset after timeout_write_s. The deadlines are
+ * GWT_SLOW times longer in a sanitizer build; how soon the stalled response
+ * is reset is timed from its last DATA (the gateway's last progress), not
+ * from the request, whose generation takes what the machine gives it. */
 static void test_stalled_reader(void **state) {
     gwt_server h;
-    pd_gw_config cfg;
-    gwt_config(&cfg);
-    cfg.output_high_water_bytes = 1024;
-    cfg.timeout_write_s = 0.5;
-    assert_int_equal(gwt_server_start(&h, &cfg), 0);
-    script_long(&h, 2000, 0.0005);
-    gwt_script sc = h.engine.script;
-    sc.batch = 8;
-    gwt_engine_set(&h.engine, &sc);
+    stall_server(&h, 0);
     h2c *c = h2c_connect(h.port, false, NULL, true);
     static const char body[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1}";
     h2c_stream *stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, body, strlen(body));
@@ -616,26 +624,6 @@ static void test_stalled_reader(void **state) {
     char *sum = sse_summary(fine->body, fine->len);
     assert_non_null(strstr(sum, "/length"));
     free(sum);
-
-    /* a whole (non-streamed) response that the client stops taking: after
-     * timeout_write_s without progress the stream is reset; the connection
-     * goes on. The response arrives whole (h2_respond), is sent up to the
-     * stream's window, and then makes no progress: the reset follows the
-     * last DATA by timeout_write_s, give or take the event loop's delay. */
-    static const char whole[] = "{\"prompt\":\"p\",\"logprobs\":1,\"n\":4}"; /* ~300 KB */
-    stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, whole, strlen(whole));
-    stalled->stall = true;
-    assert_int_equal(h2c_run(c, stream_closed, stalled, 20 * GWT_SLOW), 0);
-    assert_int_equal(stalled->status, 200);
-    assert_int_equal(stalled->error_code, NGHTTP2_CANCEL);
-    assert_true(stalled->len > 0 && stalled->len <= 65535);
-    double reset_after = stalled->t_closed - stalled->t_data;
-    if (!(reset_after < cfg.timeout_write_s + 2))
-        fail_msg("the stalled response was reset %.3f s after its last DATA (timeout_write_s %g)",
-                 reset_after, cfg.timeout_write_s);
-    h2c_stream *after = h2c_request(c, "GET", "/health", NULL, 0, NULL, 0);
-    assert_int_equal(h2c_run(c, stream_closed, after, 5 * GWT_SLOW), 0);
-    assert_int_equal(after->status, 200);
     h2c_free(c);
 
     /* HTTP/1.1: a streamed response nobody reads (a small receive buffer,
@@ -658,6 +646,31 @@ static void test_stalled_reader(void **state) {
     assert_int_equal(send(fd, req, (size_t)rl, MSG_NOSIGNAL), rl);
     assert_int_equal(gwt_wait_atomic(&h.engine.n_aborted, ab0 + 1, 20 * GWT_SLOW), ab0 + 1);
     close(fd);
+    gwt_server_stop(&h);
+
+    /* a whole (non-streamed) response that the client stops taking: after
+     * timeout_write_s without progress the stream is reset; the connection
+     * goes on. The response arrives whole (h2_respond), is sent up to the
+     * stream's window, and then makes no progress: the reset follows the
+     * last DATA by timeout_write_s, give or take the event loop's delay. */
+    const double timeout_write_s = 0.5;
+    stall_server(&h, timeout_write_s);
+    c = h2c_connect(h.port, false, NULL, true);
+    static const char whole[] = "{\"prompt\":\"p\",\"logprobs\":1,\"n\":4}"; /* ~300 KB */
+    stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, whole, strlen(whole));
+    stalled->stall = true;
+    assert_int_equal(h2c_run(c, stream_closed, stalled, 20 * GWT_SLOW), 0);
+    assert_int_equal(stalled->status, 200);
+    assert_int_equal(stalled->error_code, NGHTTP2_CANCEL);
+    assert_true(stalled->len > 0 && stalled->len <= 65535);
+    double reset_after = stalled->t_closed - stalled->t_data;
+    if (!(reset_after < timeout_write_s + 2))
+        fail_msg("the stalled response was reset %.3f s after its last DATA (timeout_write_s %g)",
+                 reset_after, timeout_write_s);
+    h2c_stream *after = h2c_request(c, "GET", "/health", NULL, 0, NULL, 0);
+    assert_int_equal(h2c_run(c, stream_closed, after, 5 * GWT_SLOW), 0);
+    assert_int_equal(after->status, 200);
+    h2c_free(c);
     gwt_server_stop(&h);
 }
 
