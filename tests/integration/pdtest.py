@@ -2,7 +2,7 @@
 127.0.0.1): checks that collect failures, free ports, HTTP calls, /metrics
 parsing, a tiny model made once per test, a `pdserve up` stack started,
 awaited and stopped, and streamed (SSE) responses read and checked."""
-import collections, http.client, json, os, selectors, signal, socket, subprocess, sys, tempfile, time
+import collections, http.client, json, os, random, selectors, signal, socket, subprocess, sys, tempfile, time
 
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 SRC = os.environ.get("PD_SOURCE_DIR", ".")
@@ -24,12 +24,35 @@ def finish():
     sys.exit(1 if failures else 0)
 
 
+def _ephemeral_floor():
+    """The lowest port of the kernel's ephemeral range (32768 if unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair():
-    """A free TCP port P whose neighbour P+1 (the control endpoint) is free too."""
+    """A TCP port P on 127.0.0.1, free when asked, whose neighbour P+1 (the
+    control endpoint) is free too, drawn at random from [10000, the ephemeral
+    range): every port bound to 0 (UCX and ZeroMQ listeners of the stacks
+    other tests run at the same time, outgoing connections' source ports)
+    comes from the ephemeral range, so a port found there by binding to 0
+    could be taken before pdserve binds it (seen in CI: "cannot listen on
+    127.0.0.1:55243: Address already in use"). Another test may still draw
+    the same port: unlikely among ~20000."""
+    rng = random.SystemRandom()
+    hi = max(_ephemeral_floor() - 2, 10002)
     while True:
-        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+        p = rng.randrange(10000, hi)
         try:
-            t = socket.socket(); t.bind(("127.0.0.1", p + 1)); t.close()
+            for q in (p, p + 1):
+                t = socket.socket()
+                try:
+                    t.bind(("127.0.0.1", q))
+                finally:
+                    t.close()
             return p
         except OSError:
             pass

@@ -20,6 +20,8 @@ Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import csv, json, os, socket, subprocess, sys, tempfile, time
 
+from pdtest import free_port_pair
+
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 SRC = os.environ.get("PD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 CACHE = os.environ.get("PD_CACHE_DIR", os.path.join(SRC, ".cache"))
@@ -37,11 +39,7 @@ def check(cond, what):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    return free_port_pair()  # pdtest's: a port below the ephemeral range (its neighbour free too, unused here)
 
 
 def bench(port, out, *args):

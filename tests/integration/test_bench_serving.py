@@ -16,6 +16,8 @@ Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
 import csv, json, os, socket, subprocess, sys, tempfile, time, urllib.request
 
+from pdtest import free_port_pair  # ports below the ephemeral range
+
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 failures = []
 
@@ -25,21 +27,6 @@ def check(cond, what):
         failures.append(what)
         print("FAIL:", what, flush=True)
     return cond
-
-
-def free_port_pair():
-    while True:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-        s.close()
-        try:
-            t = socket.socket()
-            t.bind(("127.0.0.1", p + 1))
-            t.close()
-            return p
-        except OSError:
-            pass
 
 
 def children_of(pid):
