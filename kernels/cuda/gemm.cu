@@ -40,6 +40,7 @@
  * call any table operation in between.
  */
 #include "gemv.cuh"
+#include <type_traits>
 
 #include <cuda_pipeline.h>
 #include <stdlib.h>
@@ -313,6 +314,37 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
                                         accumulate);
 }
 
+/* k_gemv at one pair of one weight, bf16, the block's rows held in registers
+ * (gemv_pre: loaded before cu_pdl_wait, so that under PDL they arrive while
+ * the kernel before runs, instead of being prefetched into L2 and read again
+ * after it). Same sums as k_gemv. */
+template <int GV_ROWS, int KC>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
+    k_gemv1_pre(int N, int K, const __nv_bfloat16 *__restrict__ w0, const float *__restrict__ x,
+                float *__restrict__ y, int accumulate) {
+    gemv_pre<__nv_bfloat16, GV_ROWS, KC> p;
+    p.load((int)blockIdx.x, w0, (size_t)K, N, K);
+    cu_pdl_wait();
+    cu_pdl_launch_dependents(); /* after the wait: the next kernel's early blocks do not wait beside ours */
+    p.template run<false>(N, K, x, y, accumulate);
+}
+
+/* The weights-in-registers path applies: bf16, K <= 2048, every block resident
+ * at once (two a SM); PD_GEMV_PRE=0 turns it off (A/B runs). */
+#define GV_PRE_KC 8
+static bool gemv_pre_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("PD_GEMV_PRE");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+static bool gemv_pre_fits(const cu_ctx *c, int M, int N, int K, int blocks) {
+    return c->wfmt == PD_CUDA_WEIGHTS_BF16 && M == 1 && K % 8 == 0 && K <= 256 * GV_PRE_KC && N > 0 &&
+           blocks <= 2 * c->n_sm && gemv_pre_on();
+}
+
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {
     return K > 0 && K % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
 }
@@ -424,6 +456,16 @@ static bool gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float
             return CU_OK(c, cudaMemsetAsync(y, 0, (size_t)M * N * sizeof(float), c->stream));
         return true;
     }
+    const int pre_blocks = (N + GV_WARPS * 2 - 1) / (GV_WARPS * 2);
+    if (M == 1 && !c->no_gemv && cu_gemv_ok(K, w->data, x, K) && gemv_pre_fits(c, M, N, K, pre_blocks)) {
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg =
+            cu_launch_config(dim3((unsigned)pre_blocks), dim3(GV_WARPS * 32), 0, c->stream, c->pdl, &at);
+        return CU_LAUNCHED(c,
+                           cudaLaunchKernelEx(&cfg, k_gemv1_pre<2, GV_PRE_KC>, N, K,
+                                              (const __nv_bfloat16 *)w->data, x, y, accumulate ? 1 : 0),
+                           "gemv (weights in registers)");
+    }
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
         return CU_LAUNCHED(c,
                            cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, y, N,
@@ -488,7 +530,7 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
  * launches: the same h, the same order of additions. The weights are
  * prefetched into L2 and the norm's weights loaded before cu_pdl_wait
  * (weights: no earlier kernel writes them); x is read after it. */
-template <typename WT, int GV_ROWS, int MT>
+template <typename WT, int GV_ROWS, int MT, int KC>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_norm_gemv2(int M, int K, const float *__restrict__ x, const float *__restrict__ norm, float eps,
                  float *__restrict__ h, const WT *__restrict__ w1, int N1, float *__restrict__ y1, int nb1,
@@ -496,14 +538,20 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     constexpr int THREADS = GV_WARPS * 32;
     extern __shared__ float4 hs4[]; /* the normed rows [M × K], then the norm's weights [K] */
     __shared__ double part[MT][GV_WARPS];
-    cu_pdl_launch_dependents();
+    if (!KC)
+        cu_pdl_launch_dependents();
     const bool second = (int)blockIdx.x >= nb1;
     const WT *W = second ? w2 : w1;
     const int N = second ? N2 : N1;
     float *y = second ? y2 : y1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = (((int)blockIdx.x - (second ? nb1 : 0)) * GV_WARPS + warp) * GV_ROWS;
-    if (lane == 0 && n0 < N) /* the weights depend on nothing earlier */
+    const int bx = (int)blockIdx.x - (second ? nb1 : 0), n0 = (bx * GV_WARPS + warp) * GV_ROWS;
+    /* the weights depend on nothing earlier: into registers (KC, one row)
+     * or L2 while the kernel before runs */
+    gemv_pre<WT, GV_ROWS, KC ? KC : 1> pre;
+    if constexpr (KC > 0)
+        pre.load(bx, W, (size_t)K, N, K);
+    else if (lane == 0 && n0 < N)
         cu_prefetch_l2(W + (size_t)n0 * K, (unsigned)(min(GV_ROWS, N - n0) * (size_t)K * sizeof(WT)));
     /* the norm's weights, then (once x exists) the rows of x, into shared
      * memory with every load in flight at once (a thread's global loads one
@@ -513,6 +561,8 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     for (int i = threadIdx.x; i < K4; i += THREADS)
         __pipeline_memcpy_async(g4 + i, (const float4 *)norm + i, sizeof(float4));
     cu_pdl_wait();
+    if (KC)
+        cu_pdl_launch_dependents(); /* after the wait (k_gemv1_pre) */
     for (int i = threadIdx.x; i < M * K4; i += THREADS)
         __pipeline_memcpy_async(hs4 + i, (const float4 *)x + i, sizeof(float4));
     __pipeline_commit();
@@ -545,8 +595,10 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     }
     __syncthreads();
     /* y = h · W^T over the M rows, h from shared memory: k_gemv's GEMV */
-    gemv_block<false, WT, GV_ROWS, MT, true>((int)blockIdx.x - (second ? nb1 : 0), W, (size_t)K, 0, N, K, 0, M, NULL,
-                                             NULL, hs, K, y, N, 0);
+    if constexpr (KC > 0)
+        pre.template run<true>(N, K, hs, y, 0);
+    else
+        gemv_block<false, WT, GV_ROWS, MT, true>(bx, W, (size_t)K, 0, N, K, 0, M, NULL, NULL, hs, K, y, N, 0);
 }
 
 /* Dynamic shared memory of k_norm_gemv2 for M rows of K: the normed rows and the norm's weights. */
@@ -554,19 +606,19 @@ static size_t norm_gemv2_smem(int M, int K) {
     return ((size_t)M + 1) * K * sizeof(float);
 }
 
-template <typename WT, int GV_ROWS, int MT>
+template <typename WT, int GV_ROWS, int MT, int KC = 0>
 static cudaError_t norm_gemv2_launch_t(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
                                        float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
                                        float *y2) {
     const int per_block = GV_WARPS * GV_ROWS;
     const int nb1 = (N1 + per_block - 1) / per_block, nb2 = (N2 + per_block - 1) / per_block;
     const size_t smem = norm_gemv2_smem(M, K);
-    cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS, MT>), smem);
+    cudaError_t e = CU_SMEM_OPTIN((k_norm_gemv2<WT, GV_ROWS, MT, KC>), smem);
     if (e != cudaSuccess)
         return e;
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)(nb1 + nb2)), dim3(GV_WARPS * 32), smem, s, pdl, &at);
-    return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS, MT>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
+    return cudaLaunchKernelEx(&cfg, k_norm_gemv2<WT, GV_ROWS, MT, KC>, M, K, x, norm, eps, h, (const WT *)w1, N1, y1, nb1,
                               (const WT *)w2, N2, y2);
 }
 
@@ -586,9 +638,12 @@ static cudaError_t norm_gemv2_launch_m(bool pdl, cudaStream_t s, int M, int K, c
 
 /* MT: 1 for one row (fewer registers, as k_gemv at batch 1; PD_GEMV_MT1=0: GV_MT), else GV_MT */
 template <typename WT>
-static cudaError_t norm_gemv2_launch_r(bool pdl, cudaStream_t s, int M, int K, const float *x, const float *norm,
-                                       float eps, float *h, const void *w1, int N1, float *y1, const void *w2, int N2,
-                                       float *y2) {
+static cudaError_t norm_gemv2_launch_r(bool pdl, bool pre, cudaStream_t s, int M, int K, const float *x,
+                                       const float *norm, float eps, float *h, const void *w1, int N1, float *y1,
+                                       const void *w2, int N2, float *y2) {
+    if constexpr (std::is_same<WT, __nv_bfloat16>::value)
+        if (pre) /* one row, the weights in registers (gemv_pre_fits) */
+            return norm_gemv2_launch_t<WT, 2, 1, GV_PRE_KC>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     if (M == 1 && gemv_mt1())
         return norm_gemv2_launch_m<WT, 1>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     return norm_gemv2_launch_m<WT, GV_MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
@@ -628,11 +683,14 @@ void cu_rmsnorm_gemm_pair(pd_backend *be, int rows, int dim, const float *x, con
     if (rows <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(dim, w1->data, x, dim) && cu_gemv_ok(dim, w2->data, x, dim) &&
         ((uintptr_t)norm & 15) == 0 && ((uintptr_t)h & 15) == 0 &&
         norm_gemv2_smem(rows, dim) + sizeof(double) * GV_MT * GV_WARPS <= c->smem_optin) {
+        const int per_block = GV_WARPS * 2;
+        const bool pre = gemv_pre_fits(c, rows, N1 + N2, dim,
+                                       (N1 + per_block - 1) / per_block + (N2 + per_block - 1) / per_block);
         cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
-                            ? norm_gemv2_launch_r<__nv_bfloat16>(c->pdl, c->stream, rows, dim, x, norm, eps, h,
+                            ? norm_gemv2_launch_r<__nv_bfloat16>(c->pdl, pre, c->stream, rows, dim, x, norm, eps, h,
                                                                  w1->data, N1, y1, w2->data, N2, y2)
-                            : norm_gemv2_launch_r<float>(c->pdl, c->stream, rows, dim, x, norm, eps, h, w1->data, N1,
-                                                         y1, w2->data, N2, y2);
+                            : norm_gemv2_launch_r<float>(c->pdl, false, c->stream, rows, dim, x, norm, eps, h,
+                                                         w1->data, N1, y1, w2->data, N2, y2);
         CU_LAUNCHED(c, e, "rmsnorm_gemm_pair");
         return;
     }

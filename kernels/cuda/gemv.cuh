@@ -92,4 +92,64 @@ __device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, siz
     }
 }
 
+/* Batch 1 without SwiGLU, the weights held in registers: a warp's GV_ROWS
+ * rows of W, KC 16-byte chunks a lane a row (K <= 256 · KC for bf16). load()
+ * issues every load at once and returns before any arrives, so a kernel
+ * launched by PDL calls it before cu_pdl_wait (nothing earlier writes the
+ * weights) and the weights stream while the kernel before it runs; run()
+ * then only reads x. The same chunks in the same order per lane as
+ * gemv_block, so the same sums to the bit. */
+template <typename WT, int GV_ROWS, int KC> struct gemv_pre {
+    gv_w8<WT> w[GV_ROWS][KC];
+    int n0;
+
+    __device__ __forceinline__ void load(int bx, const WT *__restrict__ W, size_t ldw, int N, int K) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K8 = K / 8;
+        n0 = (bx * GV_WARPS + warp) * GV_ROWS;
+        if (n0 >= N)
+            return;
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) {
+            const WT *row = W + (size_t)min(n0 + r, N - 1) * ldw;
+#pragma unroll
+            for (int c = 0; c < KC; c++)
+                if (lane + 32 * c < K8)
+                    w[r][c].load(row, lane + 32 * c);
+        }
+    }
+
+    /* y[n] (+)= W[n] · x for the warp's rows; x fp32 [K], in shared memory (XS) or global */
+    template <bool XS>
+    __device__ __forceinline__ void run(int N, int K, const float *__restrict__ x, float *__restrict__ y,
+                                        int accumulate) const {
+        if (n0 >= N)
+            return;
+        const int lane = threadIdx.x & 31, K8 = K / 8;
+        const float4 *x4 = (const float4 *)x;
+        float acc[GV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++)
+            acc[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KC; c++) {
+            const int k8 = lane + 32 * c;
+            if (k8 < K8) {
+                const float4 a = XS ? x4[2 * k8] : __ldg(x4 + 2 * k8);
+                const float4 b = XS ? x4[2 * k8 + 1] : __ldg(x4 + 2 * k8 + 1);
+#pragma unroll
+                for (int r = 0; r < GV_ROWS; r++)
+                    acc[r] += w[r][c].dot(a, b);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++)
+            acc[r] = cu_warp_sum(acc[r]);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++)
+                if (n0 + r < N)
+                    y[n0 + r] = accumulate ? y[n0 + r] + acc[r] : acc[r];
+    }
+};
+
 #endif

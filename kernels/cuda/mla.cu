@@ -23,6 +23,7 @@
 #include "cuda_common.cuh"
 
 #include <cuda_pipeline.h>
+#include <type_traits>
 #include <math.h>
 
 /* ---- expanded form ---------------------------------------------------- */
@@ -232,12 +233,14 @@ static __global__ void __launch_bounds__(QLAT_THREADS)
 }
 
 /* Eight consecutive weights as fp32: one 16-byte load of bf16, two of fp32. */
-__device__ __forceinline__ void mla_ld8(const __nv_bfloat16 *p, float *o) {
-    const uint4 v = __ldg((const uint4 *)p);
+__device__ __forceinline__ void mla_cvt8(const uint4 v, float *o) {
     o[0] = __uint_as_float(v.x << 16), o[1] = __uint_as_float(v.x & 0xffff0000u);
     o[2] = __uint_as_float(v.y << 16), o[3] = __uint_as_float(v.y & 0xffff0000u);
     o[4] = __uint_as_float(v.z << 16), o[5] = __uint_as_float(v.z & 0xffff0000u);
     o[6] = __uint_as_float(v.w << 16), o[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+__device__ __forceinline__ void mla_ld8(const __nv_bfloat16 *p, float *o) {
+    mla_cvt8(__ldg((const uint4 *)p), o);
 }
 __device__ __forceinline__ void mla_ld8(const float *p, float *o) {
     const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
@@ -301,17 +304,36 @@ __device__ static void qlat_kv_prep(const qlat_prep &p, int kvr, int dr, int i0,
     }
 }
 
-template <typename W, int COLS>
+template <typename W, int COLS, bool PRE = false>
 static __global__ void __launch_bounds__(QL_THREADS)
     k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, float *__restrict__ q,
                 const W *__restrict__ kvb, float *__restrict__ ql, qlat_prep prep) {
     constexpr int CG = COLS / 8, SLICES = QL_THREADS / CG; /* column groups of 8; slices of dn */
-    cu_pdl_launch_dependents();
+    constexpr int NPRE = 4;                                /* PRE: rows of W_UK a thread (dn <= NPRE · SLICES) */
+    static_assert(!PRE || std::is_same<W, __nv_bfloat16>::value, "PRE loads bf16 weights");
+    if (!PRE)
+        cu_pdl_launch_dependents();
     __shared__ float qs[QL_QB][QL_DN_MAX];
     __shared__ float red[SLICES][QL_QB][COLS + 4];
     const int h = blockIdx.x, c0 = blockIdx.y * COLS, i0 = blockIdx.z * QL_QB;
     const int tid = threadIdx.x, slice = tid / CG, cg = tid % CG;
     const int nq = min(QL_QB, n_q - i0);
+    /* PRE (launched by PDL, bf16): this thread's rows of W_UK loaded before
+     * the wait (weights: nothing earlier writes them), and the next kernel
+     * let launch only after it, so that at most one kernel waits early */
+    uint4 wpre[NPRE];
+    if constexpr (PRE) {
+        const int c = c0 + cg * 8;
+        if (h < nh && c < kvr) {
+            const W *wuk = kvb + (size_t)h * (dn + dv) * kvr + c;
+#pragma unroll
+            for (int k = 0; k < NPRE; k++)
+                if (slice + k * SLICES < dn)
+                    wpre[k] = __ldg((const uint4 *)(wuk + (size_t)(slice + k * SLICES) * kvr));
+        }
+        cu_pdl_wait();
+        cu_pdl_launch_dependents();
+    }
     if (h == nh) { /* the prologue's block (grid.x is nh + 1 only with prep.on) */
         if (blockIdx.y == 0)
             qlat_kv_prep(prep, kvr, dr, i0, nq);
@@ -329,7 +351,23 @@ static __global__ void __launch_bounds__(QL_THREADS)
 #pragma unroll
         for (int u = 0; u < 8; u++)
             acc[j][u] = 0.0f;
-    if (c < kvr) {
+    if (PRE && c < kvr) { /* the same sums, in the same order, from wpre */
+#pragma unroll
+        for (int k = 0; k < NPRE; k++) {
+            const int d = slice + k * SLICES;
+            if (d >= dn)
+                break;
+            float w[8];
+            mla_cvt8(wpre[k], w);
+#pragma unroll
+            for (int j = 0; j < QL_QB; j++) {
+                const float x = qs[j][d];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    acc[j][u] = fmaf(x, w[u], acc[j][u]);
+            }
+        }
+    } else if (c < kvr) {
         const W *wuk = kvb + (size_t)h * (dn + dv) * kvr + c;
 #pragma unroll 4
         for (int d = slice; d < dn; d += SLICES) {
@@ -607,13 +645,14 @@ static size_t decode_tc_smem(int D) {
 }
 
 /* k_mla_decode's arguments and partials (see there), D = 64 KQ, kvr = 64 NT. */
-template <int KQ, int NT>
+template <int KQ, int NT, bool PRE = false>
 static __global__ void __launch_bounds__(DEC_THREADS, 1)
     k_mla_decode_tc(int nh, float scale, int start_pos, const int *__restrict__ q_len, const int *__restrict__ q_boff,
                     int n_splits, int min_chunk, int zero_empty, const float *__restrict__ ql,
                     const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
                     float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
-    cu_pdl_launch_dependents();
+    if (!PRE)
+        cu_pdl_launch_dependents();
     constexpr int D = 64 * KQ, KVR = 64 * NT, D4 = D / 4, DP = D + 4;
     extern __shared__ float4 smem4[];
     float *tiles = (float *)smem4;                /* [2][TT][DP] */
@@ -627,6 +666,33 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     const int t_begin = split * chunk, t_end = min(n_vis, t_begin + chunk);
     const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
     const size_t pi = ((size_t)i * nh + h0) * n_splits + split; /* head h0's partial; head h0 + j at + j n_splits */
+
+    /* tile loads: rows past the split's end are zeroed (P is 0 there, and
+     * 0 times whatever shared memory held could be NaN) */
+    auto load_tile = [&](float *tile, int t0) {
+        const int nt = min(DEC_TT, t_end - t0);
+        dec_tile_load(tile, cache, btab, t0, nt, D4, DP, n_layers, layer, bs, tid);
+        for (int k = nt * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS) {
+            const int row = k / D4, c4 = k - row * D4;
+            ((float4 *)(tile + row * DP))[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __pipeline_commit();
+    };
+    /* PRE (launched by PDL): the first tile is loaded before the wait when
+     * none of its rows is this step's (decode: the last row, stored by the
+     * q_lat kernel; q_len NULL: rows from start_pos on): the rest of the
+     * cache was written by earlier steps, and the lengths and block table
+     * by the host before the graph. The next kernel launches after the wait. */
+    bool first_loaded = false;
+    if constexpr (PRE) {
+        const int old_rows = q_len ? n_vis - 1 : start_pos;
+        if (t_begin < t_end && min(t_end, t_begin + DEC_TT) <= old_rows) {
+            load_tile(tiles, t_begin);
+            first_loaded = true;
+        }
+        cu_pdl_wait();
+        cu_pdl_launch_dependents();
+    }
 
     if (t_begin >= t_end) { /* past the end: l = 0 (and o = 0 for the merge that reads every split) */
         if (tid < DEC_HG && h0 + tid < nh) {
@@ -642,18 +708,8 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         return;
     }
 
-    /* tile loads: rows past the split's end are zeroed (P is 0 there, and
-     * 0 times whatever shared memory held could be NaN) */
-    auto load_tile = [&](float *tile, int t0) {
-        const int nt = min(DEC_TT, t_end - t0);
-        dec_tile_load(tile, cache, btab, t0, nt, D4, DP, n_layers, layer, bs, tid);
-        for (int k = nt * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS) {
-            const int row = k / D4, c4 = k - row * D4;
-            ((float4 *)(tile + row * DP))[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        __pipeline_commit();
-    };
-    load_tile(tiles, t_begin);
+    if (!first_loaded)
+        load_tile(tiles, t_begin);
 
     /* warp w's q fragments (columns c0 .. c0 + 8 KQ), heads g and g + 8 */
     const int c0 = warp * 8 * KQ;
@@ -857,12 +913,14 @@ static __global__ void __launch_bounds__(CMB_THREADS)
  * w + 8, ..., a lane 8 columns at a time. The first version (k_mla_combine,
  * kept for shapes this one does not take) read W_UV one element a load and
  * every split's partial, ~34 µs a layer at batch 1. Needs kvr % 8 == 0. */
-template <typename W>
+template <typename W, bool PRE = false>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                    const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                    float *__restrict__ out) {
-    cu_pdl_launch_dependents();
+    static_assert(!PRE || std::is_same<W, __nv_bfloat16>::value, "PRE loads bf16 weights");
+    if (!PRE)
+        cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
     int *act = (int *)(wsp + n_splits);               /* [n_splits], then 2 × kvr partial sums */
@@ -870,6 +928,31 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     __shared__ float inv_l;
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t base = ((size_t)i * nh + h) * n_splits;
+    const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
+    const int G8 = kvr / 8, per = (dv + gridDim.z - 1) / gridDim.z;
+    const int d0 = blockIdx.z * per, d1 = min(dv, d0 + per);
+    /* PRE (launched by PDL, bf16): where the block's W_UV rows take one pass
+     * (at most 4 rows a warp, 64 column groups: V2 and V3), each lane's
+     * 16-byte pieces of them are loaded before the wait; the next kernel
+     * launches after it */
+    constexpr int NG = 2; /* column groups a lane in PRE */
+    const bool pre = PRE && per <= 4 * (CMB_THREADS / 32) && G8 <= 32 * NG;
+    uint4 wpre[4][NG];
+    if constexpr (PRE) {
+        if (pre)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int d = d0 + warp + r * (CMB_THREADS / 32);
+#pragma unroll
+                for (int gi = 0; gi < NG; gi++) {
+                    const int g = lane + 32 * gi;
+                    wpre[r][gi] = d < d1 && g < G8 ? __ldg((const uint4 *)(wuv + (size_t)d * kvr + g * 8))
+                                                   : make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
+        cu_pdl_wait();
+        cu_pdl_launch_dependents();
+    }
     if (warp == 0) {
         /* lane j holds splits j, j + 32, ... (n_splits <= DEC_MAX_SPLITS) */
         float lv[DEC_MAX_SPLITS / 32], mv[DEC_MAX_SPLITS / 32];
@@ -933,9 +1016,39 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     /* W_UV rows of this block (blockIdx.z of gridDim.z): warp w takes rows
      * w, w + 8, w + 16, w + 24 of a pass, so a lane has four 16-byte loads
      * in flight per column group */
-    const W *wuv = kvb + ((size_t)h * (dn + dv) + dn) * kvr;
-    const int G8 = kvr / 8, per = (dv + gridDim.z - 1) / gridDim.z;
-    const int d0 = blockIdx.z * per, d1 = min(dv, d0 + per);
+    if (pre) { /* the loop below's sums, in its order, from wpre (zeros: rows past d1 add nothing) */
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) {
+            const int g = lane + 32 * gi;
+            if (g >= G8)
+                break;
+            const float4 a = ((const float4 *)olat)[2 * g], b = ((const float4 *)olat)[2 * g + 1];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float w[8];
+                mla_cvt8(wpre[r][gi], w);
+                float t = acc[r];
+                t = fmaf(w[0], a.x, t);
+                t = fmaf(w[1], a.y, t);
+                t = fmaf(w[2], a.z, t);
+                t = fmaf(w[3], a.w, t);
+                t = fmaf(w[4], b.x, t);
+                t = fmaf(w[5], b.y, t);
+                t = fmaf(w[6], b.z, t);
+                t = fmaf(w[7], b.w, t);
+                acc[r] = t;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float t = cu_warp_sum(acc[r]);
+            const int d = d0 + warp + r * (CMB_THREADS / 32);
+            if (lane == 0 && d < d1)
+                out[((size_t)i * nh + h) * dv + d] = t;
+        }
+        return;
+    }
     for (int dd = d0 + warp; dd < d1; dd += 4 * (CMB_THREADS / 32)) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int g = lane; g < G8; g += 32) {
@@ -1003,6 +1116,7 @@ typedef struct {
     int first_kernels; /* the first version's q_lat (bit 0) and merge (bit 1) kernels, for A/B runs */
     int tc;            /* the split attention on tensor cores (k_mla_decode_tc) */
     int qlat_cols;     /* k_mla_qlat8's latent columns a block (PD_QLAT_COLS=256, A/B runs; else QL_COLS) */
+    int pdl;           /* bf16: the q_lat, split and merge kernels by PDL, loading weights / a tile before the wait */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -1019,7 +1133,21 @@ template <typename W>
 static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
     const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
     const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 2);
-    if (absorbed_qlat8(a, kvb))
+    bool qlat_done = false;
+    if constexpr (std::is_same<W, __nv_bfloat16>::value)
+        if (a->pdl && a->qlat_cols != 256 && absorbed_qlat8(a, kvb) && a->dn <= 4 * (QL_THREADS / (QL_COLS / 8))) {
+            const dim3 grid(nh + (a->prep.on ? 1 : 0), (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB);
+            cudaLaunchAttribute at;
+            cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(QL_THREADS), 0, s, true, &at);
+            cudaError_t e = cudaLaunchKernelEx(&cfg, k_mla_qlat8<W, QL_COLS, true>, a->n_q, nh, a->dn, a->dr, a->dv,
+                                               kvr, (float *)a->q, kvb, a->ql, a->prep);
+            if (e != cudaSuccess)
+                return e;
+            qlat_done = true;
+        }
+    if (qlat_done)
+        ;
+    else if (absorbed_qlat8(a, kvb))
     {
         /* W_UK is 2 MB for V2-Lite: 64 columns a block spread it over ~130
          * SMs (256: 34 blocks, A/B runs) */
@@ -1044,11 +1172,23 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
     if (a->tc) { /* absorbed_tc: kvr 512, dr 64 */
         smem = decode_tc_smem(kvr + a->dr);
+        if (a->pdl) {
+            if ((e = CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, true>), smem)) != cudaSuccess)
+                return e;
+            cudaLaunchAttribute at;
+            cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(DEC_THREADS), smem, s, true, &at);
+            e = cudaLaunchKernelEx(&cfg, k_mla_decode_tc<9, 8, true>, nh, a->scale, a->start_pos, a->q_len,
+                                   a->q_boff, n_splits, a->min_chunk, (int)!v8, (const float *)a->ql, a->cache,
+                                   a->n_layers, a->layer, a->bs, a->btab, part_m, part_l, part_o);
+            if (e != cudaSuccess)
+                return e;
+        } else {
         if ((e = CU_SMEM_OPTIN((k_mla_decode_tc<9, 8>), smem)) != cudaSuccess)
             return e;
         k_mla_decode_tc<9, 8><<<grid, DEC_THREADS, smem, s>>>(nh, a->scale, a->start_pos, a->q_len, a->q_boff, n_splits,
                                                               a->min_chunk, !v8, a->ql, a->cache, a->n_layers, a->layer,
                                                               a->bs, a->btab, part_m, part_l, part_o);
+        }
     } else if (kvr <= 512) {
         if ((e = CU_SMEM_OPTIN(k_mla_decode<1>, smem)) != cudaSuccess)
             return e;
@@ -1064,7 +1204,21 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
-    if (v8)
+    bool merged = false;
+    if constexpr (std::is_same<W, __nv_bfloat16>::value)
+        if (v8 && a->pdl) {
+            cudaLaunchAttribute at;
+            cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS),
+                                                      (3 * kvr + 2 * n_splits + 8) * sizeof(float), s, true, &at);
+            if ((e = cudaLaunchKernelEx(&cfg, k_mla_combine8<W, true>, nh, a->dn, a->dv, kvr, n_splits,
+                                        (const float *)part_m, (const float *)part_l, (const float *)part_o, kvb,
+                                        a->out)) != cudaSuccess)
+                return e;
+            merged = true;
+        }
+    if (merged)
+        ;
+    else if (v8)
         k_mla_combine8<W><<<dim3(a->n_q, nh, CMB_Z), CMB_THREADS, (3 * kvr + 2 * n_splits + 8) * sizeof(float), s>>>(
             nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     else
@@ -1095,6 +1249,7 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     ac->qlat_cols = c->qlat_cols;
     ac->tc = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->mla_decode_scalar && ac->kvr == 512 && ac->dr == 64 &&
              decode_tc_smem(ac->kvr + ac->dr) <= c->smem_optin;
+    ac->pdl = c->pdl && !c->mla_pdl_off && c->wfmt == PD_CUDA_WEIGHTS_BF16;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
                         : absorbed_launch<float>(ac, (const float *)kv_b->data, c->stream);
