@@ -526,6 +526,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_gu1_plain = gp1 && !strcmp(gp1, "0");
         const char *dn1 = getenv("PD_MOE_DOWN1");
         c->moe_down1_off = dn1 && !strcmp(dn1, "0");
+        const char *gpre = getenv("PD_GEMV_PRE");
+        c->gemv_pre_off = gpre && !strcmp(gpre, "0");
         const char *mpd = getenv("PD_MLA_PDL");
         c->mla_pdl_off = mpd && !strcmp(mpd, "0");
         const char *qc = getenv("PD_QLAT_COLS");

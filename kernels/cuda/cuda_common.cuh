@@ -125,6 +125,8 @@ typedef struct {
     bool moe_down1_off; /* PD_MOE_DOWN1=0: the batch-1 down GEMV after the gate_up, not by PDL during it (k_moe_down1;
                            A/B runs) */
     bool moe_shared_last;        /* PD_MOE_SHARED_FIRST=0: batch-1 gate_up blocks of the shared experts after the routed (A/B runs) */
+    bool gemv_pre_off; /* PD_GEMV_PRE=0: one-row GEMVs prefetch their weights into L2 before the PDL wait instead of
+                          loading them into registers (A/B runs) */
     bool mla_pdl_off; /* PD_MLA_PDL=0: the decode attention's q_lat, split and merge kernels launched plainly, not by
                          PDL with their weights / first tile loaded before the wait (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */

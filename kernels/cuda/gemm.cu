@@ -332,17 +332,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
 /* The weights-in-registers path applies: bf16, K <= 2048, every block resident
  * at once (two a SM); PD_GEMV_PRE=0 turns it off (A/B runs). */
 #define GV_PRE_KC 8
-static bool gemv_pre_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("PD_GEMV_PRE");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
 static bool gemv_pre_fits(const cu_ctx *c, int M, int N, int K, int blocks) {
     return c->wfmt == PD_CUDA_WEIGHTS_BF16 && M == 1 && K % 8 == 0 && K <= 256 * GV_PRE_KC && N > 0 &&
-           blocks <= 2 * c->n_sm && gemv_pre_on();
+           blocks <= 2 * c->n_sm && !c->gemv_pre_off;
 }
 
 bool cu_gemv_ok(int K, const void *w, const float *x, int ldx) {

@@ -17,6 +17,7 @@
 #include "gemv.cuh"
 
 #include <cuda_pipeline.h>
+#include <type_traits>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -921,6 +922,7 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  * (docs/benchmarks.md, session 9). */
 #define GATE_THREADS 128 /* a block: four experts' logits */
 #define GATE_MAX_ROWS 4  /* the routing block routes one row a warp */
+#define GATE_PRE_KC 8    /* one row: a lane's 16-byte pieces of its router row held in registers (H <= 2048) */
 static_assert(GATE_MAX_ROWS <= GATE_THREADS / 32, "k_moe_gate's routing block: a warp a row");
 
 /* k_moe_gate's arguments (cu_moe_block): T rows of H, E experts in G
@@ -937,6 +939,7 @@ typedef struct {
     int *off, *tok, *pair, *list;
     unsigned *ticket; /* the set's counter of finished blocks (0 between launches); unused with logits_only */
     int logits_only; /* the routing is done by k_moe_gate_up1 (one row): write the logits and stop */
+    int pre;         /* one row: the router's rows loaded into registers before the PDL wait (PD_GEMV_PRE) */
 } moe_gate_args;
 
 /* 32-bit words of the gate kernel's shared memory: the normed rows [T, H]
@@ -1112,10 +1115,34 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * (GATE_THREADS / 32) + warp;
-    if (lane == 0 && e < a.E) /* the router's rows depend on nothing before */
+    /* the router's rows depend on nothing before: at one row of bf16 with
+     * H <= 2048 (PD_GEMV_PRE) the warp's row into registers while the
+     * kernel before runs (the same sums as gate_logit), else into L2 */
+    constexpr bool BF = std::is_same<WT, __nv_bfloat16>::value;
+    const bool pre = BF && a.pre && a.T == 1 && a.H % 8 == 0 && a.H <= 256 * GATE_PRE_KC;
+    gv_w8<__nv_bfloat16> wp[GATE_PRE_KC];
+    if constexpr (BF) {
+        if (pre && e < a.E)
+#pragma unroll
+            for (int c = 0; c < GATE_PRE_KC; c++)
+                if (lane + 32 * c < a.H / 8)
+                    wp[c].load((const __nv_bfloat16 *)a.router + (size_t)e * a.H, lane + 32 * c);
+    }
+    if (!pre && lane == 0 && e < a.E)
         cu_prefetch_l2((const WT *)a.router + (size_t)e * a.H, (unsigned)(a.H * sizeof(WT)));
     gate_norm<GATE_THREADS>(a, hn, part);
-    if (e < a.E)
+    if (pre && e < a.E) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int c = 0; c < GATE_PRE_KC; c++) {
+            const int k8 = lane + 32 * c;
+            if (k8 < a.H / 8)
+                acc += wp[c].dot(((const float4 *)hn)[2 * k8], ((const float4 *)hn)[2 * k8 + 1]);
+        }
+        acc = cu_warp_sum(acc);
+        if (lane == 0)
+            a.logits[e] = acc;
+    } else if (e < a.E)
         gate_logit<WT>(a, hn, e, lane, a.logits + e, a.E);
     if (a.logits_only)
         return;
@@ -1553,6 +1580,7 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     /* one row: the gate_up GEMV routes for itself (k_moe_gate_up1) */
     const bool route_in_gu = T == 1 && E <= GU1_MAX_E && G <= GU1_MAX_G && K <= 32 && !c->moe_route_in_gate;
     ga.logits_only = route_in_gu;
+    ga.pre = !c->gemv_pre_off;
     const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32))),
