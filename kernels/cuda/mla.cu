@@ -304,6 +304,18 @@ __device__ static void qlat_kv_prep(const qlat_prep &p, int kvr, int dr, int i0,
     }
 }
 
+/* acc[j][0..7] += q[j][d] · W_UK[d][the thread's 8 columns], for the QL_QB queries (k_mla_qlat8). */
+__device__ __forceinline__ void qlat_acc(float (&acc)[QL_QB][8], const float (&qs)[QL_QB][QL_DN_MAX], int d,
+                                         const float *w) {
+#pragma unroll
+    for (int j = 0; j < QL_QB; j++) {
+        const float x = qs[j][d];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            acc[j][u] = fmaf(x, w[u], acc[j][u]);
+    }
+}
+
 template <typename W, int COLS, bool PRE = false>
 static __global__ void __launch_bounds__(QL_THREADS)
     k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, float *__restrict__ q,
@@ -359,13 +371,7 @@ static __global__ void __launch_bounds__(QL_THREADS)
                 break;
             float w[8];
             mla_cvt8(wpre[k], w);
-#pragma unroll
-            for (int j = 0; j < QL_QB; j++) {
-                const float x = qs[j][d];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    acc[j][u] = fmaf(x, w[u], acc[j][u]);
-            }
+            qlat_acc(acc, qs, d, w);
         }
     } else if (c < kvr) {
         const W *wuk = kvb + (size_t)h * (dn + dv) * kvr + c;
@@ -373,13 +379,7 @@ static __global__ void __launch_bounds__(QL_THREADS)
         for (int d = slice; d < dn; d += SLICES) {
             float w[8];
             mla_ld8(wuk + (size_t)d * kvr, w);
-#pragma unroll
-            for (int j = 0; j < QL_QB; j++) {
-                const float x = qs[j][d];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    acc[j][u] = fmaf(x, w[u], acc[j][u]);
-            }
+            qlat_acc(acc, qs, d, w);
         }
     }
 #pragma unroll
