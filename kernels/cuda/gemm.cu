@@ -520,8 +520,10 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
  * in double; x · inv · norm in fp32), and its dot products read h from
  * there; block 0 also writes h. The same numbers as rmsnorm then two k_gemv
  * launches: the same h, the same order of additions. The weights are
- * prefetched into L2 and the norm's weights loaded before cu_pdl_wait
- * (weights: no earlier kernel writes them); x is read after it. */
+ * prefetched into L2 (KC 0) or, at one row of bf16 weights, loaded into
+ * registers (KC > 0: gemv_pre, the next kernel launching only after the
+ * wait), and the norm's weights loaded, all before cu_pdl_wait (weights: no
+ * earlier kernel writes them); x is read after it. */
 template <typename WT, int GV_ROWS, int MT, int KC>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
     k_norm_gemv2(int M, int K, const float *__restrict__ x, const float *__restrict__ norm, float eps,
