@@ -314,26 +314,26 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
                                         accumulate);
 }
 
-/* k_gemv at one pair of one weight, bf16, the block's rows held in registers
- * (gemv_pre: loaded before cu_pdl_wait, so that under PDL they arrive while
- * the kernel before runs, instead of being prefetched into L2 and read again
- * after it). Same sums as k_gemv. */
-template <int GV_ROWS, int KC>
+/* k_gemv for M <= MT rows of one weight, bf16, the block's rows held in
+ * registers (gemv_pre: loaded before cu_pdl_wait, so that under PDL they
+ * arrive while the kernel before runs, instead of being prefetched into L2
+ * and read again after it). x [M, K], y [M, N]. Same sums as k_gemv. */
+template <int GV_ROWS, int KC, int MT>
 static __global__ void __launch_bounds__(GV_WARPS * 32)
-    k_gemv1_pre(int N, int K, const __nv_bfloat16 *__restrict__ w0, const float *__restrict__ x,
-                float *__restrict__ y, int accumulate) {
+    k_gemv_pre(int N, int K, int M, const __nv_bfloat16 *__restrict__ w0, const float *__restrict__ x,
+               float *__restrict__ y, int accumulate) {
     gemv_pre<__nv_bfloat16, GV_ROWS, KC> p;
     p.load((int)blockIdx.x, w0, (size_t)K, N, K);
     cu_pdl_wait();
     cu_pdl_launch_dependents(); /* after the wait: the next kernel's early blocks do not wait beside ours */
-    p.template run<false>(N, K, x, y, accumulate);
+    p.template run<false, MT>(N, K, M, x, K, y, N, accumulate);
 }
 
 /* The weights-in-registers path applies: bf16, K <= 2048, every block resident
  * at once (two a SM); PD_GEMV_PRE=0 turns it off (A/B runs). */
 #define GV_PRE_KC 8
 static bool gemv_pre_fits(const cu_ctx *c, int M, int N, int K, int blocks) {
-    return c->wfmt == PD_CUDA_WEIGHTS_BF16 && M == 1 && K % 8 == 0 && K <= 256 * GV_PRE_KC && N > 0 &&
+    return c->wfmt == PD_CUDA_WEIGHTS_BF16 && M >= 1 && M <= GV_MT && K % 8 == 0 && K <= 256 * GV_PRE_KC && N > 0 &&
            blocks <= 2 * c->n_sm && !c->gemv_pre_off;
 }
 
@@ -449,13 +449,15 @@ static bool gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float
         return true;
     }
     const int pre_blocks = (N + GV_WARPS * 2 - 1) / (GV_WARPS * 2);
-    if (M == 1 && !c->no_gemv && cu_gemv_ok(K, w->data, x, K) && gemv_pre_fits(c, M, N, K, pre_blocks)) {
+    if (!c->no_gemv && cu_gemv_ok(K, w->data, x, K) && gemv_pre_fits(c, M, N, K, pre_blocks)) {
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg =
             cu_launch_config(dim3((unsigned)pre_blocks), dim3(GV_WARPS * 32), 0, c->stream, c->pdl, &at);
+        const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w->data;
+        const int acc = accumulate ? 1 : 0;
         return CU_LAUNCHED(c,
-                           cudaLaunchKernelEx(&cfg, k_gemv1_pre<2, GV_PRE_KC>, N, K,
-                                              (const __nv_bfloat16 *)w->data, x, y, accumulate ? 1 : 0),
+                           M == 1 ? cudaLaunchKernelEx(&cfg, k_gemv_pre<2, GV_PRE_KC, 1>, N, K, M, wb, x, y, acc)
+                                  : cudaLaunchKernelEx(&cfg, k_gemv_pre<2, GV_PRE_KC, GV_MT>, N, K, M, wb, x, y, acc),
                            "gemv (weights in registers)");
     }
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
@@ -520,7 +522,7 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
  * in double; x · inv · norm in fp32), and its dot products read h from
  * there; block 0 also writes h. The same numbers as rmsnorm then two k_gemv
  * launches: the same h, the same order of additions. The weights are
- * prefetched into L2 (KC 0) or, at one row of bf16 weights, loaded into
+ * prefetched into L2 (KC 0) or, at up to GV_MT rows of bf16 weights, loaded into
  * registers (KC > 0: gemv_pre, the next kernel launching only after the
  * wait), and the norm's weights loaded, all before cu_pdl_wait (weights: no
  * earlier kernel writes them); x is read after it. */
@@ -540,8 +542,8 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     float *y = second ? y2 : y1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int bx = (int)blockIdx.x - (second ? nb1 : 0), n0 = (bx * GV_WARPS + warp) * GV_ROWS;
-    /* the weights depend on nothing earlier: into registers (KC, one row)
-     * or L2 while the kernel before runs */
+    /* the weights depend on nothing earlier: into registers (KC) or L2
+     * while the kernel before runs */
     gemv_pre<WT, GV_ROWS, KC ? KC : 1> pre;
     if constexpr (KC > 0)
         pre.load(bx, W, (size_t)K, N, K);
@@ -556,7 +558,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
         __pipeline_memcpy_async(g4 + i, (const float4 *)norm + i, sizeof(float4));
     cu_pdl_wait();
     if (KC)
-        cu_pdl_launch_dependents(); /* after the wait (k_gemv1_pre) */
+        cu_pdl_launch_dependents(); /* after the wait (k_gemv_pre) */
     for (int i = threadIdx.x; i < M * K4; i += THREADS)
         __pipeline_memcpy_async(hs4 + i, (const float4 *)x + i, sizeof(float4));
     __pipeline_commit();
@@ -590,7 +592,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     __syncthreads();
     /* y = h · W^T over the M rows, h from shared memory: k_gemv's GEMV */
     if constexpr (KC > 0)
-        pre.template run<true>(N, K, hs, y, 0);
+        pre.template run<true, MT>(N, K, M, hs, K, y, N, 0);
     else
         gemv_block<false, WT, GV_ROWS, MT, true>(bx, W, (size_t)K, 0, N, K, 0, M, NULL, NULL, hs, K, y, N, 0);
 }
@@ -636,8 +638,10 @@ static cudaError_t norm_gemv2_launch_r(bool pdl, bool pre, cudaStream_t s, int M
                                        const float *norm, float eps, float *h, const void *w1, int N1, float *y1,
                                        const void *w2, int N2, float *y2) {
     if constexpr (std::is_same<WT, __nv_bfloat16>::value)
-        if (pre) /* one row, the weights in registers (gemv_pre_fits) */
-            return norm_gemv2_launch_t<WT, 2, 1, GV_PRE_KC>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
+        if (pre) /* the weights in registers (gemv_pre_fits) */
+            return M == 1 ? norm_gemv2_launch_t<WT, 2, 1, GV_PRE_KC>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2)
+                          : norm_gemv2_launch_t<WT, 2, GV_MT, GV_PRE_KC>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2,
+                                                                        N2, y2);
     if (M == 1 && gemv_mt1())
         return norm_gemv2_launch_m<WT, 1>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);
     return norm_gemv2_launch_m<WT, GV_MT>(pdl, s, M, K, x, norm, eps, h, w1, N1, y1, w2, N2, y2);

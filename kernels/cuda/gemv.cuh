@@ -92,8 +92,9 @@ __device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, siz
     }
 }
 
-/* Batch 1 without SwiGLU, the weights held in registers: a warp's GV_ROWS
- * rows of W, KC 16-byte chunks a lane a row (K <= 256 · KC for bf16). load()
+/* A few rows of x without SwiGLU (one weight, no row maps), the weights
+ * held in registers: a warp's GV_ROWS rows of W, KC 16-byte chunks a lane a
+ * row (K <= 256 · KC for bf16). load()
  * issues every load at once and returns before any arrives, so a kernel
  * launched by PDL calls it before cu_pdl_wait (nothing earlier writes the
  * weights) and the weights stream while the kernel before it runs; run()
@@ -118,37 +119,53 @@ template <typename WT, int GV_ROWS, int KC> struct gemv_pre {
         }
     }
 
-    /* y[n] (+)= W[n] · x for the warp's rows; x fp32 [K], in shared memory (XS) or global */
-    template <bool XS>
-    __device__ __forceinline__ void run(int N, int K, const float *__restrict__ x, float *__restrict__ y,
-                                        int accumulate) const {
+    /* y[j, n] (+)= W[n] · x[j] for the warp's rows and the M <= MT rows of x
+     * (row strides ldx, ldy); x fp32, in shared memory (XS) or global. Each
+     * weight piece is used for every row: the same order of additions as
+     * gemv_block's (pieces outer, rows inner). */
+    template <bool XS, int MT = 1>
+    __device__ __forceinline__ void run(int N, int K, int M, const float *__restrict__ x, int ldx,
+                                        float *__restrict__ y, int ldy, int accumulate) const {
         if (n0 >= N)
             return;
         const int lane = threadIdx.x & 31, K8 = K / 8;
-        const float4 *x4 = (const float4 *)x;
-        float acc[GV_ROWS];
+        float acc[GV_ROWS][MT];
 #pragma unroll
         for (int r = 0; r < GV_ROWS; r++)
-            acc[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+                acc[r][j] = 0.0f;
 #pragma unroll
         for (int c = 0; c < KC; c++) {
             const int k8 = lane + 32 * c;
             if (k8 < K8) {
-                const float4 a = XS ? x4[2 * k8] : __ldg(x4 + 2 * k8);
-                const float4 b = XS ? x4[2 * k8 + 1] : __ldg(x4 + 2 * k8 + 1);
 #pragma unroll
-                for (int r = 0; r < GV_ROWS; r++)
-                    acc[r] += w[r][c].dot(a, b);
+                for (int j = 0; j < MT; j++) {
+                    if (j < M) {
+                        const float4 *x4 = (const float4 *)(x + (size_t)j * ldx);
+                        const float4 a = XS ? x4[2 * k8] : __ldg(x4 + 2 * k8);
+                        const float4 b = XS ? x4[2 * k8 + 1] : __ldg(x4 + 2 * k8 + 1);
+#pragma unroll
+                        for (int r = 0; r < GV_ROWS; r++)
+                            acc[r][j] += w[r][c].dot(a, b);
+                    }
+                }
             }
         }
 #pragma unroll
         for (int r = 0; r < GV_ROWS; r++)
-            acc[r] = cu_warp_sum(acc[r]);
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+                acc[r][j] = cu_warp_sum(acc[r][j]);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < GV_ROWS; r++)
-                if (n0 + r < N)
-                    y[n0 + r] = accumulate ? y[n0 + r] + acc[r] : acc[r];
+#pragma unroll
+                for (int j = 0; j < MT; j++)
+                    if (n0 + r < N && j < M) {
+                        float *dst = y + (size_t)j * ldy + n0 + r;
+                        *dst = accumulate ? *dst + acc[r][j] : acc[r][j];
+                    }
     }
 };
 
