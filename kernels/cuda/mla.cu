@@ -1133,62 +1133,49 @@ template <typename W>
 static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStream_t s) {
     const int nh = a->nh, kvr = a->kvr, n_splits = a->n_splits;
     const bool v8 = kvr % 8 == 0 && ((uintptr_t)kvb & 15) == 0 && !(a->first_kernels & 2);
-    bool qlat_done = false;
-    if constexpr (std::is_same<W, __nv_bfloat16>::value)
-        if (a->pdl && a->qlat_cols != 256 && absorbed_qlat8(a, kvb) && a->dn <= 4 * (QL_THREADS / (QL_COLS / 8))) {
-            const dim3 grid(nh + (a->prep.on ? 1 : 0), (kvr + QL_COLS - 1) / QL_COLS, (a->n_q + QL_QB - 1) / QL_QB);
-            cudaLaunchAttribute at;
-            cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(QL_THREADS), 0, s, true, &at);
-            cudaError_t e = cudaLaunchKernelEx(&cfg, k_mla_qlat8<W, QL_COLS, true>, a->n_q, nh, a->dn, a->dr, a->dv,
-                                               kvr, (float *)a->q, kvb, a->ql, a->prep);
-            if (e != cudaSuccess)
-                return e;
-            qlat_done = true;
-        }
-    if (qlat_done)
-        ;
-    else if (absorbed_qlat8(a, kvb))
-    {
+    constexpr bool BF = std::is_same<W, __nv_bfloat16>::value; /* the PDL variants load bf16 weights */
+    cudaLaunchAttribute at;
+    cudaError_t e;
+    if (absorbed_qlat8(a, kvb)) {
         /* W_UK is 2 MB for V2-Lite: 64 columns a block spread it over ~130
-         * SMs (256: 34 blocks, A/B runs) */
+         * SMs (256: 34 blocks, A/B runs); by PDL with each thread's W_UK rows
+         * in registers before the wait where they fit (dn <= 4 slices) */
         const int cols = a->qlat_cols == 256 ? 256 : QL_COLS;
         const dim3 grid(nh + (a->prep.on ? 1 : 0), (kvr + cols - 1) / cols, (a->n_q + QL_QB - 1) / QL_QB);
-        if (cols == 256)
-            k_mla_qlat8<W, 256><<<grid, QL_THREADS, 0, s>>>(a->n_q, nh, a->dn, a->dr, a->dv, kvr, (float *)a->q, kvb,
-                                                            a->ql, a->prep);
-        else
-            k_mla_qlat8<W, QL_COLS><<<grid, QL_THREADS, 0, s>>>(a->n_q, nh, a->dn, a->dr, a->dv, kvr, (float *)a->q,
-                                                                kvb, a->ql, a->prep);
-    }
-    else
+        void (*kern)(int, int, int, int, int, int, float *, const W *, float *, qlat_prep) =
+            cols == 256 ? k_mla_qlat8<W, 256> : k_mla_qlat8<W, QL_COLS>;
+        bool pdl = false;
+        if constexpr (BF)
+            if (a->pdl && cols == QL_COLS && a->dn <= 4 * (QL_THREADS / (QL_COLS / 8))) {
+                kern = k_mla_qlat8<W, QL_COLS, true>;
+                pdl = true;
+            }
+        cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(QL_THREADS), 0, s, pdl, &at);
+        e = cudaLaunchKernelEx(&cfg, kern, a->n_q, nh, a->dn, a->dr, a->dv, kvr, (float *)a->q, kvb, a->ql, a->prep);
+    } else {
         k_mla_qlat<W><<<dim3(a->n_q, nh, (kvr + QLAT_THREADS - 1) / QLAT_THREADS), QLAT_THREADS,
                         a->dn * sizeof(float), s>>>(nh, a->dn, a->dr, a->dv, kvr, a->q, kvb, a->ql);
-    cudaError_t e = cudaGetLastError();
+        e = cudaGetLastError();
+    }
     if (e != cudaSuccess)
         return e;
     size_t n_part = (size_t)a->n_q * nh * n_splits;
     float *part_o = a->part, *part_m = a->part + n_part * kvr, *part_l = part_m + n_part;
     size_t smem = decode_smem(kvr + a->dr);
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
-    if (a->tc) { /* absorbed_tc: kvr 512, dr 64 */
+    if (a->tc) { /* absorbed_tc: kvr 512, dr 64; by PDL with its first tile loaded before the wait */
         smem = decode_tc_smem(kvr + a->dr);
-        if (a->pdl) {
-            if ((e = CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, true>), smem)) != cudaSuccess)
-                return e;
-            cudaLaunchAttribute at;
-            cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(DEC_THREADS), smem, s, true, &at);
-            e = cudaLaunchKernelEx(&cfg, k_mla_decode_tc<9, 8, true>, nh, a->scale, a->start_pos, a->q_len,
-                                   a->q_boff, n_splits, a->min_chunk, (int)!v8, (const float *)a->ql, a->cache,
-                                   a->n_layers, a->layer, a->bs, a->btab, part_m, part_l, part_o);
-            if (e != cudaSuccess)
-                return e;
-        } else {
-        if ((e = CU_SMEM_OPTIN((k_mla_decode_tc<9, 8>), smem)) != cudaSuccess)
+        auto kern = a->pdl ? k_mla_decode_tc<9, 8, true> : k_mla_decode_tc<9, 8>;
+        /* CU_SMEM_OPTIN remembers per call site: one for each kernel */
+        if ((e = a->pdl ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, true>), smem)
+                        : CU_SMEM_OPTIN((k_mla_decode_tc<9, 8>), smem)) != cudaSuccess)
             return e;
-        k_mla_decode_tc<9, 8><<<grid, DEC_THREADS, smem, s>>>(nh, a->scale, a->start_pos, a->q_len, a->q_boff, n_splits,
-                                                              a->min_chunk, !v8, a->ql, a->cache, a->n_layers, a->layer,
-                                                              a->bs, a->btab, part_m, part_l, part_o);
-        }
+        cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(DEC_THREADS), smem, s, a->pdl, &at);
+        e = cudaLaunchKernelEx(&cfg, kern, nh, a->scale, a->start_pos, a->q_len, a->q_boff, n_splits, a->min_chunk,
+                               (int)!v8, (const float *)a->ql, a->cache, a->n_layers, a->layer, a->bs, a->btab, part_m,
+                               part_l, part_o);
+        if (e != cudaSuccess)
+            return e;
     } else if (kvr <= 512) {
         if ((e = CU_SMEM_OPTIN(k_mla_decode<1>, smem)) != cudaSuccess)
             return e;
@@ -1204,26 +1191,22 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     }
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
-    bool merged = false;
-    if constexpr (std::is_same<W, __nv_bfloat16>::value)
-        if (v8 && a->pdl) {
-            cudaLaunchAttribute at;
-            cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS),
-                                                      (3 * kvr + 2 * n_splits + 8) * sizeof(float), s, true, &at);
-            if ((e = cudaLaunchKernelEx(&cfg, k_mla_combine8<W, true>, nh, a->dn, a->dv, kvr, n_splits,
-                                        (const float *)part_m, (const float *)part_l, (const float *)part_o, kvb,
-                                        a->out)) != cudaSuccess)
-                return e;
-            merged = true;
-        }
-    if (merged)
-        ;
-    else if (v8)
-        k_mla_combine8<W><<<dim3(a->n_q, nh, CMB_Z), CMB_THREADS, (3 * kvr + 2 * n_splits + 8) * sizeof(float), s>>>(
-            nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
-    else
-        k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
-            nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
+    if (v8) { /* by PDL with the W_UV pieces loaded before the wait */
+        void (*kern)(int, int, int, int, int, const float *, const float *, const float *, const W *, float *) =
+            k_mla_combine8<W>;
+        bool pdl = false;
+        if constexpr (BF)
+            if (a->pdl) {
+                kern = k_mla_combine8<W, true>;
+                pdl = true;
+            }
+        cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS),
+                                                  (3 * kvr + 2 * n_splits + 8) * sizeof(float), s, pdl, &at);
+        return cudaLaunchKernelEx(&cfg, kern, nh, a->dn, a->dv, kvr, n_splits, (const float *)part_m,
+                                  (const float *)part_l, (const float *)part_o, kvb, a->out);
+    }
+    k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
+        nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
     return cudaGetLastError();
 }
 
