@@ -530,6 +530,9 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->gemv_pre_off = gpre && !strcmp(gpre, "0");
         const char *mpd = getenv("PD_MLA_PDL");
         c->mla_pdl_off = mpd && !strcmp(mpd, "0");
+        const char *m1r = getenv("PD_MOE1_ROWS");
+        c->moe1_rows_gu = m1r && m1r[0] == '2' ? 2 : 4;
+        c->moe1_rows_dn = m1r && m1r[0] && m1r[1] == ',' && m1r[2] == '2' ? 2 : 4;
         const char *qc = getenv("PD_QLAT_COLS");
         c->qlat_cols = qc && !strcmp(qc, "256") ? 256 : 0;
         const char *ms = getenv("PD_MLA_SPLITS");

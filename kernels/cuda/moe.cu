@@ -1167,13 +1167,18 @@ static __global__ void __launch_bounds__(GATE_THREADS) k_moe_gate(moe_gate_args 
  * itself instead of waiting for k_moe_gate's last block to route and plan
  * (a fence, a ticket and a serial tail on one SM: most of that kernel's
  * ~20 us). Every block's first warp routes the row from the logits
- * k_moe_gate wrote (route_row, the same arithmetic in every block); block
- * (x, gy) then takes, for gy < top_k, the gy-th smallest chosen expert (the
- * plan's order) and its pair, and for gy >= top_k shared group gy - top_k.
- * With shared_first the grid's first S rows are the shared groups instead
- * (gy = blockIdx.y - S for the routed ones): they need no route, so their
- * weights stream during the other blocks' routing, and they are in the
- * first wave of blocks (31.1 us for V2-Lite's layer against 37.8). The
+ * k_moe_gate wrote (route_row, the same arithmetic in every block). The
+ * grid is one-dimensional: block b computes output rows 8 R x .. 8 R x +
+ * 8 R - 1 (x = b % nx, nx = ceil(N / 8 R); R rows a warp) of group
+ * gy = b / nx, which is, for gy < top_k, the gy-th smallest chosen expert
+ * (the plan's order) and its pair, and for gy >= top_k shared group
+ * gy - top_k. With shared_first the grid's first S nx blocks are the
+ * shared groups instead (gy = b / nx - S for the routed ones): they need no
+ * route, so their weights stream during the other blocks' routing, and
+ * they are in the first wave of blocks (31.1 us for V2-Lite's layer
+ * against 37.8). R = 4 (PD_MOE1_ROWS) makes V2-Lite's 8 groups 352 blocks,
+ * all resident at once, against 704 in 1.3 waves at R = 2 (docs/
+ * benchmarks.md, session 11). The
  * first routed block also writes ids, weights and the plan (plan_small)
  * that the down GEMV and the combine read. Needs E <= GU1_MAX_E, G <=
  * GU1_MAX_G, top_k <= 32. */
@@ -1201,7 +1206,7 @@ typedef struct {
     unsigned *sdone; /* NULL, or counts the shared groups' finished blocks (k_moe_down1 waits on it) */
 } moe_gu1_args;
 
-template <typename WT>
+template <typename WT, int R>
 static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_args a) {
     __shared__ float rs[3 * GU1_MAX_E + 2 * GU1_MAX_G + 32];
     __shared__ float lgs[GU1_MAX_E], bss[GU1_MAX_E];
@@ -1210,10 +1215,12 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
     __shared__ int order[32], prow[1], xrow0[1];
     cu_pdl_launch_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (a.shared_first && (int)blockIdx.y < a.S) {
+    /* block b: group b / nx (the shared groups first with shared_first), its rows' block b % nx */
+    const int nx = (a.N + GV_WARPS * R - 1) / (GV_WARPS * R), by = (int)blockIdx.x / nx, bx = (int)blockIdx.x % nx;
+    if (a.shared_first && by < a.S) {
         /* a shared group needs no route: its weights start streaming at once
-         * (the grid's first rows, so they are in the first wave too) */
-        const int sg = blockIdx.y;
+         * (the grid's first blocks, so they are in the first wave too) */
+        const int sg = by;
         if (threadIdx.x == 0) {
             prow[0] = a.top_k + sg; /* act rows of the shared groups follow the routed pairs' */
             xrow0[0] = 0;
@@ -1243,12 +1250,10 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
                 ((float4 *)hs)[k] = v;
             }
             __syncthreads();
-            gemv_block<true, WT, 2, 1, true>((int)blockIdx.x, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act,
-                                             a.N, 0);
+            gemv_block<true, WT, R, 1, true>(bx, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
         } else {
             __syncthreads();
-            gemv_block<true, WT, 2, 1>((int)blockIdx.x, W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N,
-                                       0);
+            gemv_block<true, WT, R, 1>(bx, W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
         }
         if (a.sdone) { /* publish the act rows: every writer fences, then one count */
             __threadfence();
@@ -1259,7 +1264,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         return;
     }
     cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run) */
-    const int gy = a.shared_first ? (int)blockIdx.y - a.S : (int)blockIdx.y;
+    const int gy = a.shared_first ? by - a.S : by;
     /* the logits and the bias into shared memory first, every load at once:
      * route_row reads them several times, ~0.5 us a pass from L2 */
     for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32) {
@@ -1284,7 +1289,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
     const int g = gy < a.top_k ? sid[p] : a.E + (gy - a.top_k);
     if (threadIdx.x == 0)
         prow[0] = p;
-    if (blockIdx.x == 0 && gy == 0) { /* the first routed block */
+    if (bx == 0 && gy == 0) { /* the first routed block */
         for (int i = threadIdx.x; i < a.top_k; i += GV_WARPS * 32) {
             a.ids[i] = sid[i];
             a.weights[i] = sw[i];
@@ -1292,12 +1297,12 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
     }
     __syncthreads();
-    gemv_block<true, WT, 2, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0,
-                               1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
+    gemv_block<true, WT, R, 1>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0,
+                               prow, a.h, a.K, a.act, a.N, 0);
 }
 
 /* One row's grouped down GEMV, launched by PDL while k_moe_gate_up1 runs:
- * block (x, gy) computes output rows 16 x .. 16 x + 15 of y row p with
+ * block (x, gy) computes output rows 8 R x .. 8 R x + 8 R - 1 of y row p with
  * down_g, for gy < S the shared group g = E + gy (p = top_k + gy), else
  * pair p = gy - S and its expert ids[p]. A shared group's blocks start as
  * soon as k_moe_gate_up1's shared blocks have all counted themselves in
@@ -1318,7 +1323,7 @@ typedef struct {
     float *y;
 } moe_dn1_args;
 
-template <typename WT> static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args a) {
+template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_down1(moe_dn1_args a) {
     extern __shared__ float4 dn1_smem4[];
     cu_pdl_launch_dependents();
     const int gy = blockIdx.y;
@@ -1335,14 +1340,26 @@ template <typename WT> static __global__ void __launch_bounds__(GV_WARPS * 32) k
         for (int k = threadIdx.x; k < a.I / 4; k += GV_WARPS * 32)
             ((float4 *)as)[k] = __ldcg(src + k);
         __syncthreads();
-        gemv_block<false, WT, 2, 1, true>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1,
+        gemv_block<false, WT, R, 1, true>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1,
                                           NULL, NULL, as, a.I, a.y + (size_t)p * a.H, a.H, 0);
         return;
     }
     cu_pdl_wait();
     const int p = gy - a.S, g = a.ids[p];
-    gemv_block<false, WT, 2, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
+    gemv_block<false, WT, R, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
                                 a.act + (size_t)p * a.I, a.I, a.y + (size_t)p * a.H, a.H, 0);
+}
+
+/* Launches of the one-row kernels, one function a variant so that
+ * CU_SMEM_OPTIN's per-call-site memory belongs to one kernel. optin: the
+ * launch asks for dynamic shared memory (cfg's). */
+template <typename WT, int R> static cudaError_t gu1_launch(const cudaLaunchConfig_t *cfg, const moe_gu1_args &a, bool optin) {
+    const cudaError_t e = optin ? CU_SMEM_OPTIN((k_moe_gate_up1<WT, R>), cfg->dynamicSmemBytes) : cudaSuccess;
+    return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_gate_up1<WT, R>, a) : e;
+}
+template <typename WT, int R> static cudaError_t dn1_launch(const cudaLaunchConfig_t *cfg, const moe_dn1_args &a) {
+    const cudaError_t e = CU_SMEM_OPTIN((k_moe_down1<WT, R>), cfg->dynamicSmemBytes);
+    return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_down1<WT, R>, a) : e;
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -1617,19 +1634,15 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
          * shared blocks in the set's ticket (unused at one row) */
         dn1 = gu_pdl && !c->moe_down1_off && I % 4 == 0 && (size_t)I * sizeof(float) + 8192 <= c->smem_optin;
         ua.sdone = dn1 ? set_ticket(set) : NULL;
-        const dim3 grid((unsigned)((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(K + S));
+        const int R = c->moe1_rows_gu;
+        const dim3 grid((unsigned)(((I + GV_WARPS * R - 1) / (GV_WARPS * R)) * (K + S)));
         cudaLaunchAttribute uat;
         cudaLaunchConfig_t ucfg =
             cu_launch_config(grid, dim3(GV_WARPS * 32), gu_pdl ? usmem : 0, c->stream, gu_pdl, &uat);
-        if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
-            e = gu_pdl ? CU_SMEM_OPTIN(k_moe_gate_up1<__nv_bfloat16>, usmem) : cudaSuccess;
-            if (e == cudaSuccess)
-                e = cudaLaunchKernelEx(&ucfg, k_moe_gate_up1<__nv_bfloat16>, ua);
-        } else {
-            e = gu_pdl ? CU_SMEM_OPTIN(k_moe_gate_up1<float>, usmem) : cudaSuccess;
-            if (e == cudaSuccess)
-                e = cudaLaunchKernelEx(&ucfg, k_moe_gate_up1<float>, ua);
-        }
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+            e = R == 4 ? gu1_launch<__nv_bfloat16, 4>(&ucfg, ua, gu_pdl) : gu1_launch<__nv_bfloat16, 2>(&ucfg, ua, gu_pdl);
+        else
+            e = R == 4 ? gu1_launch<float, 4>(&ucfg, ua, gu_pdl) : gu1_launch<float, 2>(&ucfg, ua, gu_pdl);
         if (!CU_LAUNCHED(c, e, "moe_block: gate_up (routing)"))
             return true;
     } else if (!CU_LAUNCHED(c,
@@ -1644,22 +1657,18 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     if (dn1) {
         moe_dn1_args da = {};
         da.E = E, da.S = S, da.top_k = K, da.H = H, da.I = I;
-        da.need = (unsigned)(S * ((I + GV_WARPS * 2 - 1) / (GV_WARPS * 2))), da.sdone = set_ticket(set);
+        const int Rg = c->moe1_rows_gu, R = c->moe1_rows_dn;
+        da.need = (unsigned)(S * ((I + GV_WARPS * Rg - 1) / (GV_WARPS * Rg))), da.sdone = set_ticket(set);
         da.ids = a->ids, da.w = set_dn(set), da.ldw = set_ints(set, 2), da.act = act, da.y = y;
         const size_t dsmem = (size_t)I * sizeof(float);
         cudaLaunchAttribute dat;
         cudaLaunchConfig_t dcfg =
-            cu_launch_config(dim3((unsigned)((H + GV_WARPS * 2 - 1) / (GV_WARPS * 2)), (unsigned)(S + K)),
+            cu_launch_config(dim3((unsigned)((H + GV_WARPS * R - 1) / (GV_WARPS * R)), (unsigned)(S + K)),
                              dim3(GV_WARPS * 32), dsmem, c->stream, true, &dat);
-        if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
-            e = CU_SMEM_OPTIN(k_moe_down1<__nv_bfloat16>, dsmem);
-            if (e == cudaSuccess)
-                e = cudaLaunchKernelEx(&dcfg, k_moe_down1<__nv_bfloat16>, da);
-        } else {
-            e = CU_SMEM_OPTIN(k_moe_down1<float>, dsmem);
-            if (e == cudaSuccess)
-                e = cudaLaunchKernelEx(&dcfg, k_moe_down1<float>, da);
-        }
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+            e = R == 4 ? dn1_launch<__nv_bfloat16, 4>(&dcfg, da) : dn1_launch<__nv_bfloat16, 2>(&dcfg, da);
+        else
+            e = R == 4 ? dn1_launch<float, 4>(&dcfg, da) : dn1_launch<float, 2>(&dcfg, da);
         if (!CU_LAUNCHED(c, e, "moe_block: down (PDL)"))
             return true;
     } else if (!CU_LAUNCHED(c,

@@ -3148,6 +3148,11 @@ int main(void) {
         cmocka_unit_test(test_mla_decode_prep),
         cmocka_unit_test(test_rmsnorm_gemm_pair),
     };
+    /* PD_TEST_FILTER: run only the tests whose names match (cmocka's
+     * wildcards), e.g. a GPU run's A/B of one kernel switch */
+    const char *filter = getenv("PD_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     int rc = cmocka_run_group_tests_name("cpu", tests, setup_cpu, teardown);
     rc |= cmocka_run_group_tests_name("cuda-f32", tests, setup_f32, teardown);
     rc |= cmocka_run_group_tests_name("cuda-bf16", tests, setup_bf16, teardown);
