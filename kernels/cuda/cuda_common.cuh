@@ -129,6 +129,8 @@ typedef struct {
                           loading them into registers (A/B runs) */
     bool mla_pdl_off; /* PD_MLA_PDL=0: the decode attention's q_lat, split and merge kernels launched plainly, not by
                          PDL with their weights / first tile loaded before the wait (A/B runs) */
+    bool moe_cmb1_plain; /* PD_MOE_COMBINE1_PDL=0: the batch-1 combine after k_moe_down1 as a plain launch, not by PDL
+                            with x read before the wait (A/B runs) */
     int moe1_rows_gu, moe1_rows_dn; /* PD_MOE1_ROWS=G,D (2 or 4 each): output rows a warp of the batch-1 gate_up
                                        and down GEMVs (k_moe_gate_up1, k_moe_down1); 4 halves their blocks (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */

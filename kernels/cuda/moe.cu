@@ -782,11 +782,16 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
                         const float *__restrict__ w, const float *__restrict__ y, float *__restrict__ out,
-                        unsigned *__restrict__ reset) {
+                        unsigned *__restrict__ reset, int early) {
     cu_pdl_launch_dependents();
+    const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
+    /* out is final before the MoE block's first kernel: launched by PDL (one
+     * row), the block reads it before the wait, which returns once the down
+     * GEMV has ended (a no-op in a plain launch) */
+    const float o = d < hidden && early ? out[(size_t)r * hidden + d] : 0.0f;
+    cu_pdl_wait();
     if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         *reset = 0; /* k_moe_down1's counter, for the next launch (its kernels have ended) */
-    const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     if (d >= hidden)
         return;
     const int32_t *idr = ids + (size_t)r * top_k;
@@ -800,7 +805,10 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     const size_t n = (size_t)gridDim.x * top_k;
     for (int g = 0; g < S; g++)
         acc += y[(n + (size_t)g * gridDim.x + r) * hidden + d];
-    out[(size_t)r * hidden + d] += acc;
+    if (early)
+        out[(size_t)r * hidden + d] = o + acc;
+    else
+        out[(size_t)r * hidden + d] += acc;
 }
 
 /* Decode-sized batches (at most this many pairs) run as four launches that
@@ -885,7 +893,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out, NULL);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out, NULL,
+                                                             0);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
 }
 
@@ -1677,10 +1686,16 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
                                                    c->stream),
                             "moe_block: down"))
         return true;
-    k_moe_combine_pairs<<<dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(H, K, E, S, a->ids, a->weights, y, a->x,
-                                                             dn1 ? set_ticket(set) : NULL);
-    CU_LAUNCHED(c, cudaGetLastError(), "moe_block: combine");
+    /* after k_moe_down1, by PDL: x read before the wait */
+    const int early = dn1 && !c->moe_cmb1_plain;
+    cudaLaunchAttribute cat;
+    cudaLaunchConfig_t ccfg =
+        cu_launch_config(dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
+                         dim3(CMB_PAIRS_THREADS), 0, c->stream, early, &cat);
+    CU_LAUNCHED(c,
+                cudaLaunchKernelEx(&ccfg, k_moe_combine_pairs, H, K, E, S, (const int32_t *)a->ids,
+                                   (const float *)a->weights, (const float *)y, a->x, dn1 ? set_ticket(set) : NULL, early),
+                "moe_block: combine");
     return true;
 }
 
