@@ -10,6 +10,7 @@
 #   bin/bench_step        decode steps of a whole model (tests/gpu/bench_step.c)
 #   bin/bench_prefill     prefill of whole prompts against the GEMM ceiling (tests/gpu/bench_prefill.c)
 #   bin/bench_sample      sampling on the GPU against download + host sampler (tests/gpu/bench_sample.c)
+#   bin/bench_moe_stream  the batch-1 MoE GEMVs' weights streamed alone, by kernel shape (tests/gpu/bench_moe_stream.cu)
 #   lib/libpdtrace.so     the CUPTI timeline preloaded by run.sh's trace steps (tests/gpu/cupti_trace.c),
 #                         with the libcupti it needs
 #   lib/                  the shared libraries those binaries need that a bare CUDA image lacks
@@ -64,6 +65,8 @@ cc -O2 -std=gnu11 -c -o "$B/bench_prefill.o" "$SRC/tests/gpu/bench_prefill.c" -I
 cc -O2 -std=gnu11 -c -o "$B/bench_sample.o" "$SRC/tests/gpu/bench_sample.c" -I"$SRC/common" -I"$SRC/kernels" \
     -I"$SRC/model" -I/usr/local/cuda/include
 (cd "$B" && eval "c++ -o bench_sample bench_sample.o $LINK")
+"$NVCC" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o "$B/bench_moe_stream" \
+    "$SRC/tests/gpu/bench_moe_stream.cu" -I"$SRC/common" -I"$SRC/kernels" -I"$SRC/kernels/cuda"
 # the CUPTI timeline, preloaded into a bench by run.sh's trace steps (tests/gpu/cupti_trace.c)
 cc -O2 -std=gnu11 -shared -fPIC -o "$B/libpdtrace.so" "$SRC/tests/gpu/cupti_trace.c" -I/usr/local/cuda/include \
     -L/usr/local/cuda/lib64 -lcupti
@@ -72,7 +75,7 @@ STAGE=$B/carry
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 cp "$B/test_backend_ops" "$B/test_all_reduce" "$B/test_model_cuda" "$B/pdserve" "$B/bench_cuda" "$B/bench_step" \
-    "$B/bench_prefill" "$B/bench_sample" "$STAGE/bin/"
+    "$B/bench_prefill" "$B/bench_sample" "$B/bench_moe_stream" "$STAGE/bin/"
 cp "$B/libpdtrace.so" "$(readlink -f /usr/local/cuda/lib64/libcupti.so)" "$STAGE/lib/"
 strip --strip-debug "$STAGE"/bin/*
 for bin in "$STAGE"/bin/*; do

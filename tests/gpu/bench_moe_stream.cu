@@ -1,0 +1,279 @@
+/* How fast the batch-1 MoE GEMVs' weights stream, alone: six of 64 V2-Lite-sized
+ * experts (gate_up [2816, 2048], down [2048, 1408], bf16), through
+ * gemv_block (kernels/cuda/gemv.cuh) at 1, 2 and 4 rows a warp, with an L2
+ * prefetch first, as persistent grids, with the whole K in registers, and
+ * as a fused gate_up + down-column-slice kernel; against a plain read of the
+ * same bytes and a device-to-device copy in the same run. Each figure: 40
+ * launches of one CUDA graph (a different six experts each launch, so the
+ * 50 MB L2 holds none of them), the best of six replays ÷ 40. Each variant's
+ * output is checked against the first's (MISMATCH lines).
+ *
+ * build (tests/gpu/build.sh does): nvcc -std=c++17 -O3
+ *   -gencode=arch=compute_90a,code=sm_90a -I common -I kernels -I kernels/cuda
+ *   -o bench_moe_stream tests/gpu/bench_moe_stream.cu
+ * run on the GPU host: bench_moe_stream (no arguments; ~1.1 GB of device memory) */
+#include "gemv.cuh"
+#include <cstdio>
+#include <vector>
+#include <algorithm>
+
+typedef __nv_bfloat16 bf;
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+struct P {
+    const bf *base; size_t estride; const int *ids; int N, K, ldw, upo;
+    const float *x; float *y;
+};
+
+template <bool SW, int R>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_cur(P p) {
+    const int e = p.ids[blockIdx.y];
+    const bf *W = p.base + (size_t)e * p.estride;
+    gemv_block<SW, bf, R, 1>((int)blockIdx.x, W, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL, p.x, p.K,
+                             p.y + (size_t)blockIdx.y * p.N, p.N, 0);
+}
+
+/* prefetch own rows to L2 first */
+template <bool SW, int R>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_pf(P p) {
+    const int e = p.ids[blockIdx.y];
+    const bf *W = p.base + (size_t)e * p.estride;
+    const int n0 = blockIdx.x * GV_WARPS * R;
+    const int nr = min(GV_WARPS * R, p.N - n0);
+    if (threadIdx.x == 0) {
+        cu_prefetch_l2(W + (size_t)n0 * p.ldw, (unsigned)(nr * p.ldw * 2));
+        if (SW) cu_prefetch_l2(W + (size_t)(p.upo + n0) * p.ldw, (unsigned)(nr * p.ldw * 2));
+    }
+    gemv_block<SW, bf, R, 1>((int)blockIdx.x, W, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL, p.x, p.K,
+                             p.y + (size_t)blockIdx.y * p.N, p.N, 0);
+}
+
+/* persistent: grid of G blocks, tasks (x, y) of 8R rows spread; each block takes tasks b, b+G, ... in
+ * y-major order so an SM's share is spread */
+template <bool SW, int R>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_pers(P p, int nx, int ny) {
+    for (int t = blockIdx.x; t < nx * ny; t += gridDim.x) {
+        const int y = t / nx, x = t % nx;
+        const int e = p.ids[y];
+        const bf *W = p.base + (size_t)e * p.estride;
+        gemv_block<SW, bf, R, 1>(x, W, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL, p.x, p.K, p.y + (size_t)y * p.N,
+                                 p.N, 0);
+    }
+}
+
+/* register GEMV: a warp's R output rows, the whole K in registers (KC pieces a lane), loads all at once */
+template <bool SW, int R, int KC>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_reg(P p) {
+    const int e = p.ids[blockIdx.y];
+    const bf *W = p.base + (size_t)e * p.estride;
+    constexpr int NR = SW ? 2 * R : R;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * GV_WARPS + warp) * R;
+    if (n0 >= p.N) return;
+    const int K8 = p.K / 8;
+    gv_w8<bf> w[NR][KC];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const bf *row = W + ((r < R ? 0 : p.upo) + min(n0 + r % R, p.N - 1)) * (size_t)p.ldw;
+#pragma unroll
+        for (int c = 0; c < KC; c++)
+            if (lane + 32 * c < K8) w[r][c].load(row, lane + 32 * c);
+    }
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.f;
+    const float4 *x4 = (const float4 *)p.x;
+#pragma unroll
+    for (int c = 0; c < KC; c++) {
+        const int k8 = lane + 32 * c;
+        if (k8 < K8) {
+            const float4 a = __ldg(x4 + 2 * k8), b = __ldg(x4 + 2 * k8 + 1);
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] += w[r][c].dot(a, b);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = cu_warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (n0 + r < p.N) {
+                float *dst = p.y + (size_t)blockIdx.y * p.N + n0 + r;
+                if (SW) { const float g = acc[r], u = acc[R + r]; *dst = g / (1.f + expf(-g)) * u; }
+                else *dst = acc[r];
+            }
+}
+
+
+/* down partial over a column slice: block (bx, y) multiplies D_e[:, 32bx .. 32bx+32) by act[32] -> part[y][bx][H] */
+template <int UN>
+__device__ __forceinline__ void down_slice(const bf *D, int H, int I, int c0, const float *act_s, float *part) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 3, rr = lane >> 2;
+    float4 a0 = ((const float4 *)act_s)[2 * q], a1 = ((const float4 *)act_s)[2 * q + 1];
+#pragma unroll UN
+    for (int r0 = warp * 8; r0 < H; r0 += GV_WARPS * 8) {
+        const int row = r0 + rr;
+        gv_w8<bf> w;
+        w.v = __ldg((const uint4 *)(D + (size_t)row * I + c0 + q * 8));
+        float s = w.dot(a0, a1);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (q == 0) part[row] = s;
+    }
+}
+__global__ void __launch_bounds__(GV_WARPS * 32) k_dcol(P p, float *part) {
+    const int e = p.ids[blockIdx.y];
+    __shared__ float act_s[32];
+    if (threadIdx.x < 32) act_s[threadIdx.x] = p.x[blockIdx.x * 32 + threadIdx.x];
+    __syncthreads();
+    down_slice<8>(p.base + (size_t)e * p.estride, p.N, p.K, blockIdx.x * 32, act_s,
+                  part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * p.N);
+}
+/* fused: gate_up rows4 (32 act) then the down slice partial */
+__global__ void __launch_bounds__(GV_WARPS * 32) k_fused(P p, const bf *dn, size_t dstride, int H, float *act, float *part) {
+    const int e = p.ids[blockIdx.y];
+    __shared__ float act_s[32];
+    gemv_block<true, bf, 4, 1>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL,
+                               p.x, p.K, act + (size_t)blockIdx.y * p.N, p.N, 0);
+    __syncthreads();
+    if (threadIdx.x < 32) act_s[threadIdx.x] = act[(size_t)blockIdx.y * p.N + blockIdx.x * 32 + threadIdx.x];
+    __syncthreads();
+    down_slice<8>(dn + (size_t)e * dstride, H, p.N, blockIdx.x * 32, act_s,
+                  part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * H);
+}
+/* pure read of the experts' rows used (6 ranges), U uint4 a thread in flight */
+template <int U>
+__global__ void __launch_bounds__(256) k_read(P p, size_t bytes_per_e, int ne, float *sink) {
+    const size_t n16 = bytes_per_e / 16;
+    const size_t total = n16 * ne;
+    const size_t stride = (size_t)gridDim.x * blockDim.x * U;
+    uint32_t s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x * U + threadIdx.x; i < total; i += stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t j = i + (size_t)u * blockDim.x;
+            if (j < total) {
+                const int e = p.ids[j / n16];
+                v[u] = __ldg((const uint4 *)(p.base + (size_t)e * p.estride) + j % n16);
+            } else v[u] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) s ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (s == 0x12345678u) sink[0] = 1.f;
+}
+
+int main() {
+    int nsm; CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+    const int E = 64, H = 2048, I = 1408, TOPK = 6, REPS = 40;
+    const size_t gu_e = (size_t)2 * I * H, dn_e = (size_t)H * I;
+    bf *gu, *dn; float *x, *y, *yref, *sink;
+    CK(cudaMalloc(&gu, gu_e * E * 2)); CK(cudaMalloc(&dn, dn_e * E * 2));
+    CK(cudaMalloc(&x, H * 4 * 4)); CK(cudaMalloc(&y, (size_t)TOPK * H * 4)); CK(cudaMalloc(&yref, (size_t)TOPK * H * 4));
+    CK(cudaMalloc(&sink, 4));
+    {   // random-ish init on host in chunks
+        std::vector<uint16_t> h(1 << 24);
+        unsigned s = 1;
+        for (auto &v : h) { s = s * 1664525u + 1013904223u; v = (uint16_t)(0x3c00 | ((s >> 9) & 0x3ff)) ^ ((s >> 31) << 15); }
+        for (size_t o = 0; o < gu_e * E; o += h.size()) CK(cudaMemcpy(gu + o, h.data(), std::min(h.size(), gu_e * E - o) * 2, cudaMemcpyHostToDevice));
+        for (size_t o = 0; o < dn_e * E; o += h.size()) CK(cudaMemcpy(dn + o, h.data(), std::min(h.size(), dn_e * E - o) * 2, cudaMemcpyHostToDevice));
+        std::vector<float> hx(H * 4);
+        for (auto &v : hx) { s = s * 1664525u + 1013904223u; v = ((s >> 8) & 0xffff) / 65536.f - 0.5f; }
+        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<int> hid(REPS * TOPK);
+    for (int r = 0; r < REPS; r++) for (int j = 0; j < TOPK; j++) hid[r * TOPK + j] = (r * 7 + j * 11) % E;
+    int *ids; CK(cudaMalloc(&ids, hid.size() * 4)); CK(cudaMemcpy(ids, hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
+    cudaStream_t st; CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+
+    // copy ceiling
+    {
+        const size_t B = (size_t)256 << 20;
+        void *a = gu, *b = dn; // scratch use: overwrite is fine for timing (data stays bf16 noise)
+        float best = 1e9;
+        for (int i = 0; i < 6; i++) {
+            CK(cudaEventRecord(e0, st)); CK(cudaMemcpyAsync(b, a, B, cudaMemcpyDeviceToDevice, st)); CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1)); float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); best = std::min(best, ms);
+        }
+        printf("copy 256 MiB D2D: %.1f us, read+write %.0f GB/s (one-way %.0f)\n", best * 1e3, 2.0 * B / best / 1e6, B / best / 1e6);
+    }
+
+    auto timeit = [&](const char *name, double mb, auto launch) {
+        cudaGraph_t g; cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int r = 0; r < REPS; r++) launch(r);
+        CK(cudaStreamEndCapture(st, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+        float best = 1e9;
+        for (int i = 0; i < 6; i++) {
+            CK(cudaEventRecord(e0, st)); CK(cudaGraphLaunch(ge, st)); CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1)); float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); best = std::min(best, ms);
+        }
+        const double us = best * 1e3 / REPS;
+        printf("%-34s %7.2f us  %6.0f GB/s\n", name, us, mb / us * 1e3);
+        CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+    };
+    auto check = [&](const char *name, int n) {
+        std::vector<float> a(n), b(n);
+        CK(cudaMemcpy(a.data(), y, n * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), yref, n * 4, cudaMemcpyDeviceToHost));
+        double md = 0, mr = 0;
+        for (int i = 0; i < n; i++) { md = std::max(md, (double)fabsf(a[i] - b[i])); mr = std::max(mr, (double)fabsf(b[i])); }
+        if (md > 1e-3 * mr) printf("  MISMATCH %s: %g of %g\n", name, md, mr);
+    };
+    for (int shape = 0; shape < 2; shape++) {
+        const bool gate = shape == 0;
+        P p;
+        p.base = gate ? gu : dn; p.estride = gate ? gu_e : dn_e;
+        p.N = gate ? I : H; p.K = gate ? H : I; p.ldw = p.K; p.upo = gate ? I : 0; p.x = x; p.y = y;
+        const double mb = (double)TOPK * p.estride * 2 / 1e6;
+        printf("== %s: %d experts, %.1f MB\n", gate ? "gate_up" : "down", TOPK, mb);
+        auto P_r = [&](int r) { P q = p; q.ids = ids + r * TOPK; return q; };
+        // reference
+        { P q = P_r(0); q.y = yref;
+          if (gate) k_cur<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(q); else k_cur<false, 2><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(q);
+          CK(cudaStreamSynchronize(st)); }
+        const int n = TOPK * p.N;
+#define RUN(NAME, LAUNCH) do { { int r = 0; (void)r; LAUNCH; } CK(cudaStreamSynchronize(st)); check(NAME, n); timeit(NAME, mb, [&](int r) { LAUNCH; }); } while (0)
+        if (gate) {
+            RUN("cur rows2 (88x6)", (k_cur<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("cur rows1", (k_cur<true, 1><<<dim3((I + 7) / 8, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("cur rows4", (k_cur<true, 4><<<dim3((I + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("l2 prefetch rows2", (k_pf<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("l2 prefetch rows4", (k_pf<true, 4><<<dim3((I + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("persistent rows2 4/SM", (k_pers<true, 2><<<nsm * 4, 256, 0, st>>>(P_r(r), (I + 15) / 16, TOPK)));
+            RUN("persistent rows2 2/SM", (k_pers<true, 2><<<nsm * 2, 256, 0, st>>>(P_r(r), (I + 15) / 16, TOPK)));
+            RUN("persistent rows1 4/SM", (k_pers<true, 1><<<nsm * 4, 256, 0, st>>>(P_r(r), (I + 7) / 8, TOPK)));
+            {
+                float *part; CK(cudaMalloc(&part, (size_t)TOPK * 44 * H * 4));
+                const double mbf = mb + (double)TOPK * dn_e * 2 / 1e6;
+                timeit("seq gate_up rows2 + down rows2", mbf, [&](int r) {
+                    k_cur<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(P_r(r));
+                    P q = P_r(r); q.base = dn; q.estride = dn_e; q.N = H; q.K = I; q.ldw = I; q.upo = 0; q.x = yref;
+                    k_cur<false, 2><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(q); });
+                timeit("fused gate_up rows4 + down slice", mbf, [&](int r) {
+                    k_fused<<<dim3(I / 32, TOPK), 256, 0, st>>>(P_r(r), dn, dn_e, H, yref, part); });
+                timeit("down slice only (part)", mbf - mb, [&](int r) {
+                    P q = P_r(r); q.base = dn; q.estride = dn_e; q.N = H; q.K = I; q.x = x;
+                    k_dcol<<<dim3(I / 32, TOPK), 256, 0, st>>>(q, part); });
+                CK(cudaFree(part));
+            }
+        } else {
+            RUN("cur rows2 (128x6)", (k_cur<false, 2><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("cur rows1", (k_cur<false, 1><<<dim3((H + 7) / 8, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("cur rows4", (k_cur<false, 4><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("l2 prefetch rows2", (k_pf<false, 2><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("persistent rows2 5/SM", (k_pers<false, 2><<<nsm * 5, 256, 0, st>>>(P_r(r), (H + 15) / 16, TOPK)));
+            RUN("reg rows2 KC6", (k_reg<false, 2, 6><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("reg rows4 KC6", (k_reg<false, 4, 6><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+        }
+        const size_t be = p.estride * 2;
+        timeit("read U4 4/SM", mb, [&](int r) { k_read<4><<<nsm * 4, 256, 0, st>>>(P_r(r), be, TOPK, sink); });
+        timeit("read U8 4/SM", mb, [&](int r) { k_read<8><<<nsm * 4, 256, 0, st>>>(P_r(r), be, TOPK, sink); });
+        timeit("read U8 8/SM", mb, [&](int r) { k_read<8><<<nsm * 8, 256, 0, st>>>(P_r(r), be, TOPK, sink); });
+        timeit("read U4 many", mb, [&](int r) { k_read<4><<<(unsigned)(TOPK * be / 16 / 1024), 256, 0, st>>>(P_r(r), be, TOPK, sink); });
+        timeit("empty-ish (read 0 experts)", 0.0, [&](int r) { k_read<4><<<nsm * 4, 256, 0, st>>>(P_r(r), be, 0, sink); });
+    }
+    printf("done\n");
+    return 0;
+}
