@@ -777,7 +777,8 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
  * rows of the shared experts, weight 1). Block (row, 256 columns), one
  * column a thread: the top_k loads of a column are independent, so a row of
  * 2048 takes 8 blocks instead of one block's 8 × top_k dependent loads a
- * thread. */
+ * thread. early: launched by PDL after k_moe_down1 (moe_block at one row),
+ * each thread reads its out before the wait; 0 in a plain launch. */
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
@@ -926,7 +927,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  * its own wait (x is final), its shared blocks norming x themselves and
  * streaming while the router runs (its routed blocks wait for the gate);
  * k_moe_down1 starts the same way during k_moe_gate_up1, its shared blocks
- * as soon as the gate_up's shared blocks are done. Plain PDL for the down
+ * as soon as the gate_up's shared blocks are done, and the combine by PDL
+ * after it, reading x before its wait (session 11). Plain PDL for the down
  * and combine launches, where the early blocks only wait, was slower
  * (docs/benchmarks.md, session 9). */
 #define GATE_THREADS 128 /* a block: four experts' logits */
