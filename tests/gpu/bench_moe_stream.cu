@@ -61,47 +61,13 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_pers(P p, int nx, int ny) {
     }
 }
 
-/* register GEMV: a warp's R output rows, the whole K in registers (KC pieces a lane), loads all at once */
-template <bool SW, int R, int KC>
+/* the whole K in registers (gemv_pre, the one-row GEMVs' path in gemv.cuh): a warp's R rows, KC pieces a lane */
+template <int R, int KC>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_reg(P p) {
     const int e = p.ids[blockIdx.y];
-    const bf *W = p.base + (size_t)e * p.estride;
-    constexpr int NR = SW ? 2 * R : R;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * GV_WARPS + warp) * R;
-    if (n0 >= p.N) return;
-    const int K8 = p.K / 8;
-    gv_w8<bf> w[NR][KC];
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        const bf *row = W + ((r < R ? 0 : p.upo) + min(n0 + r % R, p.N - 1)) * (size_t)p.ldw;
-#pragma unroll
-        for (int c = 0; c < KC; c++)
-            if (lane + 32 * c < K8) w[r][c].load(row, lane + 32 * c);
-    }
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.f;
-    const float4 *x4 = (const float4 *)p.x;
-#pragma unroll
-    for (int c = 0; c < KC; c++) {
-        const int k8 = lane + 32 * c;
-        if (k8 < K8) {
-            const float4 a = __ldg(x4 + 2 * k8), b = __ldg(x4 + 2 * k8 + 1);
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] += w[r][c].dot(a, b);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = cu_warp_sum(acc[r]);
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (n0 + r < p.N) {
-                float *dst = p.y + (size_t)blockIdx.y * p.N + n0 + r;
-                if (SW) { const float g = acc[r], u = acc[R + r]; *dst = g / (1.f + expf(-g)) * u; }
-                else *dst = acc[r];
-            }
+    gemv_pre<bf, R, KC> w;
+    w.load((int)blockIdx.x, p.base + (size_t)e * p.estride, (size_t)p.ldw, p.N, p.K);
+    w.template run<false>(p.N, p.K, 1, p.x, p.K, p.y + (size_t)blockIdx.y * p.N, p.N, 0);
 }
 
 
@@ -264,8 +230,8 @@ int main() {
             RUN("cur rows4", (k_cur<false, 4><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("l2 prefetch rows2", (k_pf<false, 2><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("persistent rows2 5/SM", (k_pers<false, 2><<<nsm * 5, 256, 0, st>>>(P_r(r), (H + 15) / 16, TOPK)));
-            RUN("reg rows2 KC6", (k_reg<false, 2, 6><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
-            RUN("reg rows4 KC6", (k_reg<false, 4, 6><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("reg rows2 KC6", (k_reg<2, 6><<<dim3((H + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
+            RUN("reg rows4 KC6", (k_reg<4, 6><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
         }
         const size_t be = p.estride * 2;
         timeit("read U4 4/SM", mb, [&](int r) { k_read<4><<<nsm * 4, 256, 0, st>>>(P_r(r), be, TOPK, sink); });
