@@ -210,6 +210,7 @@ static int teardown(void **state) {
     event_base_loop(f->base, EVLOOP_NONBLOCK); /* what pd_gw_server_free left to the loop */
     event_base_free(f->base);
     pd_tok_free(&f->tok);
+    unlink(f->endpoint + strlen("ipc://")); /* the socket file ZeroMQ's ipc listener leaves behind */
     free(f);
     return 0;
 }

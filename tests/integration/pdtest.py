@@ -2,7 +2,8 @@
 127.0.0.1): checks that collect failures, free ports, HTTP calls, /metrics
 parsing, a tiny model made once per test, a `pdserve up` stack started,
 awaited and stopped, and streamed (SSE) responses read and checked."""
-import collections, http.client, json, os, random, selectors, signal, socket, subprocess, sys, tempfile, time
+import atexit, collections, http.client, json, os, random, selectors, shutil, signal, socket, subprocess, sys
+import tempfile, time
 
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 SRC = os.environ.get("PD_SOURCE_DIR", ".")
@@ -90,8 +91,22 @@ def metric(m, name, **labels):
     return tot
 
 
+def temp_dir():
+    """A new temporary folder, removed with everything in it when the test
+    exits (atexit), so that a CI run leaves no models behind (each tiny
+    model is ~40 MB; a CI host once ran out of disk). PD_KEEP_TMP=1 keeps
+    it, to read a failed run's logs after the fact; a failure prints the
+    stack's log either way (stop_up)."""
+    tmp = tempfile.mkdtemp(prefix="pdtest-")
+    if not os.environ.get("PD_KEEP_TMP"):
+        atexit.register(shutil.rmtree, tmp, True)
+    return tmp
+
+
 def tiny_model(preset="tiny"):
-    tmp = tempfile.mkdtemp()
+    """A model made by `pdserve mkmodel --preset PRESET --seed 1` in a new
+    temp_dir(). Returns (that folder, the model's path)."""
+    tmp = temp_dir()
     model = os.path.join(tmp, preset)
     subprocess.run([BIN, "mkmodel", "--preset", preset, "--seed", "1", "--out", model], check=True, capture_output=True)
     return tmp, model

@@ -18,9 +18,9 @@ summary.json counts it under the right reason.
   document and 0/3 against one that does not.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import csv, json, os, socket, subprocess, sys, tempfile, time
+import csv, json, os, socket, subprocess, sys, time
 
-from pdtest import free_port_pair
+from pdtest import free_port_pair, temp_dir
 
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 SRC = os.environ.get("PD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -113,7 +113,7 @@ def check_mix(port, tmp, endpoint):
 
 
 def main():
-    tmp = tempfile.mkdtemp()
+    tmp = temp_dir()
     port = free_port()
     srv = subprocess.Popen([sys.executable, os.path.join(SRC, "tests", "bench", "fake_server.py"), str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

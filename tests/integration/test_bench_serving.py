@@ -14,9 +14,9 @@ gateway, prefill and decode replicas on 127.0.0.1), kept short:
   nothing crashes.
 Run by ctest (tests/integration/*.py) with PD_BIN set.
 """
-import csv, json, os, socket, subprocess, sys, tempfile, time, urllib.request
+import csv, json, os, socket, subprocess, sys, time, urllib.request
 
-from pdtest import free_port_pair  # ports below the ephemeral range
+from pdtest import free_port_pair, temp_dir  # ports below the ephemeral range
 
 BIN = os.environ.get("PD_BIN", "build/pdserve")
 failures = []
@@ -111,7 +111,7 @@ def all_ok(s, what):
 
 
 def main():
-    tmp = tempfile.mkdtemp()
+    tmp = temp_dir()
     model = os.path.join(tmp, "tiny")
     subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "1", "--out", model], check=True,
                    capture_output=True)

@@ -35,7 +35,7 @@ def vg(tmp, name, args):
     log = os.path.join(tmp, f"{name}.vg.log")
     cmd = ["valgrind", "--tool=memcheck", "--leak-check=full", "--errors-for-leak-kinds=definite",
            "--show-leak-kinds=definite", "--error-exitcode=99", "--track-origins=no", "--num-callers=30",
-           f"--suppressions={os.path.join(HERE, 'pdserve.supp')}", "--gen-suppressions=all",
+           "--vgdb=no", f"--suppressions={os.path.join(HERE, 'pdserve.supp')}", "--gen-suppressions=all",
            f"--log-file={log}", BIN] + args
     out = open(os.path.join(tmp, f"{name}.log"), "w")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT), log
