@@ -99,6 +99,7 @@ struct pd_gw_request {
     void *engine_data;
     bool submitted;   /* the engine accepted it */
     bool engine_done; /* the engine will not call back (finished, failed or aborted) */
+    bool stopped;     /* stop strings ended every choice (pd_gw_request_stopped) */
     bool started;     /* the streamed response head went out */
     bool failed;
     bool in_cb;
@@ -826,6 +827,10 @@ void *pd_gw_request_engine_data(const pd_gw_request *req) {
     return req ? req->engine_data : NULL;
 }
 
+bool pd_gw_request_stopped(const pd_gw_request *req) {
+    return req && req->stopped;
+}
+
 /* ---- life cycle ---------------------------------------------------------- */
 
 static void req_free(pd_gw_request *req) {
@@ -944,6 +949,7 @@ static void req_complete_cb(evutil_socket_t fd, short what, void *arg) {
     pd_gw_request *req = arg;
     if (!req->engine_done) { /* stop strings ended every choice: release the engine */
         req->engine_done = true;
+        req->stopped = true;
         req->srv->engine.abort(req->srv->engine_ctx, req);
     }
     if (req->st) {

@@ -230,6 +230,11 @@ const pd_gw_gen_params *pd_gw_request_params(const pd_gw_request *req);
 void pd_gw_request_set_engine_data(pd_gw_request *req, void *data);
 void *pd_gw_request_engine_data(const pd_gw_request *req);
 
+/** Inside engine->abort: true when the gateway ends req because stop strings
+ * ended every choice (the request succeeded, finish_reason "stop"), false
+ * when the client went away or the server is shutting down. NULL: false. */
+bool pd_gw_request_stopped(const pd_gw_request *req);
+
 /* ------------------------------------------------------------------ */
 /* the server                                                          */
 /* ------------------------------------------------------------------ */

@@ -707,8 +707,10 @@ static void engine_abort(void *engine, pd_gw_request *gwr) {
     pd_router *r = engine;
     gw_req *q = pd_gw_request_engine_data(gwr);
     if (q) {
-        req_finished(r, q, "abort");
-        req_release(r, q, "client went away");
+        /* stop strings ended it: a success ("stop"), timed like one */
+        bool stopped = pd_gw_request_stopped(gwr);
+        req_finished(r, q, stopped ? "stop" : "abort");
+        req_release(r, q, stopped ? "stop string" : "client went away");
     }
 }
 

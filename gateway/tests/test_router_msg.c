@@ -274,10 +274,6 @@ static void test_heartbeat_refusal_names_its_registration(void **state) {
     }
 }
 
-/* A replica's finish_reason other than "stop"/"length" reached
- * pd_gw_on_finish as a pointer into the unpacked Tokens message, which was
- * freed before the response was written: heap-use-after-free. Now such a
- * reason is answered as "stop". */
 /* A replica killed and started again before its heartbeats are missed
  * registers under its id from another process: the requests the old
  * process held fail at once with 503 "... restarted" (they used to wait for
@@ -307,6 +303,10 @@ static void test_restarted_replica_fails_its_requests(void **state) {
     close(fd);
 }
 
+/* A replica's finish_reason other than "stop"/"length" reached
+ * pd_gw_on_finish as a pointer into the unpacked Tokens message, which was
+ * freed before the response was written: heap-use-after-free. Now such a
+ * reason is answered as "stop". */
 static void test_tokens_unknown_finish_reason(void **state) {
     fixture *f = *state;
     fakes_fresh(f);
@@ -701,6 +701,55 @@ static double series(const char *m, const char *name) {
     return -1;
 }
 
+/* A request that a stop string ends (the gateway matches it in the text;
+ * the replica is told to stop) is a success: counted in
+ * request_success_total with finished_reason "stop" and observed in the
+ * end-to-end latency, not counted as "abort" (what a client that went away
+ * is). Found by a walkthrough: each stop-string finish showed as "abort". */
+#define SUCCESS_SHORT(reason)                                                                  \
+    "pdserve:request_success_total{model_name=\"test-model\",class=\"short\",finished_reason=\"" \
+    reason "\"}"
+#define E2E_SHORT_COUNT "pdserve:e2e_request_latency_seconds_count{model_name=\"test-model\",class=\"short\"}"
+static void test_stop_string_is_a_success(void **state) {
+    fixture *f = *state;
+    fakes_fresh(f);
+    char *m0 = get_metrics(f);
+    double stop0 = series(m0, SUCCESS_SHORT("stop")), abort0 = series(m0, SUCCESS_SHORT("abort"));
+    double e2e0 = series(m0, E2E_SHORT_COUNT);
+    free(m0);
+    assert_true(stop0 >= 0 && abort0 >= 0 && e2e0 >= 0);
+
+    int fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":8,\"stop\":[\"world\"]}");
+    pd_msg m;
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    char rid[160];
+    snprintf(rid, sizeof rid, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+    pd_msg_clear(&m);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    pd_err err = {{0}};
+    assert_int_equal(pd_tok_encode(f->tok, "hello world again", 17, true, &ids, &n, &err), PD_OK);
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = rid;
+    t.ids = ids;
+    t.n_ids = n; /* not finished: the stop string ends it at the gateway */
+    assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+    free(ids);
+    char *resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "HTTP/1.1 200"));
+    assert_non_null(strstr(resp, "\"finish_reason\":\"stop\""));
+    assert_non_null(strstr(resp, "\"text\":\"hello \""));
+    free(resp);
+    assert_true(wait_msg(f, f->decode, PD_MSG_ABORT, &m)); /* the replica stops generating it */
+    pd_msg_clear(&m);
+
+    char *m1 = get_metrics(f);
+    assert_true(series(m1, SUCCESS_SHORT("stop")) == stop0 + 1);
+    assert_true(series(m1, SUCCESS_SHORT("abort")) == abort0);
+    assert_true(series(m1, E2E_SHORT_COUNT) == e2e0 + 1);
+    free(m1);
+}
+
 #define WAITING_LONG "pdserve:num_requests_waiting_class{model_name=\"test-model\",class=\"long\"}"
 
 /* A decode replica that refuses a long prompt's reservation for want of
@@ -941,6 +990,7 @@ int main(void) {
         cmocka_unit_test(test_queue_timeout),
         cmocka_unit_test(test_never_fits_is_400),
         cmocka_unit_test(test_long_route_needs_free_slots),
+        cmocka_unit_test(test_stop_string_is_a_success),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
