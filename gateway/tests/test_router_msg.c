@@ -210,7 +210,8 @@ static int teardown(void **state) {
     event_base_loop(f->base, EVLOOP_NONBLOCK); /* what pd_gw_server_free left to the loop */
     event_base_free(f->base);
     pd_tok_free(&f->tok);
-    unlink(f->endpoint + strlen("ipc://")); /* the socket file ZeroMQ's ipc listener leaves behind */
+    /* the socket file ZeroMQ's ipc listener leaves behind */
+    unlink(f->endpoint + strlen("ipc://"));
     free(f);
     return 0;
 }
@@ -706,10 +707,11 @@ static double series(const char *m, const char *name) {
  * request_success_total with finished_reason "stop" and observed in the
  * end-to-end latency, not counted as "abort" (what a client that went away
  * is). Found by a walkthrough: each stop-string finish showed as "abort". */
-#define SUCCESS_SHORT(reason)                                                                  \
-    "pdserve:request_success_total{model_name=\"test-model\",class=\"short\",finished_reason=\"" \
-    reason "\"}"
-#define E2E_SHORT_COUNT "pdserve:e2e_request_latency_seconds_count{model_name=\"test-model\",class=\"short\"}"
+#define SUCCESS_SHORT(reason)                                                                      \
+    "pdserve:request_success_total{model_name=\"test-model\",class=\"short\",finished_reason="     \
+    "\"" reason "\"}"
+#define E2E_SHORT_COUNT                                                                            \
+    "pdserve:e2e_request_latency_seconds_count{model_name=\"test-model\",class=\"short\"}"
 static void test_stop_string_is_a_success(void **state) {
     fixture *f = *state;
     fakes_fresh(f);
@@ -828,7 +830,7 @@ static void test_refusal_backs_off(void **state) {
      * no more than it reported) say there is room */
     reserve_reply(f->decode, rid, false, PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM, "no room", 100,
                   4);
-    assert_int_equal(collect_generates(f, 150, ids, 4), 0); /* within the backoff */
+    assert_int_equal(collect_generates(f, 150, ids, 4), 0);        /* within the backoff */
     assert_true(next_generate(f, f->decode, again, sizeof again)); /* after it */
     assert_string_equal(again, rid);
     assert_true(now_s() - t_refused >= 0.2);
