@@ -21,6 +21,8 @@
 #include "pd_grammar.h"
 
 #define GW_MAX_N 128
+/* /v1/completions without max_tokens: OpenAI's and vLLM's default */
+#define GW_COMPLETIONS_DEFAULT_MAX_TOKENS 16
 
 static int fail(gw_oai_err *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -941,7 +943,10 @@ static int parse_response_format(const json_t *root, gw_oai_req *out, gw_oai_err
  * naming the prompt ("messages" for chat), its length and L, as vLLM does.
  * Else an explicit max_tokens (MAX_KEY: "max_tokens", or chat's
  * "max_completion_tokens") beyond L - P is 400 naming MAX_KEY; without one,
- * out->max_tokens is what is left (at most cfg->default_max_tokens). */
+ * out->max_tokens is what is left, at most 16 for completions (the OpenAI
+ * API's and vLLM's default for /v1/completions: CompletionRequest.max_tokens
+ * in vllm/entrypoints/openai/protocol.py) and at most
+ * cfg->default_max_tokens for chat (0: no cap, as vLLM's chat). */
 static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max,
                         const char *max_key, int64_t max_tokens, gw_oai_req *out, gw_oai_err *e) {
     const char *what = kind == GW_KIND_CHAT ? "messages" : "prompt";
@@ -966,9 +971,9 @@ static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max
         return 0;
     }
     int64_t left = L - P;
-    out->max_tokens = (int)(cfg->default_max_tokens > 0 && cfg->default_max_tokens < left
-                                ? cfg->default_max_tokens
-                                : left);
+    int64_t cap =
+        kind == GW_KIND_COMPLETION ? GW_COMPLETIONS_DEFAULT_MAX_TOKENS : cfg->default_max_tokens;
+    out->max_tokens = (int)(cap > 0 && cap < left ? cap : left);
     return 0;
 }
 

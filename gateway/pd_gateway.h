@@ -63,8 +63,9 @@ typedef struct {
     int max_stop_strings;   /* --max-stop-strings; default 16 */
     int max_logprobs;       /* --max-logprobs; default 20, at most PD_MAX_TOP_LOGPROBS (20:
                                what replicas report) */
-    int default_max_tokens; /* max_tokens when the request gives none; 0 (default) = whatever
-                               is left of max_model_len after the prompt */
+    int default_max_tokens; /* chat: max_tokens when the request gives none; 0 (default) =
+                               whatever is left of max_model_len after the prompt
+                               (completions: 16, as OpenAI and vLLM) */
     size_t max_request_body_bytes;  /* --max-request-body-bytes; default 32 MiB; larger → 413 */
     size_t max_header_bytes;        /* --max-header-bytes: request line + headers (HTTP/2: HPACK
                                        field sizes, name + value + 32); default 64 KiB; more → 431 */

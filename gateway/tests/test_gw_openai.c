@@ -828,10 +828,27 @@ static void test_length_limit_message(void **state) {
     cfg.max_model_len = 10;
     /* default max_tokens clamps to what is left */
     cfg.default_max_tokens = 100;
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    assert_int_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    assert_int_equal(r.max_tokens, 10 - r.n_prompt);
+    gw_oai_req_clear(&r);
+    cfg.default_max_tokens = 3; /* chat: the server's default, below what is left */
+    assert_int_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_CHAT, body, strlen(body), &r, &e), 0);
+    assert_int_equal(r.max_tokens, 3);
+    gw_oai_req_clear(&r);
+    /* completions: 16 (OpenAI's and vLLM's default), or what is left when less */
+    cfg.default_max_tokens = 0;
     body = "{\"prompt\":[1,2,3,4]}";
     assert_int_equal(
         gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
     assert_int_equal(r.max_tokens, 6);
+    gw_oai_req_clear(&r);
+    cfg.max_model_len = 4096;
+    assert_int_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(r.max_tokens, 16);
     gw_oai_req_clear(&r);
 }
 
