@@ -118,7 +118,14 @@ static int get_num_range(const json_t *o, const char *key, double lo, bool lo_op
     if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || d > hi)
         return fail(e, 400, key, "'%s' must be in %c%g, %g], got %s", key, lo_open ? '(' : '[', lo,
                     hi, shortest(d, got, sizeof got));
-    *out = (float)d;
+    /* The replicas sample in 32-bit floats: a value in an open range that
+     * rounds to its bound there (top_p 1e-46 is 0) would be refused by the
+     * replica, after the request was admitted (model/sampler.c). */
+    float f = (float)d;
+    if (lo_open && !(f > lo))
+        return fail(e, 400, key, "'%s' must be in (%g, %g], got %s, which is %g as a 32-bit float", key,
+                    lo, hi, shortest(d, got, sizeof got), (double)f);
+    *out = f;
     return 0;
 }
 

@@ -113,6 +113,14 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":0}", 400, "top_p"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1.01}", 400, "top_p"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1}", 0, NULL},
+    /* in the open range as doubles, 0 as the replicas' 32-bit floats (a
+     * walkthrough: the replica refused them after admission, 500 on the
+     * long route); the smallest float subnormal is accepted */
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1e-46}", 400, "top_p"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_p\":1.5e-45}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"repetition_penalty\":1e-300}", 400, "repetition_penalty"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"repetition_penalty\":5e-324}", 400,
+     "repetition_penalty"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-2}", 400, "top_k"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-1}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":0.5}", 400, "top_k"},
