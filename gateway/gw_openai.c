@@ -1192,6 +1192,15 @@ static json_t *load_body(const char *body, size_t len, gw_oai_err *e) {
             fail(e, 400, NULL, "an integer in the request is out of range");
         return NULL;
     }
+    if (json_error_code(&je) == json_error_null_character) {
+        /* valid JSON (RFC 8259 allows any escaped code point), but prompts,
+         * messages and names are passed on as C strings */
+        fail(e, 400, NULL,
+             "the request body holds \\u0000 (U+0000, NUL) in a string (line %d, column %d): "
+             "not supported",
+             je.line, je.column);
+        return NULL;
+    }
     fail(e, 400, NULL, "malformed JSON in the request body: %s (line %d, column %d)", je.text,
          je.line, je.column);
     return NULL;

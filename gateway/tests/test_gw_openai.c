@@ -860,6 +860,29 @@ static void test_length_limit_message(void **state) {
     gw_oai_req_clear(&r);
 }
 
+/* \u0000 in a string is valid JSON that the gateway does not take: a 400
+ * that says so and where, not "malformed JSON" (a walkthrough found
+ * jansson's own text, naming its flag JSON_ALLOW_NUL). Real syntax errors
+ * still say malformed. */
+static void test_nul_in_string(void **state) {
+    (void)state;
+    gw_oai_req r;
+    gw_oai_err e;
+    const char *body = "{\"prompt\":\"a\\u0000b\"}";
+    assert_int_not_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "");
+    assert_non_null(strstr(e.message, "U+0000"));
+    assert_non_null(strstr(e.message, "line 1, column"));
+    assert_null(strstr(e.message, "malformed"));
+    body = "{\"prompt\":\"a\"";
+    assert_int_not_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "malformed JSON"));
+}
+
 /* A text longer than --max-model-len × the longest token (in bytes) is
  * refused before it is encoded; the bound is tight, so a text that fits is
  * never refused by it. "." × 128 is one DeepSeek-V3 token, the longest. */
@@ -1043,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_chat_tools_thinking_rendered),
         cmocka_unit_test(test_length_limit_message),
         cmocka_unit_test(test_length_bound_before_encoding),
+        cmocka_unit_test(test_nul_in_string),
         cmocka_unit_test(test_range_message_value),
         cmocka_unit_test(test_echo_ids),
         cmocka_unit_test(test_echo_only),
