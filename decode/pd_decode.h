@@ -123,9 +123,10 @@ void pd_sched_set_grammar_vocab(pd_sched *s, const pd_grammar_vocab *v);
  * logprob and its top alternatives, and dropped.
  * Errors: PD_ERR_INVALID (empty prompt, bad sampling params, duplicate id,
  * prompt + max_tokens past max_position_embeddings, top_logprobs outside
- * 0..PD_MAX_TOP_LOGPROBS, a json_schema that does not compile or no grammar
- * vocab), PD_ERR_LIMIT (the
- * prompt can never fit in the KV cache). */
+ * 0..PD_MAX_TOP_LOGPROBS, a json_schema that does not compile),
+ * PD_ERR_IO (a json_schema while the replica could not load the tokenizer:
+ * the server's failure, answered 500), PD_ERR_LIMIT (the prompt can never
+ * fit in the KV cache). */
 pd_status pd_sched_add(pd_sched *s, const pd_sched_request *r, pd_err *err);
 
 /** Allocates KV blocks for n_tokens prompt tokens plus the first generated

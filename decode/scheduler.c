@@ -158,7 +158,7 @@ static pd_status seq_new(pd_sched *s, const pd_sched_request *r, seq **q_p, pd_e
     pd_grammar_state *gs = NULL;
     if (r->json_schema && *r->json_schema) {
         if (!s->vocab)
-            return pd_err_set(err, PD_ERR_INVALID, "request %s: response_format needs the tokenizer, which this replica could not load",
+            return pd_err_set(err, PD_ERR_IO, "request %s: response_format needs the tokenizer, which this replica could not load",
                               r->request_id);
         pd_err gerr;
         pd_status gst = pd_grammar_compile(r->json_schema, strlen(r->json_schema), &grammar, &gerr);

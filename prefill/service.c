@@ -61,7 +61,7 @@ static pd_status mask_first_token(prefill_svc *p, const Pdserve__Prefill *m, pd_
     if (!m->json_schema || !*m->json_schema) return PD_OK;
     const pd_grammar_vocab *vocab = pd_replica_vocab(&p->r); /* loaded at the first such job */
     if (!vocab)
-        return pd_err_set(err, PD_ERR_INVALID, "response_format needs the tokenizer, which this replica could not load");
+        return pd_err_set(err, PD_ERR_IO, "response_format needs the tokenizer, which this replica could not load");
     pd_grammar *g = NULL;
     pd_grammar_state *gs = NULL;
     pd_err gerr;

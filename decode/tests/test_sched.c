@@ -580,7 +580,8 @@ static void test_constrained_batch(void **state) {
     int32_t prompt[3] = {5, 6, 7};
     pd_sched_request r = {.request_id = "x", .prompt_ids = prompt, .n_prompt = 3, .sampling = pd_sampling_defaults(),
                           .max_tokens = 4, .json_schema = PD_GRAMMAR_JSON_OBJECT};
-    assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_INVALID); /* no vocab */
+    /* no vocab: the replica's failure, not the request's (500, not 400) */
+    assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_IO);
     pd_sched_set_grammar_vocab(s, v);
     r.json_schema = "{\"type\":\"string\",\"pattern\":\"a\"}";
     assert_int_equal(pd_sched_add(s, &r, &err), PD_ERR_UNSUPPORTED);
