@@ -24,9 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
 #include "pd_cli.h"
 #include "pd_common.h"
 #include "pd_kernels.h"
+#include "pd_metrics.h"
 #include "pd_model.h"
 #include "pd_replica_ops.h"
 
@@ -229,6 +232,56 @@ static int visible_gpus(char (*vis)[64], int cap) {
     return n;
 }
 
+/* The gateway's base URL as a client on this host reaches it: a wildcard
+ * HOST (0.0.0.0, ::, empty) becomes loopback, an IPv6 literal is bracketed;
+ * https with TLS. */
+static void gateway_url(const char *host, int port, bool tls, char *out, size_t n) {
+    const char *h = host;
+    if (!*h || !strcmp(h, "0.0.0.0")) h = "127.0.0.1";
+    else if (!strcmp(h, "::")) h = "::1";
+    bool v6 = strchr(h, ':') != NULL;
+    snprintf(out, n, "%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "", h, v6 ? "]" : "", port);
+}
+
+static size_t collect(char *data, size_t size, size_t n, void *ud) {
+    pd_strbuf *b = ud;
+    pd_strbuf_printf(b, "%.*s", (int)(size * n), data);
+    return size * n;
+}
+
+/* The value of `pdserve:replicas_alive{role="ROLE"}` in a /metrics text, or -1. */
+static long alive_of(const char *text, const char *role) {
+    char key[64];
+    snprintf(key, sizeof key, "pdserve:replicas_alive{role=\"%s\"} ", role);
+    const char *p = strstr(text, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Whether the gateway at BASE_URL counts at least N_PREFILL prefill and
+ * N_DECODE decode replicas alive (its /metrics, fetched with libcurl with a
+ * 1 s timeout; TLS certificates are not checked: it is our own child). */
+static bool replicas_registered(const char *base_url, int n_prefill, int n_decode) {
+    CURL *c = curl_easy_init();
+    if (!c) return false;
+    char url[384];
+    snprintf(url, sizeof url, "%s/metrics", base_url);
+    pd_strbuf body = {0};
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+    long code = 0;
+    bool ok = curl_easy_perform(c) == CURLE_OK && curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
+              code == 200 && body.data && alive_of(body.data, "prefill") >= n_prefill &&
+              alive_of(body.data, "decode") >= n_decode;
+    curl_easy_cleanup(c);
+    pd_strbuf_free(&body);
+    return ok;
+}
+
 int pd_cmd_up(int argc, char **argv) {
     char *gw_extra[64];
     int n_gw_extra = 0;
@@ -274,9 +327,13 @@ int pd_cmd_up(int argc, char **argv) {
                    "                  [--metrics-port P (replica r serves /metrics on P + r)]\n"
                    "                  [--gpu-placement auto|shared (--device cuda: auto gives each replica its own\n"
                    "                   --tensor-parallel-size GPUs when there are enough, else they share)]\n"
+                   "                  [gateway flags, e.g. --max-model-len 4096 --ssl-certfile F --ssl-keyfile F]\n"
                    "                  [replica flags, e.g. --max-num-seqs 64 --chunked-prefill-size 512 --numa auto]\n"
-                   "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes;\n"
-                   "Ctrl-C stops everything.\n");
+                   "Starts a gateway on HOST:PORT (control on PORT+1) and the replicas as child processes,\n"
+                   "prints 'pdserve up: ready' once every replica has registered with the gateway;\n"
+                   "Ctrl-C stops everything. Gateway flags are passed to the gateway, the rest to every\n"
+                   "replica: `pdserve gateway --help`, `pdserve prefill --help` and `pdserve decode --help`\n"
+                   "list them with their defaults.\n");
             return 0;
         } else if (n_pass < 120) {
             passthrough[n_pass++] = argv[i];
@@ -303,11 +360,13 @@ int pd_cmd_up(int argc, char **argv) {
      * replicas, under the same ids, with the first stack's gateway (taking
      * them over) and then die with its gateway, leaving the first stack
      * without replicas. */
-    if (port_in_use(host, port) || port_in_use("127.0.0.1", port + 1)) {
-        fprintf(stderr,
-                "pdserve up: port %d (HTTP on %s) or %d (control on 127.0.0.1) is in use, by another "
-                "pdserve up or another program; pick another --port\n",
-                port, host, port + 1);
+    bool http_used = port_in_use(host, port), ctrl_used = port_in_use("127.0.0.1", port + 1);
+    if (http_used || ctrl_used) {
+        if (http_used)
+            fprintf(stderr, "pdserve up: port %d (HTTP on %s) is in use", port, host);
+        else
+            fprintf(stderr, "pdserve up: port %d (control, --port + 1, on 127.0.0.1) is in use", port + 1);
+        fprintf(stderr, ", by another pdserve up or another program; pick another --port\n");
         return 2;
     }
     /* GPU placement: the replicas' --device and --tensor-parallel-size (they pass through) */
@@ -342,6 +401,8 @@ int pd_cmd_up(int argc, char **argv) {
                    n_vis, n_vis > 1 ? "s" : "", n_rep, tp, tp > 1 ? "s" : "", tp - 1);
         }
     }
+    bool tls = false;
+    for (int i = 0; i < n_gw_extra; i++) tls |= flag_is(gw_extra[i], "--ssl-certfile");
     const char *self = self_exe();
     char portbuf[16], ctrl[64], thr[16];
     snprintf(portbuf, sizeof portbuf, "%d", port);
@@ -396,14 +457,33 @@ int pd_cmd_up(int argc, char **argv) {
     printf("pdserve up: gateway on http://%s:%d (control %s), %d prefill + %d decode replicas, long prompts > %d "
            "tokens go through prefill\n",
            host, port, ctrl, n_prefill, n_decode, threshold);
-    printf("try:\n  curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-           "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'\n",
-           host, port, name ? name : model);
     fflush(stdout);
+    /* Until every replica has registered, poll the gateway's /metrics every
+     * 0.2 s while reaping children; then say so (the stack serves from
+     * here), and block in waitpid. */
+    char base_url[320];
+    gateway_url(host, port, tls, base_url, sizeof base_url);
+    bool ready = false;
+    double t_start = pd_now_s();
     int alive = g_n_children, rc = 0;
     while (!g_stop && alive > 0) {
         int status;
-        pid_t pid = waitpid(-1, &status, 0);
+        pid_t pid = waitpid(-1, &status, ready ? 0 : WNOHANG);
+        if (pid == 0) {
+            if (replicas_registered(base_url, n_prefill, n_decode)) {
+                ready = true;
+                printf("pdserve up: ready: %d prefill + %d decode replicas registered, %.1f s after start\n"
+                       "try:\n  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
+                       "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+                       "\"max_tokens\": 32}'\n",
+                       n_prefill, n_decode, pd_now_s() - t_start, base_url, tls ? " -k" : "", name ? name : model);
+                fflush(stdout);
+            } else {
+                struct timespec ts = {0, 200 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
         if (pid < 0) {
             if (errno == EINTR) continue;
             break;

@@ -34,7 +34,9 @@ for busy in "$port" "$((port + 1))"; do
     hold "$busy"
     timeout 20 "$BIN" up --model "$T/m" --port "$port" >"$T/out" 2>&1
     rc=$?
-    if [ $rc -ne 2 ] || ! grep -q "port $port (HTTP on 127.0.0.1) or $((port + 1)) (control on 127.0.0.1) is in use" "$T/out" ||
+    if [ "$busy" = "$port" ]; then want="port $port (HTTP on 127.0.0.1) is in use"
+    else want="port $busy (control, --port + 1, on 127.0.0.1) is in use"; fi
+    if [ $rc -ne 2 ] || ! grep -qF "$want" "$T/out" ||
         grep -q "registered\|gateway on http" "$T/out"; then
         echo "FAIL busy $busy: exit $rc"; sed 's/^/    /' "$T/out"; fail=1
     else
