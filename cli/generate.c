@@ -171,6 +171,8 @@ int pd_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "pdserve generate: %s\n", err.msg);
         goto out;
     }
+    /* ids with no text are never drawn, as in the service (the gateway sets the same) */
+    sp.text_vocab_size = pd_tok_vocab_size(tok) < cfg->vocab_size ? pd_tok_vocab_size(tok) : 0;
     if (pd_sampler_init(&sp, cfg->vocab_size, ids, n_prompt, &smp, &err) != PD_OK) {
         fprintf(stderr, "pdserve generate: %s\n", err.msg);
         goto out;

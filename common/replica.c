@@ -423,6 +423,7 @@ pd_sampling_params pd_replica_sampling(const Pdserve__SamplingParams *s) {
     p.logit_bias = s->logit_bias_values;
     /* lengths that differ: -1, which pd_sampler_init refuses (the request fails) */
     p.n_logit_bias = s->n_logit_bias_ids == s->n_logit_bias_values ? (int)s->n_logit_bias_ids : -1;
+    p.text_vocab_size = s->text_vocab_size <= INT32_MAX ? (int)s->text_vocab_size : 0;
     return p;
 }
 

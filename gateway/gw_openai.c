@@ -823,9 +823,14 @@ static const char *find_big_int(const char *body, size_t len) {
     return found;
 }
 
-static int parse_sampling(const json_t *root, gw_oai_req *out, gw_oai_err *e) {
+static int parse_sampling(const pd_gw_config *cfg, const pd_tokenizer *tok, const json_t *root,
+                          gw_oai_req *out, gw_oai_err *e) {
     pd_sampling_params *sp = &out->sampling;
     *sp = pd_sampling_defaults();
+    /* ids the tokenizer cannot spell (the model's padding rows) are never
+     * drawn: every generated token has text */
+    int tv = pd_tok_vocab_size(tok);
+    sp->text_vocab_size = tv > 0 && tv < cfg->vocab_size ? tv : 0;
     if (get_num_range(root, "temperature", 0, false, 2, &sp->temperature, e))
         return -1;
     if (get_num_range(root, "top_p", 0, true, 1, &sp->top_p, e))
@@ -1110,7 +1115,7 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return -1;
     out->min_tokens = (int)min_tokens;
 
-    if (parse_sampling(root, out, e))
+    if (parse_sampling(cfg, tok, root, out, e))
         return -1;
     if (parse_stop(cfg, root, out, e))
         return -1;

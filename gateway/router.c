@@ -504,6 +504,7 @@ static void fill_sampling(Pdserve__SamplingParams *sp, const pd_sampling_params 
     sp->n_logit_bias_ids = (size_t)p->n_logit_bias;
     sp->logit_bias_values = (float *)p->logit_bias;
     sp->n_logit_bias_values = (size_t)p->n_logit_bias;
+    sp->text_vocab_size = p->text_vocab_size > 0 ? (uint32_t)p->text_vocab_size : 0;
 }
 
 static void send_generate(pd_router *r, gw_sub *s, bool reserved) {

@@ -118,6 +118,9 @@ typedef struct {
     int32_t n_top;     /* top logprobs wanted, 0 .. PD_SAMPLE_MAX_TOP */
     int32_t want_logprob; /* nonzero: the sampled token's logprob */
     int32_t tok_off, n_tok; /* its entries: toks[tok_off, tok_off + n_tok) */
+    int32_t n_vocab;        /* ids at or past this are never drawn (no text: the tokenizer's
+                               size, pd_sampling_params.text_vocab_size); masked after the
+                               penalties, so logprobs are unchanged; <= 0 or >= vocab: none */
 } pd_sample_row;
 
 /** What sample_rows gives back for one row. */
@@ -388,6 +391,8 @@ typedef struct {
      *      repetition penalty on those flagged PD_SAMPLE_SEEN (positive l
      *      divided, others multiplied), then with count > 0
      *      l -= frequency_penalty * count and l -= presence_penalty;
+     *   4b. l[t] = -inf for t >= n_vocab (0 < n_vocab < vocab): ids with no
+     *      text (after the logprobs of step 2, which they keep);
      *   5. temperature < 1e-5: the argmax of l (ties to the lower id; every
      *      logit -inf: token 0); otherwise l / temperature (NaN: -inf) and,
      *      if its max is not finite, the argmax of that;

@@ -459,6 +459,13 @@ typedef struct {
     const int32_t *logit_bias_ids;
     const float *logit_bias;
     int n_logit_bias;
+    /* Ids at or past this have no text in the tokenizer (DeepSeek-V3: 128815
+     * of the embedding's 129280 rows; the rest pad the table): never drawn,
+     * so every generated token spells something. Applied after logit_bias
+     * and the penalties, before greedy / the filters; logprobs stay those of
+     * the logits as given (top_logprobs may list such an id). 0: every id
+     * (the gateway sets it from its tokenizer, pd_tok_vocab_size). */
+    int text_vocab_size;
 } pd_sampling_params;
 
 /** Most logit_bias entries one request may carry (the gateway refuses more:

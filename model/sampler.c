@@ -101,6 +101,8 @@ static pd_status sampler_params_check(const pd_sampling_params *p, pd_err *err) 
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
         return pd_err_set(err, PD_ERR_INVALID, "repetition_penalty must be finite and > 0, got %g",
                           p->repetition_penalty);
+    if (p->text_vocab_size < 0)
+        return pd_err_set(err, PD_ERR_INVALID, "text_vocab_size must be >= 0, got %d", p->text_vocab_size);
     if (p->n_logit_bias < 0 || p->n_logit_bias > PD_MAX_LOGIT_BIAS ||
         (p->n_logit_bias > 0 && (!p->logit_bias_ids || !p->logit_bias)))
         return pd_err_set(err, PD_ERR_INVALID, "logit_bias: %d entries (at most %d, with both arrays)",
@@ -592,6 +594,9 @@ int32_t pd_sampler_sample_top(pd_sampler *s, float *logits, float *logprob_p, in
         sampler_apply_bias(s, logits);
     if (s->penalties_on)
         sampler_apply_penalties(s, logits);
+    /* ids with no text are never drawn (after the logprobs, as on the device) */
+    for (int i = s->p.text_vocab_size > 0 ? s->p.text_vocab_size : V; i < V; i++)
+        logits[i] = -INFINITY;
 
     int32_t token;
     if (s->p.temperature < SAMPLING_EPS)
@@ -689,6 +694,7 @@ void pd_sampler_device_row(pd_sampler *s, const int32_t *masked, int n_masked, b
         .frequency_penalty = p->frequency_penalty, .presence_penalty = p->presence_penalty,
         .u = p->temperature < SAMPLING_EPS ? 0.0 : pd_rng_uniform(&s->rng), .n_top = k,
         .want_logprob = want_logprob ? 1 : 0, .tok_off = base, .n_tok = n - base,
+        .n_vocab = p->text_vocab_size,
     };
 }
 

@@ -618,6 +618,9 @@ static void sample_row(int vocab, float *l, const pd_sample_row *r, const pd_sam
         }
         l[tok[j].id] = v;
     }
+    /* 4b. ids past n_vocab (no text) are never drawn */
+    for (int i = r->n_vocab > 0 && r->n_vocab < vocab ? r->n_vocab : vocab; i < vocab; i++)
+        l[i] = -INFINITY;
 
     int32_t token;
     if (r->temperature < 1e-5f) {

@@ -392,6 +392,12 @@ static __global__ void __launch_bounds__(SP_THREADS)
         l[t.id] = v;
     }
     __syncthreads();
+    /* 4b. ids past n_vocab (no text) are never drawn */
+    if (R.n_vocab > 0 && R.n_vocab < vocab) {
+        for (int i = R.n_vocab + tid; i < vocab; i += SP_THREADS)
+            l[i] = -INFINITY;
+        __syncthreads();
+    }
 
     /* 5. greedy, or the scaled logits' max */
     int token = -1;

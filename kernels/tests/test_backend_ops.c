@@ -2160,8 +2160,9 @@ static double lp_diff(float a, float b) {
     return isfinite(a) && isfinite(b) ? fabs((double)a - b) : INFINITY;
 }
 
-/* Steps 1, 3 and 4 of sample_rows, written out for the test: masked = raw
- * with the masked tokens at -inf; adj = masked, biased and penalised. */
+/* Steps 1, 3, 4 and 4b of sample_rows, written out for the test: masked =
+ * raw with the masked tokens at -inf; adj = masked, biased and penalised,
+ * and -inf from n_vocab on. */
 static void sample_adjust_ref(int V, const float *raw, const pd_sample_row *r,
                               const pd_sample_tok *toks, float *masked, float *adj) {
     memcpy(masked, raw, (size_t)V * sizeof(float));
@@ -2178,6 +2179,8 @@ static void sample_adjust_ref(int V, const float *raw, const pd_sample_row *r,
             v = v - r->frequency_penalty * (float)t->count - r->presence_penalty;
         adj[t->id] = v;
     }
+    for (int i = r->n_vocab > 0 && r->n_vocab < V ? r->n_vocab : V; i < V; i++)
+        adj[i] = -INFINITY;
 }
 
 static int32_t argmax_ref(const float *v, int n) {
@@ -2278,6 +2281,8 @@ static int sample_props(suite *s, const char *shape, const sample_batch *in, int
     } while (0)
 
     PROP(o->token >= 0 && o->token < V, "token %d outside [0, %d)", o->token, V);
+    PROP(r->n_vocab <= 0 || o->token < r->n_vocab, "token %d past n_vocab %d (no text)", o->token,
+         r->n_vocab);
     if (bad)
         goto out;
     if (after_row)
@@ -2349,13 +2354,14 @@ static void sample_batch_random(suite *s, sample_batch *b, int V) {
         float temperature;
         int top_k; /* -1: vocab */
         float top_p, min_p;
-        int toks; /* 0 none, 1 penalties, 2 bias, 3 masks */
+        int toks; /* 0 none, 1 penalties, 2 bias, 3 masks, 4 n_vocab (the best ids past it) */
     } cfgs[] = {
         {0.0f, 0, 1.0f, 0.0f, 0},  {0.7f, 1, 1.0f, 0.0f, 0}, {0.7f, 5, 1.0f, 0.0f, 0},
         {0.7f, -1, 1.0f, 0.0f, 0}, {0.7f, 0, 1.0f, 0.0f, 0}, {0.7f, 0, 0.9f, 0.0f, 0},
         {0.7f, 0, 0.5f, 0.0f, 0},  {0.7f, 0, 1.0f, 0.1f, 0}, {0.7f, 50, 0.9f, 0.05f, 0},
         {0.0f, 0, 1.0f, 0.0f, 1},  {0.7f, 0, 1.0f, 0.0f, 1}, {0.0f, 0, 1.0f, 0.0f, 2},
         {0.7f, 0, 0.9f, 0.0f, 2},  {0.0f, 0, 1.0f, 0.0f, 3}, {0.7f, 5, 1.0f, 0.0f, 3},
+        {0.0f, 0, 1.0f, 0.0f, 4},  {0.7f, 0, 1.0f, 0.0f, 4}, {0.7f, 5, 0.9f, 0.0f, 4},
     };
     static const double us[] = {0.0, 0.5, 0.999999};
     static const int n_tops[] = {0, 1, 5, 20};
@@ -2365,6 +2371,9 @@ static void sample_batch_random(suite *s, sample_batch *b, int V) {
             if (cfgs[c].temperature == 0.0f && ui > 0)
                 continue; /* greedy ignores u */
             float *raw = rnd(s, (size_t)V, 2.0);
+            int n_vocab = cfgs[c].toks == 4 ? V - V / 8 : 0;
+            for (int t = n_vocab; n_vocab > 0 && t < V; t++)
+                raw[t] += 6.0f; /* ids with no text, the likeliest: never drawn */
             /* the 6 best tokens (the penalties and masks move the choice) and two with a negative
              * logit */
             int32_t top[6], neg[2] = {-1, -1};
@@ -2382,7 +2391,8 @@ static void sample_batch_random(suite *s, sample_batch *b, int V) {
                                .repetition_penalty = 1.0f,
                                .u = us[ui],
                                .n_top = n_tops[n_made % 4],
-                               .want_logprob = n_made % 3 != 2};
+                               .want_logprob = n_made % 3 != 2,
+                               .n_vocab = n_vocab};
             if (cfgs[c].toks == 1 || cfgs[c].toks == 3) {
                 r.repetition_penalty = 1.3f;
                 r.frequency_penalty = 0.5f;
@@ -2406,6 +2416,8 @@ static void sample_batch_random(suite *s, sample_batch *b, int V) {
                 toks[n_tok++] = (pd_sample_tok){
                     .id = top[2], .flags = PD_SAMPLE_MASKED | PD_SAMPLE_SEEN, .count = 1};
                 toks[n_tok++] = (pd_sample_tok){.id = top[3], .flags = PD_SAMPLE_SEEN, .count = 1};
+            } else if (cfgs[c].toks == 4) { /* a bias does not bring one back */
+                toks[n_tok++] = (pd_sample_tok){.id = V - 1, .bias = 100.0f};
             }
             batch_add(b, raw, r, toks, n_tok);
             free(raw);

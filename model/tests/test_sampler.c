@@ -878,6 +878,62 @@ static void test_logprob(void **state) {
     }
 }
 
+/* text_vocab_size: ids at or past it (no text in the tokenizer) are never
+ * drawn, greedy or sampled, whatever their logits or logit_bias, while the
+ * sampled token's logprob stays that of the raw logits over every id (an
+ * independent log-softmax); the device row carries it as n_vocab; a
+ * negative value is refused. A walkthrough found 200s with empty text: the
+ * tiny model drew ids 128815-129279, which DeepSeek-V3's tokenizer lacks. */
+static void test_text_vocab(void **state) {
+    (void)state;
+    enum { V = 1000, TV = 900 };
+    pd_rng rng;
+    pd_rng_seed(&rng, 21);
+    float raw[V], work[V];
+    int32_t bias_id = V - 1;
+    float bias = 100.0f;
+    for (int mode = 0; mode < 3; mode++) {
+        pd_sampling_params p = pd_sampling_defaults();
+        p.has_seed = true;
+        p.seed = 5;
+        p.text_vocab_size = TV;
+        p.temperature = mode == 0 ? 0.0f : 1.0f;
+        if (mode == 2) {
+            p.logit_bias_ids = &bias_id;
+            p.logit_bias = &bias;
+            p.n_logit_bias = 1;
+        }
+        pd_sampler *s = sampler_new(&p, V, NULL, 0);
+        for (int step = 0; step < 200; step++) {
+            random_logits(&rng, raw, V, 3.0);
+            for (int i = TV; i < V; i++)
+                raw[i] += 8.0f; /* the no-text ids hold nearly all the mass */
+            memcpy(work, raw, sizeof work);
+            float lp = 1.0f;
+            int32_t t = pd_sampler_sample(s, work, &lp);
+            if (t < 0 || t >= TV)
+                fail_msg("mode %d step %d: drew id %d, past text_vocab_size %d", mode, step, t, TV);
+            double want = ref_log_softmax(raw, V, t);
+            if (fabs(lp - want) > 1e-4)
+                fail_msg("mode %d step %d: logprob %.7g, want %.7g (over every id)", mode, step, lp,
+                         want);
+        }
+        pd_sample_row row = {.row = 3};
+        pd_sample_tok *toks = NULL;
+        int n_toks = 0, cap = 0;
+        pd_sampler_device_row(s, NULL, 0, false, 0, &row, &toks, &n_toks, &cap);
+        assert_int_equal(row.n_vocab, TV);
+        free(toks);
+        pd_sampler_free(&s);
+    }
+    pd_sampling_params p = pd_sampling_defaults();
+    p.text_vocab_size = -1;
+    pd_sampler *s = NULL;
+    pd_err err;
+    assert_int_equal(pd_sampler_init(&p, V, NULL, 0, &s, &err), PD_ERR_INVALID);
+    assert_null(s);
+}
+
 /* Top logprobs against a full sort of an independent log-softmax: the k
  * best ids (ties to the lower id, planted here), their logprobs of the raw
  * logits whatever the penalties and temperature, and under greedy the
@@ -1080,6 +1136,7 @@ int main(void) {
         cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_logprob),
         cmocka_unit_test(test_masked_logits),
+        cmocka_unit_test(test_text_vocab),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,8 @@ Checks, per route and endpoint:
   whole response's;
 - the long route moved KV (so the first token's alternatives came through
   the prefill replica);
+- ids the tokenizer lacks (the model's padding rows) are never drawn, even
+  with logit_bias +100 on one: every token has text, on both routes;
 - logit_bias on both routes (the long route's first token is the prefill
   replica's): +100 on one token makes every generated token that token,
   greedy and at temperature 1, on both endpoints; -100 on the greedy first
@@ -150,6 +152,21 @@ def check_logit_bias(port, model, routes):
             if resp:
                 check(resp["choices"][0]["message"]["content"] == word * 6,
                       f"{w}: chat: every token is it ({resp['choices'][0]['message']['content']!r})")
+        # +100 on an id the tokenizer lacks (past its size, inside the model's
+        # padded vocabulary): never drawn, so every token still has text
+        tok = json.load(open(os.path.join(model, "tokenizer.json"), encoding="utf-8"))
+        n_text = 1 + max(max(tok["model"]["vocab"].values()), max(t["id"] for t in tok["added_tokens"]))
+        n_model = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+        if check(n_model > n_text, f"the model pads its vocabulary ({n_model} > {n_text} ids with text)"):
+            for temp in (0, 1.0):
+                w = f"{route} logit_bias +100 on {n_model - 1} (no text), temperature {temp}"
+                body = {"model": "tiny", "prompt": ids, "max_tokens": 6, "temperature": temp, "seed": 5,
+                        "ignore_eos": True, "logprobs": 0, "logit_bias": {str(n_model - 1): 100}}
+                resp = post(port, "/v1/completions", body)
+                if resp:
+                    ch = resp["choices"][0]
+                    check(ch["text"] and all(ch["logprobs"]["tokens"]) and resp["usage"]["completion_tokens"] == 6,
+                          f"{w}: 6 tokens, each with text ({ch['logprobs']['tokens']})")
         # -100 on the greedy first token: greedy picks another
         base = {"model": "tiny", "prompt": ids, "max_tokens": 1, "temperature": 0, "ignore_eos": True, "logprobs": 0}
         plain = post(port, "/v1/completions", base)
