@@ -1386,7 +1386,7 @@ static int metrics_get(void *ctx, const char *path, const char *query, struct ev
                         "# HELP pdserve:kv_transfer_seconds_total Seconds from prefill start to flushed KV.\n"
                         "# TYPE pdserve:kv_transfer_seconds_total counter\n"
                         "pdserve:kv_transfer_seconds_total %.6f\n"
-                        "# HELP pdserve:requests_routed_total Requests by route.\n"
+                        "# HELP pdserve:requests_routed_total Sequences routed (each of a request's n choices), by route.\n"
                         "# TYPE pdserve:requests_routed_total counter\n"
                         "pdserve:requests_routed_total{class=\"short\"} %llu\n"
                         "pdserve:requests_routed_total{class=\"long\"} %llu\n"
