@@ -44,7 +44,11 @@ static child g_children[MAX_CHILDREN];
 static int g_n_children;
 static volatile sig_atomic_t g_stop;
 
-static void on_signal(int sig) { g_stop = sig; }
+static volatile sig_atomic_t g_signals; /* how many SIGINT / SIGTERM so far */
+static void on_signal(int sig) {
+    g_stop = sig;
+    g_signals++;
+}
 
 /* Reports how child C ended (STATUS from waitpid) on stderr; TAIL follows
  * ("; not restarted" while the stack serves on, "" once it is going down). */
@@ -199,7 +203,7 @@ static bool is_gateway_flag(const char *a) {
                                   "--max-request-body-bytes", "--timeout-keep-alive", "--max-connections",
                                   "--max-header-bytes", "--max-header-count", "--timeout-request-headers",
                                   "--timeout-request-body", "--timeout-write", "--reasoning-parser",
-                                  "--tool-call-parser"};
+                                  "--tool-call-parser", "--shutdown-timeout"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (flag_is(a, names[i])) return true;
     return false;
@@ -402,7 +406,17 @@ int pd_cmd_up(int argc, char **argv) {
         }
     }
     bool tls = false;
-    for (int i = 0; i < n_gw_extra; i++) tls |= flag_is(gw_extra[i], "--ssl-certfile");
+    double shutdown_timeout = 30; /* the gateway's --shutdown-timeout (its default) */
+    for (int i = 0; i < n_gw_extra; i++) {
+        tls |= flag_is(gw_extra[i], "--ssl-certfile");
+        if (flag_is(gw_extra[i], "--shutdown-timeout")) {
+            const char *v = strchr(gw_extra[i], '=') ? strchr(gw_extra[i], '=') + 1
+                            : i + 1 < n_gw_extra ? gw_extra[i + 1]
+                                                 : NULL;
+            double t = v ? strtod(v, NULL) : 30;
+            shutdown_timeout = t >= 0 && t <= 1e6 ? t : 30; /* the gateway refuses a bad one */
+        }
+    }
     const char *self = self_exe();
     char portbuf[16], ctrl[64], thr[16];
     snprintf(portbuf, sizeof portbuf, "%d", port);
@@ -499,13 +513,45 @@ int pd_cmd_up(int argc, char **argv) {
                 }
             }
     }
-    /* stop replicas first, then the gateway; SIGKILL what lingers after 5 s.
-     * Every child's end is reported, those that had already exited (and were
-     * not reaped above) too: a replica that failed at start-up says so here. */
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < g_n_children; i++)
-            if (g_children[i].pid > 0 && (pass == 1) == !strcmp(g_children[i].name, "gateway"))
-                kill(g_children[i].pid, SIGTERM);
+    /* The gateway first: on SIGTERM it drains (no new request; those running
+     * finish within its --shutdown-timeout) while the replicas still serve
+     * them. A second Ctrl-C is passed on: the gateway then stops at once.
+     * Then the replicas; SIGKILL what lingers 5 s after. Every child's end
+     * is reported, those that had already exited (and were not reaped above)
+     * too: a replica that failed at start-up says so here. */
+    for (int i = 0; i < g_n_children; i++) {
+        if (g_children[i].pid <= 0 || strcmp(g_children[i].name, "gateway") != 0) continue;
+        child *gwc = &g_children[i];
+        kill(gwc->pid, SIGTERM);
+        int seen = g_signals;
+        double gw_deadline = pd_now_s() + shutdown_timeout + 5.0;
+        while (gwc->pid > 0) {
+            int status;
+            pid_t pid = waitpid(-1, &status, WNOHANG);
+            for (int j = 0; pid > 0 && j < g_n_children; j++)
+                if (g_children[j].pid == pid) {
+                    report_exit(&g_children[j], status, "");
+                    g_children[j].pid = 0;
+                }
+            if (gwc->pid <= 0) break;
+            if (pd_now_s() > gw_deadline) {
+                kill(gwc->pid, SIGKILL);
+                if (waitpid(gwc->pid, &status, 0) == gwc->pid) report_exit(gwc, status, " after its drain");
+                gwc->pid = 0;
+                break;
+            }
+            if (g_signals != seen) { /* Ctrl-C again: stop at once */
+                seen = g_signals;
+                kill(gwc->pid, SIGTERM);
+            }
+            if (pid <= 0) {
+                struct timespec ts = {0, 50 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    for (int i = 0; i < g_n_children; i++)
+        if (g_children[i].pid > 0) kill(g_children[i].pid, SIGTERM);
     double deadline = pd_now_s() + 5.0;
     while (pd_now_s() < deadline) {
         int left = 0;

@@ -445,6 +445,12 @@ struct pd_gw_server {
     gw_pool *pool;
     bool ready;
     bool shutting_down;
+    int n_requests;              /* completions / chat requests alive (gw_request_begin .. req_free) */
+    bool draining;               /* pd_gw_server_drain: refuse new requests, wait for these */
+    void (*drained)(void *ud);   /* called once when n_requests reaches 0 or the timer fires */
+    void *drained_ud;
+    struct event *drain_timer;
+    double drain_deadline, flush_deadline; /* pd_now_s(): the drain's end; the last writes' (0: not yet) */
     pd_rng rng;      /* request ids */
     int64_t created; /* unix seconds at start: /v1/models "created" */
 };
@@ -485,6 +491,8 @@ void gw_server_check_route(const gw_stream *st, gw_route_check *out);
 /** A complete request arrived on s: route it. Called by protocol handlers
  * from their read path (never re-entered from inside a response call). */
 void gw_server_dispatch(gw_stream *s);
+/** A completions / chat request is freed: one fewer for the drain. */
+void gw_server_request_gone(gw_server *s);
 
 /** POST /v1/completions and /v1/chat/completions (gw_request.c). refusal:
  * NULL, or gw_server_check_route's refusal of st (415), which is answered

@@ -834,6 +834,7 @@ bool pd_gw_request_stopped(const pd_gw_request *req) {
 /* ---- life cycle ---------------------------------------------------------- */
 
 static void req_free(pd_gw_request *req) {
+    gw_server_request_gone(req->srv);
     if (req->st)
         gw_stream_set_close_cb(req->st, NULL, NULL);
     if (req->job)
@@ -1191,6 +1192,7 @@ void gw_request_begin(gw_stream *st, gw_kind kind, const gw_route_check *refusal
         return;
     }
     req->srv = s;
+    s->n_requests++;
     req->st = st;
     req->kind = kind;
     req->created = (int64_t)time(NULL);

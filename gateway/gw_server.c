@@ -190,10 +190,13 @@ void pd_gw_server_free(pd_gw_server **s_p) {
         return;
     gw_server *s = *s_p;
     s->shutting_down = true;
+    s->drained = NULL;
     gw_listener_free(s);
     while (s->conns)
         gw_conn_free(s->conns); /* aborts in-flight requests */
     gw_pool_free(&s->pool);
+    if (s->drain_timer)
+        event_free(s->drain_timer);
     for (int i = 0; i < s->n_routes; i++)
         free(s->routes[i].path);
     free(s->routes);
@@ -206,6 +209,83 @@ void pd_gw_server_free(pd_gw_server **s_p) {
     free(s->tokenizer_path);
     free(s);
     *s_p = NULL;
+}
+
+static void drain_timer_in(gw_server *s, double seconds) {
+    if (seconds < 0)
+        seconds = 0;
+    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    event_add(s->drain_timer, &tv);
+}
+
+/* Whether every connection has written out what it was given (the last
+ * requests' final chunks and [DONE]). */
+static bool outputs_flushed(const gw_server *s) {
+    for (const gw_conn *c = s->conns; c; c = c->next)
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+            return false;
+    return true;
+}
+
+/* The drain's timer, also made active when the last request is freed: once
+ * no request is left and the connections' output is written (at most 2 s
+ * more), or when the drain's time ran out, drained is called, once. */
+static void drain_done_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    gw_server *s = arg;
+    if (!s->drained)
+        return;
+    double now = pd_now_s();
+    if (s->n_requests > 0 && now < s->drain_deadline) {
+        drain_timer_in(s, s->drain_deadline - now);
+        return;
+    }
+    if (s->n_requests == 0 && !outputs_flushed(s)) {
+        if (s->flush_deadline == 0)
+            s->flush_deadline = now + 2.0;
+        if (now < s->flush_deadline) {
+            drain_timer_in(s, 0.02);
+            return;
+        }
+    }
+    void (*done)(void *) = s->drained;
+    s->drained = NULL;
+    if (s->n_requests > 0)
+        PD_LOGW(GW_MOD, "shutdown: %d requests still running after the drain timeout; aborting them",
+                s->n_requests);
+    else
+        PD_LOGI(GW_MOD, "shutdown: every request finished");
+    done(s->drained_ud);
+}
+
+void gw_server_request_gone(gw_server *s) {
+    if (--s->n_requests == 0 && s->draining && s->drain_timer)
+        event_active(s->drain_timer, 0, 0); /* from the loop, not inside the request's free */
+}
+
+pd_status pd_gw_server_drain(pd_gw_server *s, double timeout_s, void (*drained)(void *ud), void *ud,
+                             pd_err *err) {
+    if (!s || !drained || !(timeout_s >= 0))
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: drain needs a server, a callback and a timeout >= 0");
+    if (s->draining)
+        return pd_err_set(err, PD_ERR_INVALID, "gateway: already draining");
+    s->drain_timer = event_new(s->base, -1, 0, drain_done_cb, s);
+    if (!s->drain_timer)
+        return pd_err_set(err, PD_ERR_NOMEM, "gateway: out of memory");
+    s->draining = true;
+    s->ready = false; /* /health 503: load balancers stop sending */
+    s->drained = drained;
+    s->drained_ud = ud;
+    gw_listener_free(s); /* no new connection */
+    PD_LOGI(GW_MOD, "shutdown: not accepting; waiting up to %g s for %d running requests", timeout_s,
+            s->n_requests);
+    s->drain_deadline = pd_now_s() + timeout_s;
+    if (s->n_requests == 0)
+        event_active(s->drain_timer, 0, 0);
+    else
+        drain_timer_in(s, timeout_s);
+    return PD_OK;
 }
 
 void pd_gw_server_set_abort_choice(pd_gw_server *s, pd_gw_abort_choice_fn fn) {
@@ -357,6 +437,12 @@ void gw_server_dispatch(gw_stream *st) {
 
     gw_route_check rc;
     gw_server_check_route(st, &rc);
+    if (s->draining && rc.status == 0 &&
+        (rc.ep == GW_EP_COMPLETIONS || rc.ep == GW_EP_CHAT || rc.ep == GW_EP_TOKENIZE ||
+         rc.ep == GW_EP_DETOKENIZE)) {
+        gw_stream_respond_error(st, 503, "the server is shutting down", NULL, NULL, 0);
+        return;
+    }
     if (rc.ep == GW_EP_COMPLETIONS || rc.ep == GW_EP_CHAT) {
         if (rc.status == 0 || rc.status == 415) {
             gw_request_begin(st, rc.ep == GW_EP_CHAT ? GW_KIND_CHAT : GW_KIND_COMPLETION,
@@ -377,7 +463,9 @@ void gw_server_dispatch(gw_stream *st) {
         if (s->ready)
             gw_stream_respond(st, 200, "text/plain; charset=utf-8", NULL, 0, "ok", 2);
         else
-            gw_stream_respond_error(st, 503, "the gateway is not ready", NULL, NULL, 0);
+            gw_stream_respond_error(st, 503, s->draining ? "the server is shutting down"
+                                                         : "the gateway is not ready",
+                                    NULL, NULL, 0);
         return;
     }
     if (rc.ep == GW_EP_VERSION) { /* vLLM's GET /version */

@@ -276,6 +276,18 @@ void pd_gw_server_free(pd_gw_server **s_p);
 /** Registers the engine's per-choice abort (NULL: none, the default). */
 void pd_gw_server_set_abort_choice(pd_gw_server *s, pd_gw_abort_choice_fn fn);
 
+/** Graceful shutdown (a first SIGTERM / SIGINT, as uvicorn under vLLM):
+ * closes the listening socket (no new connection), answers /health 503 and
+ * every new completions, chat, tokenize or detokenize request 503 "the
+ * server is shutting down" (connections already open stay open), and lets
+ * the requests already admitted run to their end. Once none is left and
+ * what they wrote is flushed to the sockets (at most 2 s more), or after
+ * timeout_s seconds (then pd_gw_server_free aborts the rest), drained(ud)
+ * is called once, from the loop. Errors: PD_ERR_INVALID (s or
+ * drained NULL, timeout_s < 0 or NaN, already draining), PD_ERR_NOMEM. */
+pd_status pd_gw_server_drain(pd_gw_server *s, double timeout_s, void (*drained)(void *ud), void *ud,
+                             pd_err *err);
+
 /** The TCP port actually bound (useful with cfg->port = 0). */
 int pd_gw_server_port(const pd_gw_server *s);
 

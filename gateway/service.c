@@ -11,8 +11,30 @@
 #include "pd_router.h"
 #include "pd_version.h"
 
-static void on_signal(evutil_socket_t sig, short what, void *arg) {
+typedef struct {
+    struct event_base *base;
+    pd_gw_server *gw;
+    double shutdown_timeout; /* seconds */
+    int n_signals;
+} stopper;
+
+static void on_drained(void *arg) {
     event_base_loopbreak(arg);
+}
+
+/* The first SIGTERM / SIGINT drains (pd_gw_server_drain: no new request,
+ * those running finish, at most --shutdown-timeout s); a second one, or a
+ * timeout of 0, stops at once (running requests are aborted). */
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+    (void)what;
+    stopper *st = arg;
+    pd_err err = {{0}};
+    if (st->n_signals++ == 0 && st->shutdown_timeout > 0 &&
+        pd_gw_server_drain(st->gw, st->shutdown_timeout, on_drained, st->base, &err) == PD_OK) {
+        PD_LOGI("gateway", "signal %d: draining (again to stop at once)", (int)sig);
+        return;
+    }
+    event_base_loopbreak(st->base);
 }
 
 /* Each connection is a descriptor: raise the soft RLIMIT_NOFILE towards the
@@ -49,7 +71,7 @@ int pd_gateway_main(int argc, char **argv) {
     int port = 8000, threshold = 1024, max_model_len = 0, heartbeat_ms = 500, max_stop = 16;
     int tok_pool = 2, max_logprobs = 20;
     int run_short = 256, run_long = 16, q_short = 1024, q_long = 256, prefill_jobs = 2;
-    double request_timeout = 0, queue_timeout = 300;
+    double request_timeout = 0, queue_timeout = 300, shutdown_timeout = 30;
     pd_flag flags[] = {
         {"model", PD_FLAG_STR, &model, "checkpoint directory (config.json, tokenizer.json)"},
         {"served-model-name", PD_FLAG_STR, &served, "the model name clients use (default: --model)"},
@@ -73,6 +95,9 @@ int pd_gateway_main(int argc, char **argv) {
         {"queue-timeout", PD_FLAG_FLOAT, &queue_timeout,
          "seconds a request may wait in the gateway's queue (for a dispatch slot, a prefill job slot or a decode "
          "replica's KV room) before 503 with Retry-After (300; 0: none)"},
+        {"shutdown-timeout", PD_FLAG_FLOAT, &shutdown_timeout,
+         "on SIGTERM / SIGINT, seconds running requests may take to finish while new ones get 503 (30; 0: stop at "
+         "once; a second signal stops at once)"},
         {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
         {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
         {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (100)"},
@@ -113,9 +138,10 @@ int pd_gateway_main(int argc, char **argv) {
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
     if (run_short < 1 || run_long < 1 || prefill_jobs < 1 || q_short < 0 || q_long < 0 || request_timeout < 0 ||
-        queue_timeout < 0) {
+        queue_timeout < 0 || !(shutdown_timeout >= 0 && shutdown_timeout <= 1e6)) {
         fprintf(stderr, "pdserve gateway: concurrency limits (and --max-prefill-jobs-per-replica) must be >= 1, "
-                        "queue sizes, --request-timeout and --queue-timeout >= 0\n");
+                        "queue sizes, --request-timeout, --queue-timeout and --shutdown-timeout (at most 1e6) "
+                        ">= 0\n");
         return 2;
     }
     if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
@@ -170,8 +196,9 @@ int pd_gateway_main(int argc, char **argv) {
      * those pages back so that RSS shows what serving uses (memory per
      * idle connection, docs/benchmarks.md) */
     malloc_trim(0);
-    struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
-    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    stopper stop = {.base = base, .gw = gw, .shutdown_timeout = shutdown_timeout};
+    struct event *sigint = evsignal_new(base, SIGINT, on_signal, &stop);
+    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, &stop);
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
     PD_LOGI("gateway", "listening on http://%s:%d, control %s, model %s (max_model_len %d, long prompts > %d tokens)",

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Graceful shutdown of `pdserve up` (the gateway's --shutdown-timeout),
+real processes on 127.0.0.1 with the tiny model, every replica step slowed
+to 20 ms so that requests are still running when the signal comes:
+- SIGINT to up (Ctrl-C): a streamed short request and a non-streamed long
+  one (through the prefill replica) that were running finish whole (every
+  token, finish_reason "length", [DONE]); meanwhile /health and a new
+  completion on a connection opened before the signal get 503 "the server
+  is shutting down", and a new connection is refused; then up stops the
+  replicas and exits 0, every child having exited 0.
+- With --shutdown-timeout 1, a request that needs longer is cut after about
+  a second (its stream ends without [DONE]) and up exits soon after.
+- A second SIGINT stops the drain at once.
+Before, Ctrl-C stopped the replicas first: every running request was cut
+(a walkthrough saw a 500-token stream end with no error and no [DONE])."""
+import http.client, json, os, signal, threading, time
+
+from pdtest import check, failures, finish, free_port_pair, pd_stack_flags, start_up, tiny_model, wait_ready
+
+STEP_MS = 20
+
+
+def stack(model, timeout):
+    port = free_port_pair()
+    up = start_up(model, port, *pd_stack_flags(8, 64), "--debug-step-delay-ms", STEP_MS,
+                  "--shutdown-timeout", timeout, log_name=f"up-{port}.log")
+    check(wait_ready(port, roles=("prefill", "decode")), f"stack on {port} ready")
+    return port, up
+
+
+def stream_until_end(port, body, out):
+    """POSTs a streamed completion; out gets 'started' (set after the first
+    event), then the events, whether [DONE] came, and how it ended."""
+    out.update(events=[], done=False, error=None)
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions",
+                  json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out["status"] = r.status
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                out["done"] = True
+                continue
+            out["events"].append(json.loads(line[6:]))
+            out["started"].set()
+        c.close()
+    except (OSError, http.client.HTTPException) as e:
+        out["error"] = repr(e)
+    out["started"].set()
+
+
+def post_whole(port, body, out):
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out["status"], out["body"] = r.status, r.read()
+        c.close()
+    except (OSError, http.client.HTTPException) as e:
+        out["status"], out["body"] = 0, repr(e).encode()
+
+
+def streamed_tokens(out):
+    """completion_tokens of the stream's usage chunk (sent last), else the
+    events that carry text (a cut stream has no usage)."""
+    for ev in out["events"]:
+        if ev.get("usage"):
+            return ev["usage"]["completion_tokens"]
+    return sum(1 for ev in out["events"] if ev.get("choices") and ev["choices"][0].get("text"))
+
+
+def wait_exit(up, limit):
+    t0 = time.time()
+    try:
+        rc = up.wait(limit)
+    except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired)
+        os.killpg(up.pid, signal.SIGKILL)
+        rc = up.wait()
+        rc = ("killed", rc)
+    up.log.close()
+    return rc, time.time() - t0, open(up.log_path, errors="replace").read()
+
+
+def drain_case(model):
+    port, up = stack(model, 20)
+    short = {"model": "tiny", "prompt": "Hi", "max_tokens": 120, "ignore_eos": True, "temperature": 0}
+    long_ = {"model": "tiny", "prompt": "one two three four five six seven eight nine ten", "max_tokens": 60,
+             "ignore_eos": True, "temperature": 0}
+    s_out, l_out = {"started": threading.Event()}, {}
+    ts = threading.Thread(target=stream_until_end, args=(port, short, s_out))
+    tl = threading.Thread(target=post_whole, args=(port, long_, l_out))
+    ts.start()
+    tl.start()
+    check(s_out["started"].wait(30), "the streamed request started")
+    keep = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # opened before the signal
+    keep.request("GET", "/health")
+    r = keep.getresponse()
+    r.read()
+    check(r.status == 200, f"/health 200 before the signal ({r.status})")
+    os.kill(up.pid, signal.SIGINT)
+    time.sleep(0.5)
+    check(ts.is_alive(), "the stream still runs 0.5 s after the signal (the case tests a drain)")
+    keep.request("GET", "/health")
+    r = keep.getresponse()
+    body = r.read()
+    check(r.status == 503 and b"shutting down" in body, f"/health while draining: 503 ({r.status} {body[:120]!r})")
+    keep.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2}),
+                 {"Content-Type": "application/json"})
+    r = keep.getresponse()
+    body = r.read()
+    check(r.status == 503 and b"shutting down" in body and b'"error"' in body,
+          f"a new completion while draining: 503 with an OpenAI error ({r.status} {body[:160]!r})")
+    keep.close()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/health")
+        st = c.getresponse().status
+        check(False, f"a new connection while draining is refused (got {st})")
+    except OSError:
+        check(True, "a new connection while draining is refused")
+    ts.join(60)
+    tl.join(60)
+    fin = [ev["choices"][0].get("finish_reason") for ev in s_out["events"] if ev.get("choices")]
+    check(s_out.get("status") == 200 and s_out["done"] and "length" in fin and streamed_tokens(s_out) == 120,
+          f"the running stream finished whole: {streamed_tokens(s_out)} of 120 tokens, [DONE] {s_out['done']}, "
+          f"finish {fin[-1:]} (error {s_out['error']})")
+    lj = json.loads(l_out["body"]) if l_out.get("status") == 200 else {}
+    check(lj.get("usage", {}).get("completion_tokens") == 60 and lj["choices"][0]["finish_reason"] == "length",
+          f"the running long-route request finished whole ({l_out.get('status')} {l_out.get('body', b'')[:160]!r})")
+    rc, took, log = wait_exit(up, 40)
+    check(rc == 0, f"up exits 0 after the drain ({rc}, {took:.1f} s)")
+    check("every request finished" in log, "the gateway says every request finished")
+    for name in ("gateway", "prefill-0", "decode-0"):
+        check(f"pdserve up: {name} (pid" in log and
+              any(f"pdserve up: {name} (pid" in ln and "exited with status 0" in ln for ln in log.splitlines()),
+              f"{name} exited with status 0")
+    if failures:
+        print(log[-4000:])
+
+
+def timeout_case(model):
+    port, up = stack(model, 1)
+    out = {"started": threading.Event()}
+    t = threading.Thread(target=stream_until_end, args=(port, {"model": "tiny", "prompt": "Hi", "max_tokens": 900,
+                                                            "ignore_eos": True}, out))
+    t.start()
+    check(out["started"].wait(30) and out.get("status") == 200 and out["events"],
+          f"timeout case: the stream started ({out.get('status')}, {out.get('error')})")
+    t0 = time.time()
+    os.kill(up.pid, signal.SIGINT)
+    t.join(30)
+    cut = time.time() - t0
+    check(not out["done"] and streamed_tokens(out) < 900 and 0.5 < cut < 10,
+          f"--shutdown-timeout 1: the long stream is cut after ~1 s ({cut:.1f} s, {streamed_tokens(out)} tokens, "
+          f"[DONE] {out['done']})")
+    rc, took, log = wait_exit(up, 30)
+    check(rc == 0 and took < 15, f"up exits 0 soon after ({rc}, {took:.1f} s after the cut)")
+    check("still running after the drain timeout" in log, "the gateway says it aborted what still ran")
+
+
+def second_signal_case(model):
+    port, up = stack(model, 60)
+    out = {"started": threading.Event()}
+    t = threading.Thread(target=stream_until_end, args=(port, {"model": "tiny", "prompt": "Hi", "max_tokens": 900,
+                                                            "ignore_eos": True}, out))
+    t.start()
+    check(out["started"].wait(30) and out.get("status") == 200 and out["events"],
+          f"second-signal case: the stream started ({out.get('status')}, {out.get('error')})")
+    os.kill(up.pid, signal.SIGINT)
+    time.sleep(0.5)
+    t0 = time.time()
+    os.kill(up.pid, signal.SIGINT)
+    t.join(30)
+    rc, took, _ = wait_exit(up, 30)
+    check(not out["done"] and time.time() - t0 < 15 and rc == 0,
+          f"a second SIGINT stops the drain at once (rc {rc}, {time.time() - t0:.1f} s, [DONE] {out['done']})")
+
+
+def main():
+    _, model = tiny_model()
+    drain_case(model)
+    timeout_case(model)
+    second_signal_case(model)
+    finish()
+
+
+if __name__ == "__main__":
+    main()
