@@ -446,6 +446,8 @@ struct pd_gw_server {
     bool ready;
     bool shutting_down;
     int n_requests;              /* completions / chat requests alive (gw_request_begin .. req_free) */
+    pd_gw_request *reqs;         /* those requests, doubly linked */
+    bool drain_forced;           /* the drain's time ran out: the rest were shut down */
     bool draining;               /* pd_gw_server_drain: refuse new requests, wait for these */
     void (*drained)(void *ud);   /* called once when n_requests reaches 0 or the timer fires */
     void *drained_ud;
@@ -493,6 +495,12 @@ void gw_server_check_route(const gw_stream *st, gw_route_check *out);
 void gw_server_dispatch(gw_stream *s);
 /** A completions / chat request is freed: one fewer for the drain. */
 void gw_server_request_gone(gw_server *s);
+/** The drain's time ran out: REQ (admitted, still running) is released from
+ * the engine and answered 503 "the server shut down before the request
+ * finished" (in-band, then [DONE], once streaming), from the loop. */
+void gw_request_shut_down(pd_gw_request *req);
+/** The next of srv->reqs after REQ (NULL: the last). */
+pd_gw_request *gw_request_next(const pd_gw_request *req);
 
 /** POST /v1/completions and /v1/chat/completions (gw_request.c). refusal:
  * NULL, or gw_server_check_route's refusal of st (415), which is answered

@@ -88,6 +88,7 @@ typedef struct {
 
 struct pd_gw_request {
     gw_server *srv;
+    pd_gw_request *prev, *next; /* srv->reqs: every live request (drain) */
     gw_stream *st; /* NULL once the client is gone */
     gw_job *job;   /* while the worker prepares it */
     gw_kind kind;
@@ -798,6 +799,18 @@ void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const ch
     schedule_complete(req);
 }
 
+void gw_request_shut_down(pd_gw_request *req) {
+    if (!req->submitted || req->engine_done)
+        return; /* still being prepared (pd_gw_server_free aborts it), or already ending */
+    req->engine_done = true;
+    req->srv->engine.abort(req->srv->engine_ctx, req); /* the replicas stop it */
+    req->failed = true;
+    req->err_status = 503;
+    snprintf(req->err_msg, sizeof req->err_msg, "the server shut down before the request finished");
+    PD_LOGW(GW_MOD, "%s: %s", req->id, req->err_msg);
+    schedule_complete(req);
+}
+
 void pd_gw_on_error_retry(pd_gw_request *req, int http_status_if_not_started, int retry_after_s,
                           const char *message) {
     if (req && !req->engine_done)
@@ -827,6 +840,10 @@ void *pd_gw_request_engine_data(const pd_gw_request *req) {
     return req ? req->engine_data : NULL;
 }
 
+pd_gw_request *gw_request_next(const pd_gw_request *req) {
+    return req->next;
+}
+
 bool pd_gw_request_stopped(const pd_gw_request *req) {
     return req && req->stopped;
 }
@@ -834,6 +851,12 @@ bool pd_gw_request_stopped(const pd_gw_request *req) {
 /* ---- life cycle ---------------------------------------------------------- */
 
 static void req_free(pd_gw_request *req) {
+    if (req->prev)
+        req->prev->next = req->next;
+    else
+        req->srv->reqs = req->next;
+    if (req->next)
+        req->next->prev = req->prev;
     gw_server_request_gone(req->srv);
     if (req->st)
         gw_stream_set_close_cb(req->st, NULL, NULL);
@@ -1193,6 +1216,10 @@ void gw_request_begin(gw_stream *st, gw_kind kind, const gw_route_check *refusal
     }
     req->srv = s;
     s->n_requests++;
+    req->next = s->reqs;
+    if (s->reqs)
+        s->reqs->prev = req;
+    s->reqs = req;
     req->st = st;
     req->kind = kind;
     req->created = (int64_t)time(NULL);

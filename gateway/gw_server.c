@@ -241,6 +241,18 @@ static void drain_done_cb(evutil_socket_t fd, short what, void *arg) {
         drain_timer_in(s, s->drain_deadline - now);
         return;
     }
+    if (s->n_requests > 0 && !s->drain_forced) {
+        /* time is up: tell each client (503, in-band once streaming), and
+         * give those answers 2 s to be written */
+        PD_LOGW(GW_MOD, "shutdown: %d requests still running after the drain timeout; ending them",
+                s->n_requests);
+        s->drain_forced = true;
+        for (pd_gw_request *q = s->reqs; q; q = gw_request_next(q))
+            gw_request_shut_down(q);
+        s->drain_deadline = now + 2.0;
+        drain_timer_in(s, 0.02);
+        return;
+    }
     if (s->n_requests == 0 && !outputs_flushed(s)) {
         if (s->flush_deadline == 0)
             s->flush_deadline = now + 2.0;
@@ -251,9 +263,8 @@ static void drain_done_cb(evutil_socket_t fd, short what, void *arg) {
     }
     void (*done)(void *) = s->drained;
     s->drained = NULL;
-    if (s->n_requests > 0)
-        PD_LOGW(GW_MOD, "shutdown: %d requests still running after the drain timeout; aborting them",
-                s->n_requests);
+    if (s->drain_forced)
+        PD_LOGI(GW_MOD, "shutdown: the drain timed out; %d requests left", s->n_requests);
     else
         PD_LOGI(GW_MOD, "shutdown: every request finished");
     done(s->drained_ud);

@@ -8,8 +8,9 @@ to 20 ms so that requests are still running when the signal comes:
   completion on a connection opened before the signal get 503 "the server
   is shutting down", and a new connection is refused; then up stops the
   replicas and exits 0, every child having exited 0.
-- With --shutdown-timeout 1, a request that needs longer is cut after about
-  a second (its stream ends without [DONE]) and up exits soon after.
+- With --shutdown-timeout 1, a request that needs longer ends after about
+  a second, its stream with an in-band 503 "the server shut down before
+  the request finished" and [DONE], and up exits soon after.
 - A second SIGINT stops the drain at once.
 Before, Ctrl-C stopped the replicas first: every running request was cut
 (a walkthrough saw a 500-token stream end with no error and no [DONE])."""
@@ -158,9 +159,11 @@ def timeout_case(model):
     os.kill(up.pid, signal.SIGINT)
     t.join(30)
     cut = time.time() - t0
-    check(not out["done"] and streamed_tokens(out) < 900 and 0.5 < cut < 10,
-          f"--shutdown-timeout 1: the long stream is cut after ~1 s ({cut:.1f} s, {streamed_tokens(out)} tokens, "
-          f"[DONE] {out['done']})")
+    errs = [ev["error"] for ev in out["events"] if ev.get("error")]
+    check(streamed_tokens(out) < 900 and 0.5 < cut < 10 and out["done"] and len(errs) == 1 and
+          errs[0].get("code") == 503 and "shut down" in errs[0].get("message", ""),
+          f"--shutdown-timeout 1: after ~1 s the long stream ends with an in-band 503 and [DONE] ({cut:.1f} s, "
+          f"{streamed_tokens(out)} tokens, errors {errs}, [DONE] {out['done']})")
     rc, took, log = wait_exit(up, 30)
     check(rc == 0 and took < 15, f"up exits 0 soon after ({rc}, {took:.1f} s after the cut)")
     check("still running after the drain timeout" in log, "the gateway says it aborted what still ran")
