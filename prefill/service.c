@@ -339,9 +339,10 @@ static bool step(prefill_svc *p) {
     if (last) {
         pd_sampling_params sp = pd_replica_sampling(m->sampling);
         pd_sampler *smp = NULL;
-        if (pd_sampler_init(&sp, pd_model_config_of(p->r.m)->vocab_size, m->prompt_ids, n_prompt, &smp, &err) != PD_OK) {
+        pd_status sst = pd_sampler_init(&sp, pd_model_config_of(p->r.m)->vocab_size, m->prompt_ids, n_prompt, &smp, &err);
+        if (sst != PD_OK) { /* the request's parameters (400), as on the decode replica */
             j->failed = true;
-            send_error(p, m->request_id, 500, err.msg);
+            send_error(p, m->request_id, pd_replica_error_status(sst), err.msg);
             return true;
         }
         if (m->min_tokens > 0) { /* vLLM min_tokens: the first token cannot end the request */
