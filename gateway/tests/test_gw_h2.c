@@ -385,7 +385,8 @@ static void test_large_bodies(void **state) {
 static void test_many_streams(void **state) {
     script_text(&g_srv, "twenty tokens of text, more or less, for every stream", 2, 0.002);
     static const char body[] =
-        "{\"prompt\":\"p\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+        "{\"prompt\":\"p\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"max_tokens\":4000}";
     enum { N = 48 };
     h2c_stream *s[N];
     for (int round = 0; round < 2; round++) {
@@ -476,7 +477,7 @@ static void test_rapid_reset(void **state) {
     script_long(&g_srv, 300, 0.005);
     h2c *c = h2c_connect(g_srv.port, false, NULL, false);
     assert_int_equal(h2c_run(c, got_settings, NULL, 5), 0);
-    static const char body[] = "{\"prompt\":\"p\",\"stream\":true}";
+    static const char body[] = "{\"prompt\":\"p\",\"stream\":true,\"max_tokens\":4000}";
     int sent = 0;
     for (int round = 0; round < 40 && !c->goaway && !c->eof; round++) {
         h2c_stream *s[8];
@@ -609,7 +610,7 @@ static void test_stalled_reader(void **state) {
     gwt_server h;
     stall_server(&h, 0);
     h2c *c = h2c_connect(h.port, false, NULL, true);
-    static const char body[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1}";
+    static const char body[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1,\"max_tokens\":4000}";
     h2c_stream *stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, body, strlen(body));
     stalled->stall = true;
     static const char small[] = "{\"prompt\":\"p\",\"stream\":true,\"max_tokens\":50}";
@@ -636,7 +637,7 @@ static void test_stalled_reader(void **state) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)h.port)};
     sa.sin_addr.s_addr = htonl(0x7f000001);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    static const char big_stream[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1,\"n\":16}";
+    static const char big_stream[] = "{\"prompt\":\"p\",\"stream\":true,\"logprobs\":1,\"n\":16,\"max_tokens\":4000}";
     char req[512];
     int rl =
         snprintf(req, sizeof req,
@@ -656,7 +657,7 @@ static void test_stalled_reader(void **state) {
     const double timeout_write_s = 0.5;
     stall_server(&h, timeout_write_s);
     c = h2c_connect(h.port, false, NULL, true);
-    static const char whole[] = "{\"prompt\":\"p\",\"logprobs\":1,\"n\":4}"; /* ~300 KB */
+    static const char whole[] = "{\"prompt\":\"p\",\"logprobs\":1,\"n\":4,\"max_tokens\":4000}"; /* ~300 KB */
     stalled = h2c_request(c, "POST", "/v1/completions", NULL, 0, whole, strlen(whole));
     stalled->stall = true;
     assert_int_equal(h2c_run(c, stream_closed, stalled, 20 * GWT_SLOW), 0);

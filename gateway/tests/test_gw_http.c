@@ -569,12 +569,12 @@ static void test_completion_stream_and_echo(void **state) {
         json_string_value(json_object_get(choice0(sr.ev[sr.n_ev - 1]), "finish_reason")), "stop");
     stream_free(&sr);
 
-    json_t *j = post_json("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true}", 200);
+    json_t *j = post_json("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true,\"max_tokens\":1000}", 200);
     assert_string_equal(json_string_value(json_object_get(
                             json_array_get(json_object_get(j, "choices"), 0), "text")),
                         "Echo me: " UTF8_TEXT);
     json_decref(j);
-    stream_post("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true,\"stream\":true}", &sr);
+    stream_post("/v1/completions", "{\"prompt\":\"Echo me: \",\"echo\":true,\"stream\":true,\"max_tokens\":1000}", &sr);
     assert_string_equal(sr.text[0], "Echo me: " UTF8_TEXT);
     stream_free(&sr);
 }
@@ -604,7 +604,7 @@ static void test_stop_strings(void **state) {
         script_bytes(text, batch, 0.001);
         int ab = atomic_load(&g_srv.engine.n_aborted);
         json_t *j =
-            post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":[\"nope\",\"STOP\"]}", 200);
+            post_json("/v1/completions", "{\"prompt\":\"q\",\"stop\":[\"nope\",\"STOP\"],\"max_tokens\":1000}", 200);
         json_t *c = json_array_get(json_object_get(j, "choices"), 0);
         assert_string_equal(json_string_value(json_object_get(c, "text")), want);
         assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
@@ -848,7 +848,7 @@ static void test_choice_abort(void **state) {
     free(ids);
     int ab0 = atomic_load(&g_srv.engine.n_aborted);
     int ca0 = atomic_load(&g_srv.engine.n_choice_aborts);
-    json_t *j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\"}", 200);
+    json_t *j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\",\"max_tokens\":1000}", 200);
     json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
     json_t *c1 = json_array_get(json_object_get(j, "choices"), 1);
     assert_string_equal(json_string_value(json_object_get(c0, "text")), "xx ");
@@ -867,7 +867,7 @@ static void test_choice_abort(void **state) {
      * for the last one */
     s.choice_skip = 0;
     gwt_engine_set(&g_srv.engine, &s);
-    j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\"}", 200);
+    j = post_json("/v1/completions", "{\"prompt\":\"q\",\"n\":2,\"stop\":\"STOP\",\"max_tokens\":1000}", 200);
     json_decref(j);
     assert_int_equal(gwt_wait_atomic(&g_srv.engine.n_aborted, ab0 + 1, 2), ab0 + 1);
     assert_int_equal(atomic_load(&g_srv.engine.n_after_choice_abort), 0);
