@@ -844,6 +844,12 @@ pd_gw_request *gw_request_next(const pd_gw_request *req) {
     return req->next;
 }
 
+const char *pd_gw_request_choice_reason(const pd_gw_request *req, int choice) {
+    if (!req || !req->ch || choice < 0 || choice >= req->gp.n || !req->ch[choice].finished)
+        return NULL;
+    return req->ch[choice].finish_reason;
+}
+
 bool pd_gw_request_stopped(const pd_gw_request *req) {
     return req && req->stopped;
 }

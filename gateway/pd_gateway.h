@@ -236,6 +236,11 @@ void *pd_gw_request_engine_data(const pd_gw_request *req);
  * when the client went away or the server is shutting down. NULL: false. */
 bool pd_gw_request_stopped(const pd_gw_request *req);
 
+/** The finish reason the gateway gave choice CHOICE of req ("stop" for a
+ * stop string it matched, even in the piece that also reached max_tokens),
+ * or NULL while the choice runs (or req NULL, choice out of range). */
+const char *pd_gw_request_choice_reason(const pd_gw_request *req, int choice);
+
 /* ------------------------------------------------------------------ */
 /* the server                                                          */
 /* ------------------------------------------------------------------ */

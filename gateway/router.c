@@ -482,8 +482,11 @@ static void finish_sub(pd_router *r, gw_sub *s, const char *reason) {
     s->state = SUB_DONE;
     int choice = s->choice;
     pd_gw_request *gw = q->gw;
+    /* a stop string the gateway matched in this last piece ended the choice
+     * first: its reason ("stop") is the request's, not the replica's */
+    const char *gw_reason = pd_gw_request_choice_reason(gw, choice);
     if (--q->n_open == 0) {
-        req_finished(r, q, reason);
+        req_finished(r, q, gw_reason ? gw_reason : reason);
         free(q->subs);
         free(q);
     }

@@ -749,7 +749,31 @@ static void test_stop_string_is_a_success(void **state) {
     assert_true(series(m1, SUCCESS_SHORT("stop")) == stop0 + 1);
     assert_true(series(m1, SUCCESS_SHORT("abort")) == abort0);
     assert_true(series(m1, E2E_SHORT_COUNT) == e2e0 + 1);
+    double length0 = series(m1, SUCCESS_SHORT("length"));
     free(m1);
+
+    /* the stop string in the piece that also reached max_tokens (the
+     * replica says "length"): "stop" too, as the answer says (a walkthrough
+     * found it counted as "length") */
+    fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":3,\"stop\":[\"world\"]}");
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    snprintf(rid, sizeof rid, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+    pd_msg_clear(&m);
+    assert_int_equal(pd_tok_encode(f->tok, "hello world again", 17, true, &ids, &n, &err), PD_OK);
+    t.request_id = rid;
+    t.ids = ids;
+    t.n_ids = n < 3 ? n : 3;
+    t.finished = true;
+    t.finish_reason = "length";
+    assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+    free(ids);
+    resp = read_all(f, fd);
+    assert_non_null(strstr(resp, "\"finish_reason\":\"stop\""));
+    free(resp);
+    char *m2 = get_metrics(f);
+    assert_true(series(m2, SUCCESS_SHORT("stop")) == stop0 + 2);
+    assert_true(series(m2, SUCCESS_SHORT("length")) == length0);
+    free(m2);
 }
 
 #define WAITING_LONG "pdserve:num_requests_waiting_class{model_name=\"test-model\",class=\"long\"}"
