@@ -236,15 +236,36 @@ static int visible_gpus(char (*vis)[64], int cap) {
     return n;
 }
 
-/* The gateway's base URL as a client on this host reaches it: a wildcard
- * HOST (0.0.0.0, ::, empty) becomes loopback, an IPv6 literal is bracketed;
- * https with TLS. */
-static void gateway_url(const char *host, int port, bool tls, char *out, size_t n) {
+/* The gateway's base URL: https with TLS, an IPv6 literal bracketed; with
+ * REACHABLE, as a client on this host reaches it (a wildcard HOST, 0.0.0.0,
+ * :: or empty, becomes loopback), else as it listens. */
+static void gateway_url(const char *host, int port, bool tls, bool reachable, char *out, size_t n) {
     const char *h = host;
-    if (!*h || !strcmp(h, "0.0.0.0")) h = "127.0.0.1";
-    else if (!strcmp(h, "::")) h = "::1";
+    if (reachable && (!*h || !strcmp(h, "0.0.0.0"))) h = "127.0.0.1";
+    else if (reachable && !strcmp(h, "::")) h = "::1";
     bool v6 = strchr(h, ':') != NULL;
     snprintf(out, n, "%s://%s%s%s:%d", tls ? "https" : "http", v6 ? "[" : "", h, v6 ? "]" : "", port);
+}
+
+/* NAME as it goes inside the try: line's -d '...': a JSON string's content
+ * (quote, backslash and control characters escaped), then each ' written
+ * as '\'' for the shell. */
+static void shell_json_name(const char *name, char *out, size_t n) {
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p && k + 8 < n; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[k++] = '\\';
+            out[k++] = (char)*p;
+        } else if (*p < 0x20) {
+            k += (size_t)snprintf(out + k, n - k, "\\u%04x", *p);
+        } else if (*p == '\'') {
+            memcpy(out + k, "'\\''", 4);
+            k += 4;
+        } else {
+            out[k++] = (char)*p;
+        }
+    }
+    out[k] = 0;
 }
 
 static size_t collect(char *data, size_t size, size_t n, void *ud) {
@@ -468,17 +489,25 @@ int pd_cmd_up(int argc, char **argv) {
             break;
         }
     }
-    printf("pdserve up: gateway on http://%s:%d (control %s), %d prefill + %d decode replicas, long prompts > %d "
+    char shown_url[320];
+    gateway_url(host, port, tls, false, shown_url, sizeof shown_url);
+    printf("pdserve up: gateway on %s (control %s), %d prefill + %d decode replicas, long prompts > %d "
            "tokens go through prefill\n",
-           host, port, ctrl, n_prefill, n_decode, threshold);
+           shown_url, ctrl, n_prefill, n_decode, threshold);
+    if (n_prefill == 0)
+        printf("pdserve up: no prefill replica: prompts over %d tokens get 503 (raise --long-prompt-threshold to "
+               "the context length to serve them on the decode replicas)\n",
+               threshold);
     fflush(stdout);
     /* Until every replica has registered, poll the gateway's /metrics every
      * 0.2 s while reaping children; then say so (the stack serves from
      * here), and block in waitpid. */
     char base_url[320];
-    gateway_url(host, port, tls, base_url, sizeof base_url);
+    gateway_url(host, port, tls, true, base_url, sizeof base_url);
     bool ready = false;
     double t_start = pd_now_s();
+    char shown[1024];
+    shell_json_name(name ? name : model, shown, sizeof shown);
     int alive = g_n_children, rc = 0;
     while (!g_stop && alive > 0) {
         int status;
@@ -490,7 +519,7 @@ int pd_cmd_up(int argc, char **argv) {
                        "try:\n  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
                        "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
                        "\"max_tokens\": 32}'\n",
-                       n_prefill, n_decode, pd_now_s() - t_start, base_url, tls ? " -k" : "", name ? name : model);
+                       n_prefill, n_decode, pd_now_s() - t_start, base_url, tls ? " -k" : "", shown);
                 fflush(stdout);
             } else {
                 struct timespec ts = {0, 200 * 1000 * 1000};
@@ -504,10 +533,13 @@ int pd_cmd_up(int argc, char **argv) {
         }
         for (int i = 0; i < g_n_children; i++)
             if (g_children[i].pid == pid) {
-                report_exit(&g_children[i], status, "; not restarted");
+                /* before ready, a replica that exits failed to start (a bad
+                 * flag, a model it cannot load): the stack never would be
+                 * whole, so stop it and exit 1, as when the gateway fails */
+                report_exit(&g_children[i], status, ready ? "; not restarted" : " before the stack was ready; stopping");
                 g_children[i].pid = 0;
                 alive--;
-                if (!strcmp(g_children[i].name, "gateway")) {
+                if (!strcmp(g_children[i].name, "gateway") || !ready) {
                     g_stop = SIGTERM; /* nothing to serve without it */
                     rc = 1;           /* and it was not asked to stop */
                 }

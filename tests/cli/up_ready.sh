@@ -59,4 +59,38 @@ wait $up
 rc=$?
 up=
 [ $rc -eq 0 ] && echo "ok   Ctrl-C: exit 0" || { echo "FAIL: up exited $rc after SIGINT"; fail=1; }
+# the printed command works whatever the served name holds: JSON-escaped,
+# then quoted for the shell (a walkthrough's name with ' and " broke it)
+port=$(free_port_pair)
+"$BIN" up --model "$T/m" --port "$port" --served-model-name "it's \"q\" \\x" --prefill-replicas 0 --threads 1 \
+    >"$T/out3" 2>&1 &
+up=$!
+for _ in $(seq 600); do
+    grep -q "^pdserve up: ready" "$T/out3" && break
+    kill -0 $up 2>/dev/null || break
+    sleep 0.1
+done
+cmd=$(sed -n '/^try:/{n;N;p}' "$T/out3" | sed 's/\\$//' | tr -d '\n')
+body=$(sh -c "$cmd -s -w ' %{http_code}'" 2>&1)
+case "$body" in
+*'"content":'*' 200') echo "ok   the printed curl command with a served name holding ' \" \\: 200" ;;
+*) echo "FAIL: the printed curl command with a quoted name: $body"; sed 's/^/    /' "$T/out3"; fail=1 ;;
+esac
+grep -q "^pdserve up: no prefill replica: prompts over 1024 tokens get 503" "$T/out3" &&
+    echo "ok   --prefill-replicas 0 is called out" || { echo "FAIL: no warning for --prefill-replicas 0"; fail=1; }
+kill -INT $up
+wait $up
+up=
+# a replica that cannot start (here a flag value it refuses) never makes the
+# stack whole: up stops the rest and exits 1 instead of serving 503s for
+# ever (a walkthrough found it waiting)
+port=$(free_port_pair)
+timeout 60 "$BIN" up --model "$T/m" --port "$port" --max-num-seqs 0 >"$T/out2" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "decode-0 (pid [0-9]*) exited with status [0-9]* before the stack was ready; stopping" "$T/out2" &&
+    ! grep -q "^pdserve up: ready" "$T/out2"; then
+    echo "ok   a replica that cannot start: up exits 1"
+else
+    echo "FAIL: a replica that cannot start: exit $rc"; sed 's/^/    /' "$T/out2"; fail=1
+fi
 exit $fail
