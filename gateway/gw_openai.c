@@ -6,7 +6,7 @@
  * fields are accepted; null means "not given". Ranges are vLLM's
  * (vllm/entrypoints/openai/protocol.py, vllm/sampling_params.py):
  * temperature [0, 2], top_p (0, 1], top_k >= -1, min_p [0, 1],
- * presence/frequency penalty [-2, 2], repetition_penalty > 0, n [1, 128],
+ * presence/frequency penalty [-2, 2], repetition_penalty [1e-30, 1e9], n [1, 128],
  * top_logprobs / logprobs [0, --max-logprobs], seed int64.
  * logit_bias: OpenAI's shape and range ({"<token id>": bias in [-100, 100]},
  * at most PD_MAX_LOGIT_BIAS = 1024 entries); a bias out of range is refused,
@@ -845,7 +845,9 @@ static int parse_sampling(const pd_gw_config *cfg, const pd_tokenizer *tok, cons
         return -1;
     if (get_num_range(root, "frequency_penalty", -2, false, 2, &sp->frequency_penalty, e))
         return -1;
-    if (get_num_range(root, "repetition_penalty", 0, true, 1e9, &sp->repetition_penalty, e))
+    /* at least 1e-30: a positive logit divided by less overflows a 32-bit
+     * float (1e-45 gave inf logits and garbage, a walkthrough found) */
+    if (get_num_range(root, "repetition_penalty", 1e-30, false, 1e9, &sp->repetition_penalty, e))
         return -1;
     int64_t seed = 0;
     bool has_seed = false;
@@ -1197,7 +1199,8 @@ static json_t *load_body(const char *body, size_t len, gw_oai_err *e) {
             fail(e, 400, NULL, "an integer in the request is out of range");
         return NULL;
     }
-    if (json_error_code(&je) == json_error_null_character) {
+    if (json_error_code(&je) == json_error_null_character ||
+        json_error_code(&je) == json_error_null_byte_in_key) {
         /* valid JSON (RFC 8259 allows any escaped code point), but prompts,
          * messages and names are passed on as C strings */
         fail(e, 400, NULL,

@@ -121,6 +121,8 @@ static const vcase cases[] = {
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"repetition_penalty\":1e-300}", 400, "repetition_penalty"},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"repetition_penalty\":5e-324}", 400,
      "repetition_penalty"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"repetition_penalty\":1e-31}", 400, "repetition_penalty"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"repetition_penalty\":1e-30}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-2}", 400, "top_k"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":-1}", 0, NULL},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"top_k\":0.5}", 400, "top_k"},
@@ -876,6 +878,11 @@ static void test_nul_in_string(void **state) {
     assert_non_null(strstr(e.message, "U+0000"));
     assert_non_null(strstr(e.message, "line 1, column"));
     assert_null(strstr(e.message, "malformed"));
+    body = "{\"prompt\":\"a\",\"x\\u0000\":1}"; /* in a key too */
+    assert_int_not_equal(
+        gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "U+0000"));
     body = "{\"prompt\":\"a\"";
     assert_int_not_equal(
         gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
