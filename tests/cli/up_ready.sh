@@ -13,16 +13,19 @@ T=$(mktemp -d)
 up=
 trap '[ -n "$up" ] && kill -INT $up 2>/dev/null; wait 2>/dev/null; rm -rf "$T"' EXIT
 fail=0
+await_ready() { # await_ready OUT: until OUT has up's ready line, up ($up) exits, or 60 s
+    for _ in $(seq 600); do
+        grep -q "^pdserve up: ready" "$1" && return
+        kill -0 "$up" 2>/dev/null || return
+        sleep 0.1
+    done
+}
 "$BIN" mkmodel --preset tiny --seed 1 --out "$T/m" >/dev/null 2>&1 || { echo "FAIL: mkmodel"; exit 1; }
 port=$(free_port_pair)
 "$BIN" up --model "$T/m" --port "$port" --served-model-name tiny --long-prompt-threshold 8 --threads 1 \
     >"$T/out" 2>"$T/err" &
 up=$!
-for _ in $(seq 600); do
-    grep -q "^pdserve up: ready" "$T/out" && break
-    kill -0 $up 2>/dev/null || break
-    sleep 0.1
-done
+await_ready "$T/out"
 if ! grep -q "^pdserve up: ready: 1 prefill + 1 decode replicas registered, [0-9.]* s after start$" "$T/out"; then
     echo "FAIL: no ready line within 60 s"; sed 's/^/    /' "$T/out" "$T/err"; exit 1
 fi
@@ -65,11 +68,7 @@ port=$(free_port_pair)
 "$BIN" up --model "$T/m" --port "$port" --served-model-name "it's \"q\" \\x" --prefill-replicas 0 --threads 1 \
     >"$T/out3" 2>&1 &
 up=$!
-for _ in $(seq 600); do
-    grep -q "^pdserve up: ready" "$T/out3" && break
-    kill -0 $up 2>/dev/null || break
-    sleep 0.1
-done
+await_ready "$T/out3"
 cmd=$(sed -n '/^try:/{n;N;p}' "$T/out3" | sed 's/\\$//' | tr -d '\n')
 body=$(sh -c "$cmd -s -w ' %{http_code}'" 2>&1)
 case "$body" in
