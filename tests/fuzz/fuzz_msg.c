@@ -168,13 +168,22 @@ static void *dealer(const char *id, const char *endpoint) {
     return s;
 }
 
+static char g_sock_path[96];
+
+/* libFuzzer ends with exit(): the router's ipc socket file goes with it */
+static void unlink_sock(void) {
+    unlink(g_sock_path);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fz_quiet_logs();
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     g_base = event_base_new();
     char endpoint[128];
-    snprintf(endpoint, sizeof endpoint, "ipc:///tmp/pdserve-fuzz-msg-%d.sock", (int)getpid());
+    snprintf(g_sock_path, sizeof g_sock_path, "/tmp/pdserve-fuzz-msg-%d.sock", (int)getpid());
+    snprintf(endpoint, sizeof endpoint, "ipc://%s", g_sock_path);
+    atexit(unlink_sock);
     pd_router_config rc = {0};
     rc.control_endpoint = endpoint;
     rc.long_prompt_threshold = 8;
