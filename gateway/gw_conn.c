@@ -144,7 +144,7 @@ void gw_conn_set_timer(gw_conn *c, double seconds) {
         evtimer_del(c->timer);
         return;
     }
-    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    struct timeval tv = gw_timeval(seconds);
     evtimer_add(c->timer, &tv);
 }
 
@@ -389,7 +389,7 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     bufferevent_setwatermark(bev, EV_READ, 0, GW_INPUT_HIGH_WATER);
     bufferevent_setwatermark(bev, EV_WRITE, s->cfg.output_high_water_bytes / 2, 0);
     double w = s->cfg.timeout_write_s;
-    struct timeval wtv = {(time_t)w, (suseconds_t)((w - (double)(time_t)w) * 1e6)};
+    struct timeval wtv = gw_timeval(w);
     bufferevent_set_timeouts(bev, NULL, w > 0 ? &wtv : NULL);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
     gw_conn_set_timer(c, s->cfg.timeout_keep_alive_s);

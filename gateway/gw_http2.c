@@ -196,7 +196,7 @@ static void h2_schedule(h2_conn *h) {
 static void h2_arm_timer(h2_stream *hs, double seconds) {
     if (seconds <= 0)
         return;
-    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    struct timeval tv = gw_timeval(seconds);
     evtimer_add(hs->timer, &tv);
 }
 

@@ -38,6 +38,11 @@
 
 #include "pd_gateway.h"
 
+/** SECONDS (>= 0) as the struct timeval libevent's timers take. */
+static inline struct timeval gw_timeval(double seconds) {
+    return (struct timeval){(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+}
+
 #define GW_MOD "gateway"
 
 typedef struct gw_conn gw_conn;
@@ -495,12 +500,10 @@ void gw_server_check_route(const gw_stream *st, gw_route_check *out);
 void gw_server_dispatch(gw_stream *s);
 /** A completions / chat request is freed: one fewer for the drain. */
 void gw_server_request_gone(gw_server *s);
-/** The drain's time ran out: REQ (admitted, still running) is released from
- * the engine and answered 503 "the server shut down before the request
- * finished" (in-band, then [DONE], once streaming), from the loop. */
-void gw_request_shut_down(pd_gw_request *req);
-/** The next of srv->reqs after REQ (NULL: the last). */
-pd_gw_request *gw_request_next(const pd_gw_request *req);
+/** The drain's time ran out: every request of s->reqs the engine still runs
+ * is released from it and answered 503 "the server shut down before the
+ * request finished" (in-band, then [DONE], once streaming), from the loop. */
+void gw_requests_shut_down(gw_server *s);
 
 /** POST /v1/completions and /v1/chat/completions (gw_request.c). refusal:
  * NULL, or gw_server_check_route's refusal of st (415), which is answered

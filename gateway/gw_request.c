@@ -799,16 +799,18 @@ void pd_gw_on_error(pd_gw_request *req, int http_status_if_not_started, const ch
     schedule_complete(req);
 }
 
-void gw_request_shut_down(pd_gw_request *req) {
-    if (!req->submitted || req->engine_done)
-        return; /* still being prepared (pd_gw_server_free aborts it), or already ending */
-    req->engine_done = true;
-    req->srv->engine.abort(req->srv->engine_ctx, req); /* the replicas stop it */
-    req->failed = true;
-    req->err_status = 503;
-    snprintf(req->err_msg, sizeof req->err_msg, "the server shut down before the request finished");
-    PD_LOGW(GW_MOD, "%s: %s", req->id, req->err_msg);
-    schedule_complete(req);
+void gw_requests_shut_down(gw_server *s) {
+    for (pd_gw_request *req = s->reqs; req; req = req->next) {
+        if (!req->submitted || req->engine_done)
+            continue; /* still being prepared (pd_gw_server_free aborts it), or already ending */
+        req->engine_done = true;
+        req->srv->engine.abort(req->srv->engine_ctx, req); /* the replicas stop it */
+        req->failed = true;
+        req->err_status = 503;
+        snprintf(req->err_msg, sizeof req->err_msg, "the server shut down before the request finished");
+        PD_LOGW(GW_MOD, "%s: %s", req->id, req->err_msg);
+        schedule_complete(req);
+    }
 }
 
 void pd_gw_on_error_retry(pd_gw_request *req, int http_status_if_not_started, int retry_after_s,
@@ -838,10 +840,6 @@ void pd_gw_request_set_engine_data(pd_gw_request *req, void *data) {
 
 void *pd_gw_request_engine_data(const pd_gw_request *req) {
     return req ? req->engine_data : NULL;
-}
-
-pd_gw_request *gw_request_next(const pd_gw_request *req) {
-    return req->next;
 }
 
 const char *pd_gw_request_choice_reason(const pd_gw_request *req, int choice) {
@@ -1073,7 +1071,7 @@ static void start_stream(pd_gw_request *req) {
     double iv = req->srv->cfg.sse_ping_interval_s;
     if (iv > 0) {
         req->ev_ping = event_new(req->srv->base, -1, EV_PERSIST, req_ping_cb, req);
-        struct timeval tv = {(time_t)iv, (suseconds_t)((iv - (double)(time_t)iv) * 1e6)};
+        struct timeval tv = gw_timeval(iv);
         if (req->ev_ping)
             evtimer_add(req->ev_ping, &tv);
     }

@@ -214,7 +214,7 @@ void pd_gw_server_free(pd_gw_server **s_p) {
 static void drain_timer_in(gw_server *s, double seconds) {
     if (seconds < 0)
         seconds = 0;
-    struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+    struct timeval tv = gw_timeval(seconds);
     event_add(s->drain_timer, &tv);
 }
 
@@ -247,8 +247,7 @@ static void drain_done_cb(evutil_socket_t fd, short what, void *arg) {
         PD_LOGW(GW_MOD, "shutdown: %d requests still running after the drain timeout; ending them",
                 s->n_requests);
         s->drain_forced = true;
-        for (pd_gw_request *q = s->reqs; q; q = gw_request_next(q))
-            gw_request_shut_down(q);
+        gw_requests_shut_down(s);
         s->drain_deadline = now + 2.0;
         drain_timer_in(s, 0.02);
         return;
