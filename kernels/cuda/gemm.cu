@@ -329,6 +329,148 @@ static __global__ void __launch_bounds__(GV_WARPS * 32)
     p.template run<false, MT>(N, K, M, x, K, y, N, accumulate);
 }
 
+/* Batch-1 GEMV of one large weight (the LM head, a dense MLP's gate_up and
+ * down): y[n] (+)= W[n] · x, or with SWIGLU y[n] = silu(W[n] · x) · (W[N +
+ * n] · x). A warp owns one output row (and its up row) over a 1/SPLIT
+ * slice of K; each lane issues GV1_U 16-byte loads of each row before it
+ * uses any, so that a warp has GV1_U · 512 bytes of a row in flight
+ * (gemv_block's loop of 2 rows a warp kept ~1.1 TB/s of a dense down
+ * projection's K = 10944 in flight on 128 blocks, and the LM head's 6400
+ * blocks ran at ~2.8 TB/s: session 13's timeline). The SPLIT warps of a
+ * row add their sums in shared memory in slice order. x fp32 [K], y fp32
+ * [N]; W bf16 or fp32 [N or 2N, K]; needs cu_gemv_ok. */
+#define GV1_U 8
+template <typename WT, bool SWIGLU, int SPLIT>
+static __global__ void __launch_bounds__(GV_WARPS * 32)
+    k_gemv1(int N, int K, const WT *__restrict__ W, const float *__restrict__ x, float *__restrict__ y, int accumulate) {
+    constexpr int RPB = GV_WARPS / SPLIT; /* output rows a block */
+    __shared__ float part[GV_WARPS][2];
+    cu_pdl_launch_dependents();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = (int)blockIdx.x * RPB + warp / SPLIT, s = warp % SPLIT;
+    const int K8 = K / 8, per = (K8 + SPLIT - 1) / SPLIT, k0 = s * per, k1 = min(K8, k0 + per);
+    const bool live = n < N && k0 < k1;
+    const WT *wg = W + (size_t)(n < N ? n : 0) * K, *wu = W + (size_t)(n < N ? N + n : 0) * K;
+    if (live && lane == 0) { /* the weights depend on nothing earlier: into L2 while the kernel before runs */
+        cu_prefetch_l2(wg + (size_t)k0 * 8, (unsigned)((size_t)(k1 - k0) * 8 * sizeof(WT)));
+        if (SWIGLU)
+            cu_prefetch_l2(wu + (size_t)k0 * 8, (unsigned)((size_t)(k1 - k0) * 8 * sizeof(WT)));
+    }
+    cu_pdl_wait();
+    float ag = 0.0f, au = 0.0f;
+    if (live)
+        for (int kb = k0 + lane; kb < k1; kb += 32 * GV1_U) {
+            gv_w8<WT> g[GV1_U], u[SWIGLU ? GV1_U : 1];
+#pragma unroll
+            for (int i = 0; i < GV1_U; i++)
+                if (kb + 32 * i < k1) {
+                    g[i].load(wg, kb + 32 * i);
+                    if constexpr (SWIGLU)
+                        u[i].load(wu, kb + 32 * i);
+                }
+#pragma unroll
+            for (int i = 0; i < GV1_U; i++) {
+                const int k8 = kb + 32 * i;
+                if (k8 < k1) {
+                    const float4 a = __ldg((const float4 *)x + 2 * k8), b = __ldg((const float4 *)x + 2 * k8 + 1);
+                    ag += g[i].dot(a, b);
+                    if constexpr (SWIGLU)
+                        au += u[SWIGLU ? i : 0].dot(a, b);
+                }
+            }
+        }
+    ag = cu_warp_sum(ag);
+    if (SWIGLU)
+        au = cu_warp_sum(au);
+    if (SPLIT > 1) {
+        if (lane == 0) {
+            part[warp][0] = ag;
+            part[warp][1] = au;
+        }
+        __syncthreads();
+        if (s == 0 && lane == 0) {
+            ag = au = 0.0f;
+#pragma unroll
+            for (int i = 0; i < SPLIT; i++) {
+                ag += part[warp + i][0];
+                au += part[warp + i][1];
+            }
+        }
+    }
+    if (n < N && s == 0 && lane == 0) {
+        if (SWIGLU)
+            y[n] = ag / (1.0f + expf(-ag)) * au;
+        else
+            y[n] = accumulate ? y[n] + ag : ag;
+    }
+}
+
+/* k_gemv1 applies (PD_GEMV1=0: off, A/B runs): one row, one weight of at
+ * least GV1_MIN weights. */
+#define GV1_MIN ((size_t)16 << 20)
+static bool gemv1_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("PD_GEMV1");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+template <typename WT, bool SWIGLU, int SPLIT>
+static cudaError_t gemv1_launch_t(bool pdl, cudaStream_t s, int N, int K, const void *w, const float *x, float *y,
+                                  int acc) {
+    constexpr int RPB = GV_WARPS / SPLIT;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg =
+        cu_launch_config(dim3((unsigned)((N + RPB - 1) / RPB)), dim3(GV_WARPS * 32), 0, s, pdl, &at);
+    return cudaLaunchKernelEx(&cfg, k_gemv1<WT, SWIGLU, SPLIT>, N, K, (const WT *)w, x, y, acc);
+}
+
+/* SPLIT: doubled while the warps (N · SPLIT) are fewer than two full
+ * blocks a SM and each slice keeps at least 256 16-byte pieces of a row
+ * (V2-Lite's dense down, N 2048 × K 10944: split 2, 20.9 µs; 4, 22.9-24.8;
+ * 1, 28.4: session 13's timelines). */
+template <typename WT, bool SWIGLU>
+static cudaError_t gemv1_launch_w(const cu_ctx *c, int N, int K, const void *w, const float *x, float *y, int acc) {
+    int split = 1;
+    while (split < 8 && (size_t)N * split < (size_t)2 * GV_WARPS * c->n_sm && K / 8 / (2 * split) >= 256)
+        split *= 2;
+    static int forced = -1; /* PD_GEMV1_SPLIT=1|2|4|8: this split for every k_gemv1 (A/B runs) */
+    if (forced < 0) {
+        const char *e = getenv("PD_GEMV1_SPLIT");
+        forced = e ? atoi(e) : 0;
+    }
+    if (forced == 1 || forced == 2 || forced == 4 || forced == 8)
+        split = forced;
+    switch (split) {
+    case 1:
+        return gemv1_launch_t<WT, SWIGLU, 1>(c->pdl, c->stream, N, K, w, x, y, acc);
+    case 2:
+        return gemv1_launch_t<WT, SWIGLU, 2>(c->pdl, c->stream, N, K, w, x, y, acc);
+    case 4:
+        return gemv1_launch_t<WT, SWIGLU, 4>(c->pdl, c->stream, N, K, w, x, y, acc);
+    default:
+        return gemv1_launch_t<WT, SWIGLU, 8>(c->pdl, c->stream, N, K, w, x, y, acc);
+    }
+}
+
+/* Launches k_gemv1 where it applies (true; the launch's error recorded in c). */
+static bool gemv1_try(cu_ctx *c, bool swiglu, int M, int N, int K, const void *w, const float *x, float *y, bool acc) {
+    if (M != 1 || c->no_gemv || !gemv1_on() || !cu_gemv_ok(K, w, x, K) ||
+        (size_t)N * K * (swiglu ? 2 : 1) < GV1_MIN)
+        return false;
+    cudaError_t e;
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+        e = swiglu ? gemv1_launch_w<__nv_bfloat16, true>(c, N, K, w, x, y, 0)
+                   : gemv1_launch_w<__nv_bfloat16, false>(c, N, K, w, x, y, acc ? 1 : 0);
+    else
+        e = swiglu ? gemv1_launch_w<float, true>(c, N, K, w, x, y, 0)
+                   : gemv1_launch_w<float, false>(c, N, K, w, x, y, acc ? 1 : 0);
+    CU_LAUNCHED(c, e, swiglu ? "gemm_swiglu (one row)" : "gemv (one row)");
+    return true;
+}
+
 /* The weights-in-registers path applies: bf16, K <= 2048, every block resident
  * at once (two a SM); PD_GEMV_PRE=0 turns it off (A/B runs). */
 #define GV_PRE_KC 8
@@ -460,6 +602,8 @@ static bool gemm_run(cu_ctx *c, int M, const float *x, const pd_weight *w, float
                                   : cudaLaunchKernelEx(&cfg, k_gemv_pre<2, GV_PRE_KC, GV_MT>, N, K, M, wb, x, y, acc),
                            "gemv (weights in registers)");
     }
+    if (gemv1_try(c, false, M, N, K, w->data, x, y, accumulate))
+        return c->status == PD_OK;
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K))
         return CU_LAUNCHED(c,
                            cu_gemv_launch(c->wfmt, false, 1, N, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, y, N,
@@ -487,6 +631,8 @@ void cu_gemm_swiglu(pd_backend *be, int M, const float *x, const pd_weight *w, f
     const int I = w->rows / 2, K = w->cols;
     x16_clobbered(c, gu, (size_t)M * 2 * I * sizeof(float));
     x16_clobbered(c, act, (size_t)M * I * sizeof(float));
+    if (gemv1_try(c, true, M, I, K, w->data, x, act, false))
+        return;
     if (M <= GV_MAX_M && !c->no_gemv && cu_gemv_ok(K, w->data, x, K)) { /* the skinny GEMM's SwiGLU epilogue */
         CU_LAUNCHED(c,
                     cu_gemv_launch(c->wfmt, true, 1, I, K, w->data, NULL, NULL, NULL, M, NULL, NULL, x, K, act, I,

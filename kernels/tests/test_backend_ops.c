@@ -200,9 +200,12 @@ static void run_gemm(suite *s, pd_backend *b, int M, int N, int K, const float *
 static void test_gemm(void **state) {
     suite *s = *state;
     BEGIN(s);
-    /* M <= 4 with K % 8 == 0 takes the CUDA backend's skinny kernel */
-    static const int shapes[][3] = {{1, 64, 64},    {3, 96, 130},  {17, 256, 512}, {130, 128, 64}, {1, 1000, 256},
-                                    {64, 200, 333}, {2, 129, 1408}, {4, 300, 2048}, {3, 17, 8},     {4, 64, 72}};
+    /* M <= 4 with K % 8 == 0 takes the CUDA backend's skinny kernel; the
+     * last four (one row, 16M weights or more) its k_gemv1, K split in 4,
+     * 2, 1 and 8 */
+    static const int shapes[][3] = {{1, 64, 64},     {3, 96, 130},     {17, 256, 512},  {130, 128, 64}, {1, 1000, 256},
+                                    {64, 200, 333},  {2, 129, 1408},   {4, 300, 2048},  {3, 17, 8},     {4, 64, 72},
+                                    {1, 1024, 16384}, {1, 2048, 10944}, {1, 20000, 1024}, {1, 256, 65536}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
         int M = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
         bool acc = t % 2 == 1;
@@ -1510,36 +1513,42 @@ static void test_fused_ops(void **state) {
     }
     check(s, OP_FUSED, "add_rmsnorm x", nerr(hx[0], hx[1], na), 0.0);
     check(s, OP_FUSED, "add_rmsnorm h", nerr(hh[0], hh[1], na), 1e-6);
-    /* gemm_swiglu: decode sizes (the skinny GEMM's epilogue on CUDA) and above */
-    int I = 48, K = 64, Ms[] = {1, 3, 4, 17};
-    float *wgu = rnd(s, (size_t)2 * I * K, 0.2);
-    pd_weight W;
-    assert_int_equal(b->ops->weight_from_f32(b, wgu, 2 * I, K, &W), PD_OK);
-    for (int mi = 0; mi < 4; mi++) {
-        int M = Ms[mi];
-        float *xm = rnd(s, (size_t)M * K, 1.0), *p2 = nans((size_t)M * 2 * I);
-        float *dxm = put(b, xm, (size_t)M * K * 4), *dgu = put(b, p2, (size_t)M * 2 * I * 4);
-        float *da[2], *ha[2];
-        for (int v = 0; v < 2; v++)
-            da[v] = put(b, p2, (size_t)M * I * 4);
-        b->ops->gemm_swiglu(b, M, dxm, &W, dgu, da[0]);
-        b->ops->gemm(b, M, dxm, &W, dgu, false);
-        b->ops->silu_mul(b, M, I, dgu, da[1]);
-        for (int v = 0; v < 2; v++) {
-            ha[v] = malloc((size_t)M * I * 4);
-            get(s, b, ha[v], da[v], (size_t)M * I);
-            b->ops->free(b, da[v]);
+    /* gemm_swiglu: decode sizes (the skinny GEMM's epilogue on CUDA) and
+     * above; then one row of a 32M-weight gate_up (CUDA: k_gemv1, K split
+     * in 2; the gemm it is checked against, over twice the rows, does not
+     * split it) */
+    for (int sc = 0; sc < 2; sc++) {
+        int I = sc ? 2048 : 48, K = sc ? 8192 : 64, Ms[] = {1, 3, 4, 17};
+        float *wgu = rnd(s, (size_t)2 * I * K, sc ? 0.02 : 0.2);
+        pd_weight W;
+        assert_int_equal(b->ops->weight_from_f32(b, wgu, 2 * I, K, &W), PD_OK);
+        for (int mi = 0; mi < (sc ? 1 : 4); mi++) {
+            int M = Ms[mi];
+            float *xm = rnd(s, (size_t)M * K, 1.0), *p2 = nans((size_t)M * 2 * I);
+            float *dxm = put(b, xm, (size_t)M * K * 4), *dgu = put(b, p2, (size_t)M * 2 * I * 4);
+            float *da[2], *ha[2];
+            for (int v = 0; v < 2; v++)
+                da[v] = put(b, p2, (size_t)M * I * 4);
+            b->ops->gemm_swiglu(b, M, dxm, &W, dgu, da[0]);
+            b->ops->gemm(b, M, dxm, &W, dgu, false);
+            b->ops->silu_mul(b, M, I, dgu, da[1]);
+            for (int v = 0; v < 2; v++) {
+                ha[v] = malloc((size_t)M * I * 4);
+                get(s, b, ha[v], da[v], (size_t)M * I);
+                b->ops->free(b, da[v]);
+            }
+            snprintf(shape, sizeof shape, "gemm_swiglu M %d I %d K %d", M, I, K);
+            check(s, OP_FUSED, shape, nerr(ha[0], ha[1], (size_t)M * I), 1e-5);
+            for (int v = 0; v < 2; v++)
+                free(ha[v]);
+            b->ops->free(b, dxm);
+            b->ops->free(b, dgu);
+            free(xm);
+            free(p2);
         }
-        snprintf(shape, sizeof shape, "gemm_swiglu M %d", M);
-        check(s, OP_FUSED, shape, nerr(ha[0], ha[1], (size_t)M * I), 1e-5);
-        for (int v = 0; v < 2; v++)
-            free(ha[v]);
-        b->ops->free(b, dxm);
-        b->ops->free(b, dgu);
-        free(xm);
-        free(p2);
+        b->ops->weight_free(b, &W);
+        free(wgu);
     }
-    b->ops->weight_free(b, &W);
     for (int v = 0; v < 2; v++) {
         b->ops->free(b, dq[v]);
         b->ops->free(b, dk[v]);
@@ -1566,7 +1575,6 @@ static void test_fused_ops(void **state) {
     free(y);
     free(w);
     free(pois);
-    free(wgu);
     END(s);
 }
 
