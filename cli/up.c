@@ -470,8 +470,10 @@ int pd_cmd_up(int argc, char **argv) {
         char rid[64];
         snprintf(rid, sizeof rid, "%s-%d", is_prefill ? "prefill" : "decode", is_prefill ? r : r - n_prefill);
         char *args[160] = {"pdserve", is_prefill ? "prefill" : "decode", "--model", (char *)model, "--gateway", ctrl,
-                           "--replica-id", rid};
-        int n = 8;
+                           "--replica-id", rid, "--shutdown-timeout", "0"};
+        /* --shutdown-timeout 0: up drains at the gateway, and stops the
+         * replicas only after it (their own drain would only wait) */
+        int n = 10;
         if (hb) {
             args[n++] = "--heartbeat-interval-ms";
             args[n++] = (char *)hb;

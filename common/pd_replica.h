@@ -65,6 +65,7 @@ typedef struct {
     int metrics_port;           /* --metrics-port; 0: no /metrics */
     int step_delay_ms;          /* --debug-step-delay-ms */
     double gpu_mem_util;        /* --gpu-memory-utilization; 0: not given */
+    double shutdown_timeout;    /* --shutdown-timeout, seconds: the longest drain; 0: a signal stops at once */
     bool verify_ckpt;           /* --verify-checkpoint */
     bool expert_parallel;       /* --enable-expert-parallel */
     bool inject_selfcheck_failure; /* --debug-inject-selfcheck-failure */
@@ -110,6 +111,7 @@ typedef struct pd_replica {
     uint64_t n_registrations; /* accepted RegisterReplies that registered it */
     int heartbeat_ms; /* --heartbeat-interval-ms until the gateway names its own */
     double last_heartbeat, last_register;
+    double drain_t0; /* when the drain began (pd_replica_drained); 0: not draining */
     double t0, t; /* start-up: its start, the last phase's end (pd_startup_phase_log) */
     pd_grammar_vocab *vocab; /* response_format: loaded at the first constrained request */
     bool vocab_tried;
@@ -117,14 +119,31 @@ typedef struct pd_replica {
     char tokpath[4096];
 } pd_replica;
 
-/** Starts a session of role over args (borrowed; outlives r): SIGINT and
- * SIGTERM set the stop flag (pd_replica_stopping), SIGPIPE is ignored, an
+/** Starts a session of role over args (borrowed; outlives r): a first
+ * SIGINT or SIGTERM starts the drain (pd_replica_draining; with
+ * --shutdown-timeout 0, and a second one, set the stop flag,
+ * pd_replica_stopping), SIGPIPE is ignored, an
  * unnamed replica becomes "<role>-<pid>", the tokenizer defaults to
  * <model>/tokenizer.json, and start-up timing begins. Allocates nothing. */
 void pd_replica_init(pd_replica *r, const char *role, const pd_replica_args *args);
 
 /** True once a signal or pd_replica_request_stop asked the replica to stop. */
 bool pd_replica_stopping(void);
+
+/** True once a first SIGINT/SIGTERM asked the replica to drain (with
+ * --shutdown-timeout > 0): it takes no new reservation, its heartbeats say
+ * draining (the gateway routes nothing new to it), and it finishes the
+ * work it has. A second signal sets the stop flag. */
+bool pd_replica_draining(void);
+
+/** While draining: true when the role's loop should end now, that is once
+ * `idle` (the role holds no request, reservation or job) and two heartbeat
+ * intervals have passed since the drain began (the gateway has heard that
+ * it drains, and whatever it sent before has arrived), or once
+ * --shutdown-timeout has passed (logged with what is cut). False when not
+ * draining. The first call logs the drain and makes the next tick send a
+ * heartbeat at once. */
+bool pd_replica_drained(pd_replica *r, bool idle);
 
 /** Asks the replica's loop to end (async-signal-safe). */
 void pd_replica_request_stop(void);

@@ -14,15 +14,42 @@
 
 #include "pd_version.h"
 
-/* one replica per process: the signal handler's flag */
-static volatile sig_atomic_t g_stop;
+/* one replica per process: the signal handler's flags (the first signal
+ * drains unless --shutdown-timeout is 0; the next one stops) */
+static volatile sig_atomic_t g_stop, g_drain, g_no_drain;
 
 static void on_signal(int sig) {
     (void)sig;
-    g_stop = 1;
+    if (g_drain || g_no_drain)
+        g_stop = 1;
+    else
+        g_drain = 1;
 }
 
 bool pd_replica_stopping(void) { return g_stop != 0; }
+
+bool pd_replica_draining(void) { return g_drain != 0; }
+
+bool pd_replica_drained(pd_replica *r, bool idle) {
+    if (!g_drain) return false;
+    double now = pd_now_s();
+    if (r->drain_t0 == 0) {
+        r->drain_t0 = now;
+        r->last_heartbeat = 0; /* the next tick tells the gateway */
+        PD_LOGI(r->role, "%s: draining: no new work; finishing what it has (at most --shutdown-timeout %g s; a "
+                "second signal stops at once)", r->replica_id, r->args->shutdown_timeout);
+    }
+    if (idle && (now - r->drain_t0) * 1000.0 >= 2.0 * r->heartbeat_ms) {
+        PD_LOGI(r->role, "%s: drained after %.1f s", r->replica_id, now - r->drain_t0);
+        return true;
+    }
+    if (now - r->drain_t0 >= r->args->shutdown_timeout) {
+        PD_LOGW(r->role, "%s: --shutdown-timeout %g s reached while draining: stopping with work left", r->replica_id,
+                r->args->shutdown_timeout);
+        return true;
+    }
+    return false;
+}
 
 void pd_replica_request_stop(void) { g_stop = 1; }
 
@@ -48,6 +75,7 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
         .block_size = 16,
         .tp = 1,
         .heartbeat_ms = 500,
+        .shutdown_timeout = 30,
     };
     char id_help[96];
     snprintf(id_help, sizeof id_help, "unique name of this replica (default %s-<pid>)", role);
@@ -76,6 +104,9 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
          "[r*E/N, (r+1)*E/N); N must divide them) instead of each split; attention and shared experts stay "
          "tensor parallel"},
         {"heartbeat-interval-ms", PD_FLAG_INT, &a->heartbeat_ms, "load report period (default 500)"},
+        {"shutdown-timeout", PD_FLAG_FLOAT, &a->shutdown_timeout,
+         "on a first SIGTERM/SIGINT take no new work and finish what runs, for at most this many seconds, then "
+         "exit (default 30; 0: stop at once; a second signal stops at once)"},
         {"metrics-port", PD_FLAG_INT, &a->metrics_port, "serve this replica's /metrics on this port (0: off)"},
         {"metrics-host", PD_FLAG_STR, &a->metrics_host, "address of --metrics-port (default 127.0.0.1)"},
         {"debug-step-delay-ms", PD_FLAG_INT, &a->step_delay_ms, "testing: sleep this long after every step"},
@@ -107,6 +138,10 @@ int pd_replica_flags_parse(const char *role, pd_replica_args *a, const pd_flag *
             fprintf(stderr, "pdserve %s: --gpu-memory-utilization 0 must be in (0, 1]\n", role);
             return 2;
         }
+    if (!(a->shutdown_timeout >= 0 && a->shutdown_timeout <= 1e6)) {
+        fprintf(stderr, "pdserve %s: --shutdown-timeout %g must be in [0, 1000000] seconds\n", role, a->shutdown_timeout);
+        return 2;
+    }
     if (a->kv_staging_blocks < 0) {
         fprintf(stderr, "pdserve %s: --kv-staging-blocks %d must be positive (0: the default)\n", role,
                 a->kv_staging_blocks);
@@ -131,6 +166,7 @@ void pd_replica_init(pd_replica *r, const char *role, const pd_replica_args *arg
     snprintf(r->tokpath, sizeof r->tokpath, "%s/tokenizer.json", args->model ? args->model : ".");
     r->tokenizer_path = args->tokenizer ? args->tokenizer : r->tokpath;
     r->heartbeat_ms = args->heartbeat_ms;
+    g_no_drain = args->shutdown_timeout <= 0;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
@@ -367,6 +403,7 @@ bool pd_replica_tick(pd_replica *r) {
 
 void pd_replica_heartbeat(pd_replica *r, Pdserve__Heartbeat *h, pd_replica_render render, void *user) {
     h->replica_id = (char *)r->replica_id;
+    h->draining = g_drain != 0;
     pd_hb_update(r->hb, h); /* the heartbeat thread sends it */
     if (r->metrics) {       /* the replica's own /metrics (--metrics-port) */
         pd_strbuf b = {0};

@@ -377,6 +377,10 @@ static void handle(void *user, pd_msg *msg) {
                             "decode replica's staging pool holds %d (--kv-staging-blocks)", g->n_prompt_ids,
                             (long long)need_s, bs, pd_kv_staging_num_slots(d->staging));
             rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_NEVER_FITS;
+        } else if (pd_replica_draining()) {
+            /* refused as a full cache is: the gateway goes elsewhere, or waits */
+            st = pd_err_set(&err, PD_ERR_LIMIT, "the decode replica is draining (shutting down): no new reservation");
+            rr.refusal = PDSERVE__RESERVE_REFUSAL__REFUSAL_NO_ROOM;
         }
         if (st == PD_OK) {
             st = pd_sched_alloc_blocks(d->sched, (int)g->n_prompt_ids, &blocks, &nb, &err);
@@ -621,6 +625,11 @@ int pd_decode_main(int argc, char **argv) {
             send_heartbeat(&d);
             expire_reservations(&d);
         }
+        /* draining: done once nothing runs, waits, is parked or awaits its KV */
+        pd_sched_get_stats(d.sched, &st);
+        if (pd_replica_draining() && pd_replica_drained(&d.r, st.num_running + st.num_waiting == 0 && !d.parked &&
+                                                                  pd_kvx_resv_stats_get(d.resv).live == 0))
+            break;
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
 out:

@@ -152,10 +152,16 @@ static void send_abort(pd_router *r, gw_replica *x, const char *rid, const char 
     send_abort_ex(r, x, rid, reason, false);
 }
 
+/* Whether new work may go to x: alive, and not draining (its heartbeats
+ * say it finishes what it has before it exits: Heartbeat.draining). */
+static bool routable(const gw_replica *x) {
+    return x->alive && !x->hb.draining;
+}
+
 static gw_replica *pick(pd_router *r, int role) {
     gw_replica *best = NULL;
     for (gw_replica *x = r->replicas; x; x = x->next) {
-        if (!x->alive || x->role != role) continue;
+        if (!routable(x) || x->role != role) continue;
         if (!best || x->assigned_tokens < best->assigned_tokens ||
             (x->assigned_tokens == best->assigned_tokens && x->hb.free_blocks > best->hb.free_blocks))
             best = x;
@@ -173,7 +179,7 @@ static gw_replica *pick(pd_router *r, int role) {
 static gw_replica *pick_prefill_with_room(pd_router *r) {
     gw_replica *best = NULL;
     for (gw_replica *x = r->replicas; x; x = x->next) {
-        if (!x->alive || x->role != ROLE_PREFILL || x->n_assigned >= r->cfg.max_prefill_jobs_per_replica) continue;
+        if (!routable(x) || x->role != ROLE_PREFILL || x->n_assigned >= r->cfg.max_prefill_jobs_per_replica) continue;
         if (!best || x->n_assigned < best->n_assigned ||
             (x->n_assigned == best->n_assigned && x->assigned_tokens < best->assigned_tokens))
             best = x;
@@ -189,7 +195,7 @@ static gw_replica *pick_prefill_with_room(pd_router *r) {
 static bool prefill_has_room(pd_router *r, int n) {
     int room = 0, total = 0;
     for (gw_replica *x = r->replicas; x; x = x->next) {
-        if (!x->alive || x->role != ROLE_PREFILL) continue;
+        if (!routable(x) || x->role != ROLE_PREFILL) continue;
         total += r->cfg.max_prefill_jobs_per_replica;
         if (x->n_assigned < r->cfg.max_prefill_jobs_per_replica)
             room += r->cfg.max_prefill_jobs_per_replica - x->n_assigned;
@@ -232,7 +238,7 @@ static bool fits_ever(const gw_replica *x, int n_prompt) {
  * prompt now (free blocks and free slots alike, less what reservations in
  * flight ask), and did not refuse one lately. */
 static bool has_room(const gw_replica *x, int n_prompt) {
-    if (!x->alive || x->role != ROLE_DECODE || x->refused || !fits_ever(x, n_prompt)) return false;
+    if (!routable(x) || x->role != ROLE_DECODE || x->refused || !fits_ever(x, n_prompt)) return false;
     if ((uint64_t)x->free_b < x->resv_b + need_blocks(x, n_prompt)) return false;
     return !x->staging_slots || (uint64_t)x->free_s >= x->resv_s + need_slots(x, n_prompt);
 }
@@ -260,7 +266,7 @@ static gw_replica *pick_decode_with_room(pd_router *r, int n_prompt) {
 static bool never_fits(pd_router *r, int n_prompt, char *msg, size_t len) {
     gw_replica *best = NULL;
     for (gw_replica *x = r->replicas; x; x = x->next) {
-        if (!x->alive || x->role != ROLE_DECODE) continue;
+        if (!routable(x) || x->role != ROLE_DECODE) continue;
         if (fits_ever(x, n_prompt)) return false;
         /* the closest: its cache holds the prompt (the staging pool is the
          * limit), then the largest cache */
@@ -313,12 +319,15 @@ static bool head_ready(pd_router *r, const gw_req *q) {
 }
 
 static void count_alive(pd_router *r) {
-    int d = 0, p = 0;
-    for (gw_replica *x = r->replicas; x; x = x->next)
+    int d = 0, p = 0, d_routable = 0;
+    for (gw_replica *x = r->replicas; x; x = x->next) {
         if (x->alive) *(x->role == ROLE_DECODE ? &d : &p) += 1;
+        if (routable(x) && x->role == ROLE_DECODE) d_routable++;
+    }
     r->stats.decode_alive = d;
     r->stats.prefill_alive = p;
-    if (r->gw) pd_gw_server_set_ready(r->gw, d > 0);
+    /* /health: ready while a decode replica takes new work */
+    if (r->gw) pd_gw_server_set_ready(r->gw, d_routable > 0);
 }
 
 /* ---- sub-requests ---- */
@@ -850,11 +859,17 @@ static void on_heartbeat(pd_router *r, pd_msg *m) {
         pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
         return;
     }
+    const bool was_draining = x->hb.draining;
     x->hb = *h;
     x->hb.replica_id = NULL;
     x->hb.base.unknown_fields = NULL;
     x->hb.base.n_unknown_fields = 0;
     x->last_seen = pd_now_s();
+    if (h->draining != was_draining) {
+        if (h->draining)
+            PD_LOGI(LOGM, "replica %s is draining: nothing new is routed to it; it finishes what it has", x->id);
+        count_alive(r);
+    }
     if (x->role == ROLE_DECODE) {
         x->free_b = h->free_blocks;
         x->free_s = h->free_staging_slots;

@@ -503,6 +503,8 @@ int pd_prefill_main(int argc, char **argv) {
         pd_kvx_agent_progress(p.r.agent);
         advance(&p);
         if (pd_replica_tick(&p.r)) send_heartbeat(&p);
+        /* draining: done once no job is left (its KV sent, or it failed) */
+        if (pd_replica_draining() && pd_replica_drained(&p.r, p.jobs == NULL)) break;
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
 out:

@@ -21,8 +21,10 @@ def main():
     procs = [subprocess.Popen([BIN, "gateway", "--model", model, "--host", "127.0.0.1", "--port", str(port),
                                "--control", ctrl, "--served-model-name", "tiny", "--long-prompt-threshold", "16",
                                "--heartbeat-interval-ms", "100"], stdout=log, stderr=log)]
+    # --shutdown-timeout 0: SIGTERM stops at once (the abrupt stop this test is
+    # about; test_shutdown.py covers the drain)
     common = ["--model", model, "--gateway", ctrl, "--threads", "1", "--block-size", "4", "--heartbeat-interval-ms",
-              "100"]
+              "100", "--shutdown-timeout", "0"]
     procs.append(subprocess.Popen([BIN, "decode", *common, "--replica-id", "decode-0", "--num-kv-blocks", "64"],
                                   stdout=log, stderr=log))
     procs.append(subprocess.Popen([BIN, "prefill", *common, "--replica-id", "prefill-0", "--num-kv-blocks", "256",

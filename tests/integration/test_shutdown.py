@@ -13,10 +13,20 @@ to 20 ms so that requests are still running when the signal comes:
   the request finished" and [DONE], and up exits soon after.
 - A second SIGINT stops the drain at once.
 Before, Ctrl-C stopped the replicas first: every running request was cut
-(a walkthrough saw a 500-token stream end with no error and no [DONE])."""
-import http.client, json, os, signal, threading, time
+(a walkthrough saw a 500-token stream end with no error and no [DONE]).
 
-from pdtest import check, failures, finish, free_port_pair, pd_stack_flags, start_up, tiny_model, wait_ready
+A replica drains too (each service started on its own, as docker compose
+runs them, whose `down` stops the replicas before the gateway):
+- SIGTERM to the decode and the prefill replica while a streamed short
+  request and a long one run: both finish whole; within a second /health
+  is 503 and a new request gets a 503 at once (no replica takes new work);
+  each replica then logs "drained" and exits 0.
+- A second SIGTERM stops a draining replica at once.
+- --shutdown-timeout must be in [0, 1e6] (exit 2)."""
+import http.client, json, os, signal, subprocess, threading, time
+
+from pdtest import (BIN, check, failures, finish, free_port_pair, pd_stack_flags, request, start_up, temp_dir,
+                    tiny_model, wait_ready)
 
 STEP_MS = 20
 
@@ -188,11 +198,115 @@ def second_signal_case(model):
           f"a second SIGINT stops the drain at once (rc {rc}, {time.time() - t0:.1f} s, [DONE] {out['done']})")
 
 
+class Services:
+    """gateway, prefill-0 and decode-0 as separate processes (heartbeats
+    every 100 ms, every replica step 20 ms)."""
+
+    def __init__(self, model):
+        self.tmp = temp_dir()
+        self.port = free_port_pair()
+        ctrl = f"tcp://127.0.0.1:{self.port + 1}"
+        self.procs, self.logs = {}, {}
+        self.start("gateway", ["gateway", "--model", model, "--host", "127.0.0.1", "--port", str(self.port),
+                               "--control", ctrl, "--served-model-name", "tiny", "--long-prompt-threshold", "16",
+                               "--heartbeat-interval-ms", "100"])
+        for role in ("prefill", "decode"):
+            self.start(f"{role}-0", [role, "--model", model, "--gateway", ctrl, "--replica-id", f"{role}-0",
+                                     "--threads", "1", "--block-size", "4", "--num-kv-blocks", "1024",
+                                     "--heartbeat-interval-ms", "100", "--debug-step-delay-ms", str(STEP_MS)])
+
+    def start(self, name, args):
+        self.logs[name] = os.path.join(self.tmp, name + ".log")
+        self.procs[name] = subprocess.Popen([BIN] + args, stdout=open(self.logs[name], "w"), stderr=subprocess.STDOUT)
+
+    def wait(self, name, limit):
+        try:
+            return self.procs[name].wait(limit)
+        except subprocess.TimeoutExpired:
+            return "still running"
+
+    def log(self, name):
+        return open(self.logs[name], errors="replace").read()
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def replica_drain_case(model):
+    sv = Services(model)
+    try:
+        port = sv.port
+        check(wait_ready(port, roles=("prefill", "decode")), "services ready")
+        short = {"model": "tiny", "prompt": "Hi", "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+        long_ = {"model": "tiny", "prompt": "one two three four five six seven eight nine ten eleven twelve",
+                 "max_tokens": 50, "ignore_eos": True, "temperature": 0}
+        s_out, l_out = {"started": threading.Event()}, {}
+        ts = threading.Thread(target=stream_until_end, args=(port, short, s_out))
+        tl = threading.Thread(target=post_whole, args=(port, long_, l_out))
+        ts.start()
+        tl.start()
+        check(s_out["started"].wait(30), "replica drain: the streamed request started")
+        time.sleep(0.3)  # the long request is in its prefill or its first steps
+        sv.procs["decode-0"].send_signal(signal.SIGTERM)
+        sv.procs["prefill-0"].send_signal(signal.SIGTERM)
+        time.sleep(0.8)  # a heartbeat saying "draining" has reached the gateway
+        check(ts.is_alive(), "the stream still runs 0.8 s after SIGTERM (the case tests a drain)")
+        st, _, body = request(port, "GET", "/health")
+        check(st == 503, f"/health while the only decode replica drains: 503 ({st} {body[:120]!r})")
+        t0 = time.time()
+        st, _, body = request(port, "POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2},
+                           timeout=10)
+        check(st == 503 and b'"error"' in body and time.time() - t0 < 3,
+              f"a new request while the replicas drain: 503 at once ({st} {body[:160]!r}, {time.time() - t0:.1f} s)")
+        ts.join(60)
+        tl.join(60)
+        fin = [ev["choices"][0].get("finish_reason") for ev in s_out["events"] if ev.get("choices")]
+        check(s_out.get("status") == 200 and s_out["done"] and "length" in fin and streamed_tokens(s_out) == 100,
+              f"the running stream finished whole: {streamed_tokens(s_out)} of 100 tokens, [DONE] {s_out['done']}, "
+              f"finish {fin[-1:]} (error {s_out['error']})")
+        lj = json.loads(l_out["body"]) if l_out.get("status") == 200 else {}
+        check(lj.get("usage", {}).get("completion_tokens") == 50 and lj["choices"][0]["finish_reason"] == "length",
+              f"the running long-route request finished whole ({l_out.get('status')} {l_out.get('body', b'')[:160]!r})")
+        for name in ("decode-0", "prefill-0"):
+            rc = sv.wait(name, 15)
+            log = sv.log(name)
+            check(rc == 0 and "draining" in log and "drained after" in log,
+                  f"{name} drained and exited 0 ({rc}): {[ln for ln in log.splitlines() if 'drain' in ln][-2:]}")
+        # a second SIGTERM stops at once: a new decode replica, a long stream
+        sv.start("decode-1", ["decode", "--model", model, "--gateway", f"tcp://127.0.0.1:{port + 1}",
+                              "--replica-id", "decode-1", "--threads", "1", "--block-size", "4",
+                              "--heartbeat-interval-ms", "100", "--debug-step-delay-ms", str(STEP_MS)])
+        check(wait_ready(port, roles=("decode",)), "decode-1 ready")
+        t, out = long_stream(port, "replica second signal")
+        sv.procs["decode-1"].send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        t0 = time.time()
+        sv.procs["decode-1"].send_signal(signal.SIGTERM)
+        rc = sv.wait("decode-1", 10)
+        check(rc == 0 and time.time() - t0 < 5,
+              f"a second SIGTERM stops a draining replica at once ({rc}, {time.time() - t0:.1f} s)")
+        t.join(30)
+        check(not t.is_alive() and streamed_tokens(out) < 900, "the cut stream ended (its replica is gone)")
+    finally:
+        sv.stop()
+        if failures:
+            for name in sv.logs:
+                print(f"--- {name}\n" + sv.log(name)[-2000:])
+    r = subprocess.run([BIN, "decode", "--model", model, "--shutdown-timeout", "-1"], capture_output=True, text=True,
+                       timeout=30)
+    check(r.returncode == 2 and "--shutdown-timeout" in r.stderr,
+          f"decode --shutdown-timeout -1: exit 2 naming the flag ({r.returncode} {r.stderr.strip()[-120:]!r})")
+
+
 def main():
     _, model = tiny_model()
     drain_case(model)
     timeout_case(model)
     second_signal_case(model)
+    replica_drain_case(model)
     finish()
 
 
