@@ -18,15 +18,16 @@ Before, Ctrl-C stopped the replicas first: every running request was cut
 A replica drains too (each service started on its own, as docker compose
 runs them, whose `down` stops the replicas before the gateway):
 - SIGTERM to the decode and the prefill replica while a streamed short
-  request and a long one run: both finish whole; within a second /health
-  is 503 and a new request gets a 503 at once (no replica takes new work);
-  each replica then logs "drained" and exits 0.
+  request and a long one run, and another long one is in its prefill: all
+  three finish whole (the last one's first token comes after the signal);
+  within a second /health is 503 and a new request gets a 503 at once (no
+  replica takes new work); each replica then logs "drained" and exits 0.
 - A second SIGTERM stops a draining replica at once.
 - --shutdown-timeout must be in [0, 1e6] (exit 2)."""
 import http.client, json, os, signal, subprocess, threading, time
 
-from pdtest import (BIN, check, failures, finish, free_port_pair, pd_stack_flags, request, start_up, temp_dir,
-                    tiny_model, wait_ready)
+from pdtest import (BIN, check, failures, finish, free_port_pair, metric, metrics, pd_stack_flags, request, start_up,
+                    temp_dir, tiny_model, wait_ready)
 
 STEP_MS = 20
 
@@ -61,6 +62,7 @@ def stream_until_end(port, body, out):
                 out["done"] = True
                 continue
             out["events"].append(json.loads(line[6:]))
+            out.setdefault("t_first", time.time())
             out["started"].set()
         c.close()
     except (OSError, http.client.HTTPException) as e:
@@ -100,17 +102,42 @@ def wait_exit(up, limit):
     return rc, time.time() - t0, open(up.log_path, errors="replace").read()
 
 
+LONG_PROMPT = " ".join(["one two three four five six seven eight nine ten"] * 4)  # over either threshold
+
+
+def start_pair(port, n_short, n_long):
+    """Starts a streamed short request of n_short tokens and a whole long
+    one (through the prefill replica) of n_long; returns once the stream's
+    first event came."""
+    short = {"model": "tiny", "prompt": "Hi", "max_tokens": n_short, "ignore_eos": True, "temperature": 0}
+    long_ = {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": n_long, "ignore_eos": True, "temperature": 0}
+    pair = {"s": {"started": threading.Event()}, "l": {}, "n_short": n_short, "n_long": n_long}
+    pair["ts"] = threading.Thread(target=stream_until_end, args=(port, short, pair["s"]))
+    pair["tl"] = threading.Thread(target=post_whole, args=(port, long_, pair["l"]))
+    pair["ts"].start()
+    pair["tl"].start()
+    check(pair["s"]["started"].wait(30), "the streamed request started")
+    return pair
+
+
+def check_pair_whole(pair):
+    """Both requests of start_pair ended whole: every token, "length", [DONE]."""
+    pair["ts"].join(60)
+    pair["tl"].join(60)
+    s_out, l_out, n_short, n_long = pair["s"], pair["l"], pair["n_short"], pair["n_long"]
+    fin = [ev["choices"][0].get("finish_reason") for ev in s_out["events"] if ev.get("choices")]
+    check(s_out.get("status") == 200 and s_out["done"] and "length" in fin and streamed_tokens(s_out) == n_short,
+          f"the running stream finished whole: {streamed_tokens(s_out)} of {n_short} tokens, [DONE] "
+          f"{s_out['done']}, finish {fin[-1:]} (error {s_out['error']})")
+    lj = json.loads(l_out["body"]) if l_out.get("status") == 200 else {}
+    check(lj.get("usage", {}).get("completion_tokens") == n_long and lj["choices"][0]["finish_reason"] == "length",
+          f"the running long-route request finished whole ({l_out.get('status')} {l_out.get('body', b'')[:160]!r})")
+
+
 def drain_case(model):
     port, up = stack(model, 20)
-    short = {"model": "tiny", "prompt": "Hi", "max_tokens": 120, "ignore_eos": True, "temperature": 0}
-    long_ = {"model": "tiny", "prompt": "one two three four five six seven eight nine ten", "max_tokens": 60,
-             "ignore_eos": True, "temperature": 0}
-    s_out, l_out = {"started": threading.Event()}, {}
-    ts = threading.Thread(target=stream_until_end, args=(port, short, s_out))
-    tl = threading.Thread(target=post_whole, args=(port, long_, l_out))
-    ts.start()
-    tl.start()
-    check(s_out["started"].wait(30), "the streamed request started")
+    pair = start_pair(port, 120, 60)
+    ts = pair["ts"]
     keep = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # opened before the signal
     keep.request("GET", "/health")
     r = keep.getresponse()
@@ -137,15 +164,7 @@ def drain_case(model):
         check(False, f"a new connection while draining is refused (got {st})")
     except OSError:
         check(True, "a new connection while draining is refused")
-    ts.join(60)
-    tl.join(60)
-    fin = [ev["choices"][0].get("finish_reason") for ev in s_out["events"] if ev.get("choices")]
-    check(s_out.get("status") == 200 and s_out["done"] and "length" in fin and streamed_tokens(s_out) == 120,
-          f"the running stream finished whole: {streamed_tokens(s_out)} of 120 tokens, [DONE] {s_out['done']}, "
-          f"finish {fin[-1:]} (error {s_out['error']})")
-    lj = json.loads(l_out["body"]) if l_out.get("status") == 200 else {}
-    check(lj.get("usage", {}).get("completion_tokens") == 60 and lj["choices"][0]["finish_reason"] == "length",
-          f"the running long-route request finished whole ({l_out.get('status')} {l_out.get('body', b'')[:160]!r})")
+    check_pair_whole(pair)
     rc, took, log = wait_exit(up, 40)
     check(rc == 0, f"up exits 0 after the drain ({rc}, {took:.1f} s)")
     check("every request finished" in log, "the gateway says every request finished")
@@ -213,7 +232,8 @@ class Services:
         for role in ("prefill", "decode"):
             self.start(f"{role}-0", [role, "--model", model, "--gateway", ctrl, "--replica-id", f"{role}-0",
                                      "--threads", "1", "--block-size", "4", "--num-kv-blocks", "1024",
-                                     "--heartbeat-interval-ms", "100", "--debug-step-delay-ms", str(STEP_MS)])
+                                     "--heartbeat-interval-ms", "100", "--debug-step-delay-ms", str(STEP_MS),
+                                     *(["--chunked-prefill-size", "4"] if role == "prefill" else [])])
 
     def start(self, name, args):
         self.logs[name] = os.path.join(self.tmp, name + ".log")
@@ -240,16 +260,16 @@ def replica_drain_case(model):
     try:
         port = sv.port
         check(wait_ready(port, roles=("prefill", "decode")), "services ready")
-        short = {"model": "tiny", "prompt": "Hi", "max_tokens": 100, "ignore_eos": True, "temperature": 0}
-        long_ = {"model": "tiny", "prompt": "one two three four five six seven eight nine ten eleven twelve",
-                 "max_tokens": 50, "ignore_eos": True, "temperature": 0}
-        s_out, l_out = {"started": threading.Event()}, {}
-        ts = threading.Thread(target=stream_until_end, args=(port, short, s_out))
-        tl = threading.Thread(target=post_whole, args=(port, long_, l_out))
-        ts.start()
-        tl.start()
-        check(s_out["started"].wait(30), "replica drain: the streamed request started")
-        time.sleep(0.3)  # the long request is in its prefill or its first steps
+        pair = start_pair(port, 100, 50)
+        ts = pair["ts"]
+        # a long stream whose prefill (80 tokens in chunks of 4, 20 ms each)
+        # is still running when the signals come
+        lo = {"started": threading.Event()}
+        tlo = threading.Thread(target=stream_until_end, args=(port, {
+            "model": "tiny", "prompt": LONG_PROMPT + " " + LONG_PROMPT, "max_tokens": 20, "ignore_eos": True}, lo))
+        tlo.start()
+        time.sleep(0.15)
+        t_sig = time.time()
         sv.procs["decode-0"].send_signal(signal.SIGTERM)
         sv.procs["prefill-0"].send_signal(signal.SIGTERM)
         time.sleep(0.8)  # a heartbeat saying "draining" has reached the gateway
@@ -261,15 +281,13 @@ def replica_drain_case(model):
                            timeout=10)
         check(st == 503 and b'"error"' in body and time.time() - t0 < 3,
               f"a new request while the replicas drain: 503 at once ({st} {body[:160]!r}, {time.time() - t0:.1f} s)")
-        ts.join(60)
-        tl.join(60)
-        fin = [ev["choices"][0].get("finish_reason") for ev in s_out["events"] if ev.get("choices")]
-        check(s_out.get("status") == 200 and s_out["done"] and "length" in fin and streamed_tokens(s_out) == 100,
-              f"the running stream finished whole: {streamed_tokens(s_out)} of 100 tokens, [DONE] {s_out['done']}, "
-              f"finish {fin[-1:]} (error {s_out['error']})")
-        lj = json.loads(l_out["body"]) if l_out.get("status") == 200 else {}
-        check(lj.get("usage", {}).get("completion_tokens") == 50 and lj["choices"][0]["finish_reason"] == "length",
-              f"the running long-route request finished whole ({l_out.get('status')} {l_out.get('body', b'')[:160]!r})")
+        check_pair_whole(pair)
+        tlo.join(60)
+        check(lo.get("t_first", 0) > t_sig and lo["done"] and streamed_tokens(lo) == 20,
+              f"a long request in its prefill at the signal finished whole: first token "
+              f"{lo.get('t_first', 0) - t_sig:+.2f} s after it, {streamed_tokens(lo)} of 20 tokens, [DONE] {lo['done']}")
+        routed = metric(metrics(port), "pdserve:requests_routed_total", **{"class": "long"})
+        check(routed == 2, f"both long requests went through the prefill replica (routed long: {routed})")
         for name in ("decode-0", "prefill-0"):
             rc = sv.wait(name, 15)
             log = sv.log(name)
