@@ -55,6 +55,8 @@ typedef struct gw_replica {
     double refused_until;
     uint32_t refused_free_b, refused_free_s; /* what it had free then */
     uint64_t refusals;                        /* reservations it refused for want of room */
+    bool unreachable; /* a send to it failed for want of a connection (the process is gone): out at the next
+                         dispatch (replica_gone), without waiting for its heartbeats to stop */
     struct gw_replica *next;
 } gw_replica;
 
@@ -68,6 +70,8 @@ typedef struct gw_sub {
     uint64_t tokens; /* prompt + max_tokens, for load accounting */
     uint32_t need_b, need_s; /* long route: cache blocks and staging slots its reservation takes */
     bool routed;             /* counted in requests_short/long */
+    bool out;                /* something of it reached the client (a token, a prompt logprob) */
+    int n_rerouted;          /* times its replica was lost before it produced anything (replica_gone) */
     struct gw_sub *next_all;
 } gw_sub;
 
@@ -133,10 +137,19 @@ static double hb_timeout_s(const pd_router *r) {
     return 3.0 * r->cfg.heartbeat_interval_ms / 1000.0;
 }
 
+static void replica_gone(pd_router *r, gw_replica *x, const char *what);
+
 static void send_to(pd_router *r, gw_replica *x, pd_msg_type t, const ProtobufCMessage *m) {
     pd_status st = pd_msg_send(r->sock, x->env, x->env_len, t, m);
     if (st != PD_OK)
         PD_LOGW(LOGM, "send %s to %s failed (%s)", pd_msg_type_name(t), x->id, pd_status_str(st));
+    if (st == PD_ERR_IO && x->alive && !x->unreachable) {
+        /* ZMQ_ROUTER_MANDATORY: no connection to it (its process exited);
+         * not PD_ERR_LIMIT, a full queue to a slow but live replica. Taken
+         * out by the next dispatch, outside whatever loop sends now. */
+        x->unreachable = true;
+        event_active(r->ev_dispatch, 0, 0);
+    }
 }
 
 static void send_abort_ex(pd_router *r, gw_replica *x, const char *rid, const char *reason, bool never_granted) {
@@ -155,7 +168,7 @@ static void send_abort(pd_router *r, gw_replica *x, const char *rid, const char 
 /* Whether new work may go to x: alive, and not draining (its heartbeats
  * say it finishes what it has before it exits: Heartbeat.draining). */
 static bool routable(const gw_replica *x) {
-    return x->alive && !x->hb.draining;
+    return x->alive && !x->hb.draining && !x->unreachable;
 }
 
 static gw_replica *pick(pd_router *r, int role) {
@@ -668,6 +681,11 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
  * waiting in the queue: 503 with Retry-After). */
 static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
     pd_router *r = arg;
+    for (gw_replica *x = r->replicas; x; x = x->next)
+        if (x->alive && x->unreachable) {
+            PD_LOGW(LOGM, "replica %s cannot be reached (its connection is gone): out of rotation", x->id);
+            replica_gone(r, x, "cannot be reached");
+        }
     double now = pd_now_s();
     for (int k = 0; k < N_CLASSES; k++) {
         class_state *c = &r->cls[k];
@@ -752,8 +770,6 @@ const pd_gw_engine_i *pd_router_engine(void) {
 
 /* ---- control messages ---- */
 
-static void replica_gone(pd_router *r, gw_replica *x, const char *what);
-
 static void on_register(pd_router *r, pd_msg *m) {
     Pdserve__Register *g = (Pdserve__Register *)m->msg;
     Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
@@ -832,6 +848,7 @@ static void on_register(pd_router *r, pd_msg *m) {
     }
     x->last_seen = pd_now_s();
     x->alive = true;
+    x->unreachable = false;
     rep.accepted = true;
     event_active(r->ev_dispatch, 0, 0); /* new room for queued requests */
     pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
@@ -942,6 +959,7 @@ static void on_tokens(pd_router *r, pd_msg *m) {
         fail_request(r, q, es == 400 || es == 503 ? (int)es : 500, msg);
         return;
     }
+    if (t->n_ids > 0 || t->n_prompt_logprobs > 0) s->out = true;
     if (t->n_prompt_logprobs > 0 && q->p->prompt_logprobs) {
         int32_t *top_ids = NULL;
         float *top_lps = NULL;
@@ -1103,6 +1121,7 @@ static void on_kv_complete(pd_router *r, pd_msg *m) {
         event_active(r->ev_dispatch, 0, 0); /* its job slot is free: queued long requests may go */
     }
     s->state = SUB_DECODING;
+    s->out = true; /* the first token goes to the client below */
     if (s->decode) { /* it copies the KV out of its staging slots and frees them */
         gw_replica *d = s->decode;
         uint64_t fs = (uint64_t)d->free_s + s->need_s;
@@ -1166,6 +1185,24 @@ static void replica_gone(pd_router *r, gw_replica *x, const char *what) {
     x->alive = false;
     for (gw_sub *s = r->subs; s;) {
         gw_sub *next = s->next_all;
+        if (s->decode == x && s->state == SUB_DECODING && !s->prefill && !s->out && s->n_rerouted < 3) {
+            /* a choice that had only been sent to x (the short route, or
+             * decoding after a prefill whose first token has not reached
+             * the client, which cannot be: KvComplete delivers it) lost
+             * nothing a client saw: it waits again, at its place, for
+             * another decode replica */
+            gw_req *q = s->parent;
+            PD_LOGI(LOGM, "%s: decode replica %s %s before it produced anything: routed again", s->rid, x->id,
+                    what);
+            s->decode = NULL; /* nothing to abort on x, whose counts are reset below */
+            s->n_rerouted++;
+            sub_unlink(r, s);
+            s->state = SUB_WAITING;
+            class_enqueue(&r->cls[q->cls], q);
+            event_active(r->ev_dispatch, 0, 0);
+            s = next;
+            continue;
+        }
         if (s->decode == x || s->prefill == x) {
             char msg[256];
             snprintf(msg, sizeof msg, "%s replica %s %s", x->role == ROLE_DECODE ? "decode" : "prefill", x->id,
