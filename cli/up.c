@@ -497,8 +497,8 @@ int pd_cmd_up(int argc, char **argv) {
            "tokens go through prefill\n",
            shown_url, ctrl, n_prefill, n_decode, threshold);
     if (n_prefill == 0)
-        printf("pdserve up: no prefill replica: prompts over %d tokens get 503 (raise --long-prompt-threshold to "
-               "the context length to serve them on the decode replicas)\n",
+        printf("pdserve up: no prefill replica: the decode replicas prefill every prompt, those over %d tokens "
+               "too\n",
                threshold);
     fflush(stdout);
     /* Until every replica has registered, poll the gateway's /metrics every

@@ -634,9 +634,17 @@ static int engine_submit(void *engine, pd_gw_request *gwr, const pd_gw_gen_param
         return -1;
     }
     if (cls == CLASS_LONG && !pick(r, ROLE_PREFILL)) {
-        c->rejected_no_replica++;
-        pd_gw_submit_error(gwr, 503, 1, "the prompt needs a prefill replica and none is available");
-        return -1;
+        /* no prefill replica takes work (none started, all gone or
+         * draining): the decode replicas prefill it themselves, as a
+         * replica without disaggregation would, rather than a 503 */
+        static double warned;
+        if (pd_now_s() - warned > 60.0) {
+            warned = pd_now_s();
+            PD_LOGW(LOGM, "no prefill replica is available: prompts over %d tokens are prefilled on the decode "
+                    "replicas (said at most once a minute)", r->cfg.long_prompt_threshold);
+        }
+        cls = CLASS_SHORT;
+        c = &r->cls[cls];
     }
     char why[512];
     if (cls == CLASS_LONG && never_fits(r, p->n_prompt, why, sizeof why)) {

@@ -66,6 +66,7 @@ up=
 # then quoted for the shell (a walkthrough's name with ' and " broke it)
 port=$(free_port_pair)
 "$BIN" up --model "$T/m" --port "$port" --served-model-name "it's \"q\" \\x" --prefill-replicas 0 --threads 1 \
+    --long-prompt-threshold 16 \
     >"$T/out3" 2>&1 &
 up=$!
 await_ready "$T/out3"
@@ -75,8 +76,16 @@ case "$body" in
 *'"content":'*' 200') echo "ok   the printed curl command with a served name holding ' \" \\: 200" ;;
 *) echo "FAIL: the printed curl command with a quoted name: $body"; sed 's/^/    /' "$T/out3"; fail=1 ;;
 esac
-grep -q "^pdserve up: no prefill replica: prompts over 1024 tokens get 503" "$T/out3" &&
-    echo "ok   --prefill-replicas 0 is called out" || { echo "FAIL: no warning for --prefill-replicas 0"; fail=1; }
+grep -q "^pdserve up: no prefill replica: the decode replicas prefill every prompt, those over 16 tokens too" \
+    "$T/out3" && echo "ok   --prefill-replicas 0 is called out" || { echo "FAIL: no note for --prefill-replicas 0"; fail=1; }
+# and a prompt over the threshold is served by the decode replica (it got a
+# 503 "needs a prefill replica" before)
+r=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "it'"'"'s \"q\" \\x", "prompt": [5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30], "max_tokens": 3, "ignore_eos": true}')
+case "$r" in
+*'"completion_tokens":3'*' 200') echo "ok   a prompt over the threshold with no prefill replica: 200 from the decode replica" ;;
+*) echo "FAIL: a long prompt with no prefill replica: $r"; fail=1 ;;
+esac
 kill -INT $up
 wait $up
 up=
