@@ -284,6 +284,9 @@ pd_status pd_sched_add_prefilled(pd_sched *s, const pd_sched_request *r, const i
     q->state = SEQ_RUNNING;
     q->admit_order = ++s->admit_counter;
     pd_sampler_accept(q->smp, first_token);
+    /* the prefill replica drew first_token with this request's seed: the
+     * next token takes the generator's next draw, as on the short route */
+    pd_sampler_skip_draw(q->smp);
     append_tail(s, q);
     if (q->gs && !pd_grammar_state_accept_token(q->gs, first_token)) {
         seq_unlink(s, q);

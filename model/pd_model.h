@@ -522,6 +522,12 @@ int pd_logprobs_row(const float *logits, int vocab_size, int32_t token, float *l
 /** Records an externally chosen token (e.g. the first token sampled by a
  * prefill replica) so penalties stay consistent. */
 void pd_sampler_accept(pd_sampler *s, int32_t token);
+/** The draw a sampler seeded as this one took for a token another replica
+ * sampled (a prefill replica's first token, drawn with the request's seed):
+ * skipped here too, so that the next token takes the generator's next draw,
+ * as on a replica that sampled both (the same seed gives the same text on
+ * either route). None when greedy (temperature < 1e-5: no draw is taken). */
+void pd_sampler_skip_draw(pd_sampler *s);
 /** This sampler's next draw as a row of the sample_rows op (kernels/), for
  * sampling where the logits are (pd_model_forward_ex): fills row's
  * parameters (all but row->row) and its uniform draw u, taken from the

@@ -260,6 +260,11 @@ void pd_sampler_accept(pd_sampler *s, int32_t token) {
     sampler_note(s, token, 0);
 }
 
+void pd_sampler_skip_draw(pd_sampler *s) {
+    if (s->p.temperature >= SAMPLING_EPS)
+        (void)pd_rng_uniform(&s->rng);
+}
+
 /* Step 0 of the file comment. A masked token (-inf) stays masked. */
 static void sampler_apply_bias(const pd_sampler *s, float *logits) {
     for (int i = 0; i < s->n_bias; i++)

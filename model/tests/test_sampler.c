@@ -224,6 +224,33 @@ static void sample_sequence(uint64_t seed, bool has_seed, const float *logits, i
     pd_sampler_free(&s);
 }
 
+/* A sampler that skipped one draw (pd_sampler_skip_draw: another replica
+ * drew the first token with the same seed) continues as the sampler that
+ * drew it: tokens 2.. of one seed are the same on either. */
+static void test_skip_draw(void **state) {
+    (void)state;
+    enum { V = 64, N = 200 };
+    float l[V], work[V];
+    pd_rng rng;
+    pd_rng_seed(&rng, 12);
+    random_logits(&rng, l, V, 0.5);
+    int32_t whole[N];
+    sample_sequence(77, true, l, V, N, whole);
+    pd_sampling_params p = pd_sampling_defaults();
+    p.seed = 77;
+    p.has_seed = true;
+    pd_sampler *s = sampler_new(&p, V, NULL, 0);
+    pd_sampler_accept(s, whole[0]);
+    pd_sampler_skip_draw(s);
+    int same = 0;
+    for (int i = 1; i < N; i++) {
+        memcpy(work, l, sizeof work);
+        same += pd_sampler_sample(s, work, NULL) == whole[i];
+    }
+    assert_int_equal(same, N - 1);
+    pd_sampler_free(&s);
+}
+
 static void test_seed_reproducible(void **state) {
     (void)state;
     enum { V = 64, N = 2000 };
@@ -1137,6 +1164,7 @@ int main(void) {
         cmocka_unit_test(test_logprob),
         cmocka_unit_test(test_masked_logits),
         cmocka_unit_test(test_text_vocab),
+        cmocka_unit_test(test_skip_draw),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

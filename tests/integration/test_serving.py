@@ -81,6 +81,20 @@ def main():
                                                  "ignore_eos": True})
             check(stext == text, f"len {n}: streamed {stext!r} != {text!r}")
             check(usage == resp["usage"], f"len {n}: stream usage {usage} != {resp['usage']}")
+        # ---- seeded sampling: the same tokens over both routes ----
+        # (the long route's first token is drawn by the prefill replica with
+        # the request's seed; the decode replica then takes the next draw:
+        # it reused the first one, so token 2 differed from the short route's)
+        ids = [rng.randrange(3, 120000) for _ in range(CHUNK * 3 + 1)]
+        body = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 1.0, "seed": 7, "ignore_eos": True,
+                "logprobs": 0}
+        st1, d1 = post(port, "/v1/completions", body)  # long route
+        st2, d2 = post(port, "/v1/completions", dict(body, echo=True))  # prompt logprobs: the short route
+        if check(st1 == 200 and st2 == 200, f"seeded requests: {st1} {st2} {d1[:120]!r} {d2[:120]!r}"):
+            t1 = json.loads(d1)["choices"][0]["logprobs"]["tokens"]
+            t2 = json.loads(d2)["choices"][0]["logprobs"]["tokens"][-8:]
+            check(len(t1) == 8 and t1 == t2, f"seed 7, temperature 1: the same 8 tokens on the long and the short "
+                  f"route ({t1} vs {t2})")
         # ---- chat, both routes ----
         for content in ("Hi", "Tell me a long story about " + "many things " * 10):
             st, data = post(port, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": content}],
