@@ -239,6 +239,7 @@ int pd_cmd_generate(int argc, char **argv) {
         fwrite(o, 1, ol, stdout);
     }
     printf("\n");
+    fflush(stdout); /* the text before the stats line on stderr, also when both go to one pipe */
     pd_detok_free(&dt);
     fprintf(stderr,
             "pdserve generate: TP %d; load %.2f s; prefill %d tokens in %.3f s (%.1f tok/s); decode %d tokens in "

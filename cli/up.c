@@ -328,7 +328,11 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--decode-replicas")) bad |= !int_value("--decode-replicas", v, &n_decode);
         else if (TAKE("--long-prompt-threshold")) bad |= !int_value("--long-prompt-threshold", v, &threshold);
         else if (TAKE("--served-model-name")) name = v;
-        else if (TAKE("--heartbeat-interval-ms")) hb = v;
+        else if (TAKE("--heartbeat-interval-ms")) { /* checked here: the gateway and every replica take it */
+            int hb_ms = 0;
+            bad |= !int_value("--heartbeat-interval-ms", v, &hb_ms);
+            hb = v;
+        }
         else if (TAKE("--metrics-port")) bad |= !int_value("--metrics-port", v, &metrics_port);
         else if (TAKE("--gpu-placement")) placement = v;
         else if (is_gateway_flag(a) && strchr(a, '=') && n_gw_extra < 60) {

@@ -1149,6 +1149,18 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
         return fail(e, 400, "prompt_logprobs",
                     "'prompt_logprobs' is not supported; for the prompt tokens' logprobs use a completion "
                     "with 'echo': true and 'logprobs'");
+    /* OpenAI completions' suffix (insertion) and best_of: not implemented;
+     * refused rather than ignored (vLLM refuses suffix; best_of equal to n
+     * asks for nothing more and is taken) */
+    if (kind == GW_KIND_COMPLETION) {
+        json_t *sfx = field(root, "suffix");
+        if (sfx && !json_is_null(sfx) && !(json_is_string(sfx) && json_string_length(sfx) == 0))
+            return fail(e, 400, "suffix", "'suffix' (insertion) is not supported");
+        json_t *bo = field(root, "best_of");
+        if (bo && !json_is_null(bo) && !(json_is_integer(bo) && (json_integer_value(bo) == 1 ||
+                                                                  json_integer_value(bo) == out->n)))
+            return fail(e, 400, "best_of", "'best_of' other than 1 or n is not supported: ask for n choices instead");
+    }
     if (parse_response_format(root, out, e))
         return -1;
 

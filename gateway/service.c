@@ -144,6 +144,17 @@ int pd_gateway_main(int argc, char **argv) {
                         ">= 0\n");
         return 2;
     }
+    if (threshold < 0) {
+        fprintf(stderr, "pdserve gateway: --long-prompt-threshold %d must be >= 0 (tokens)\n", threshold);
+        return 2;
+    }
+    if (max_model_len < 0 || max_model_len > mc.max_position_embeddings) {
+        /* vLLM refuses it too: past the model's positions a prompt would
+         * fail on a replica (500) after prefill work, not be refused (400) */
+        fprintf(stderr, "pdserve gateway: --max-model-len %d is more than the model's %d positions "
+                        "(max_position_embeddings in %s)\n", max_model_len, mc.max_position_embeddings, path);
+        return 2;
+    }
     if (!(max_body >= 1 && max_body <= (double)SIZE_MAX) || !(max_header >= 0 && max_header <= 1e12)) {
         fprintf(stderr, "pdserve gateway: --max-request-body-bytes must be >= 1, --max-header-bytes >= 0\n");
         return 2;
@@ -201,8 +212,9 @@ int pd_gateway_main(int argc, char **argv) {
     struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, &stop);
     event_add(sigint, NULL);
     event_add(sigterm, NULL);
-    PD_LOGI("gateway", "listening on http://%s:%d, control %s, model %s (max_model_len %d, long prompts > %d tokens)",
-            host, pd_gw_server_port(gw), control, gc.served_model_name, gc.max_model_len, threshold);
+    PD_LOGI("gateway", "listening on %s://%s:%d, control %s, model %s (max_model_len %d, long prompts > %d tokens)",
+            ssl_cert ? "https" : "http", host, pd_gw_server_port(gw), control, gc.served_model_name,
+            gc.max_model_len, threshold);
     event_base_dispatch(base);
     PD_LOGI("gateway", "stopping");
     pd_gw_server_free(&gw);

@@ -103,6 +103,13 @@ static const vcase cases[] = {
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"prompt_logprobs\":1}", 400, "prompt_logprobs"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"prompt_logprobs\":null}", 0, NULL},
+    /* completions' suffix and best_of: refused, not ignored (best_of 1 or n asks nothing more) */
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "suffix"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":\"\"}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"suffix\":null}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":2}", 400, "best_of"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":2,\"n\":2}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":1}", 0, NULL},
     /* sampling */
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":-0.1}", 400, "temperature"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":2.01}", 400, "temperature"},

@@ -17,7 +17,9 @@ gateway B (`pdserve up`, one decode replica):
   --max-connections 4 -> the fifth connection gets 503 naming the limit;
   --max-concurrent-streams 3 -> SETTINGS_MAX_CONCURRENT_STREAMS = 3, and a
   fourth stream opened at once is refused with RST_STREAM(REFUSED_STREAM);
-  completions still work on the held connections."""
+  completions still work on the held connections.
+Refused at start (exit 2): --max-model-len past the model's
+max_position_embeddings, a negative --long-prompt-threshold."""
 import json, os, shutil, socket, struct, subprocess, time
 
 from pdtest import BIN, check, finish, free_port_pair, request, tiny_model
@@ -276,9 +278,22 @@ def gateway_b(tmp, model):
         check(p.wait(15) == 0, "pdserve up exits 0 on SIGTERM")
 
 
+def refused_flags(model):
+    """Settings the gateway refuses at start (exit 2, naming the flag): a
+    --max-model-len past the model's positions (a prompt would fail on a
+    replica with a 500 after prefill work) and a negative threshold."""
+    for args, needle in ((["--max-model-len", "5000"], "--max-model-len 5000 is more than the model's 1024"),
+                         (["--long-prompt-threshold", "-1"], "--long-prompt-threshold -1 must be >= 0")):
+        r = subprocess.run([BIN, "gateway", "--model", model, "--port", str(free_port_pair()), *args],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and needle in r.stderr, f"gateway {' '.join(args)}: exit 2 naming it "
+              f"({r.returncode} {r.stderr.strip()[-160:]!r})")
+
+
 def main():
     tmp, model = tiny_model()
     try:
+        refused_flags(model)
         gateway_a(tmp, model)
         gateway_b(tmp, model)
     finally:
