@@ -197,6 +197,10 @@ int pd_replica_load(pd_replica *r) {
     if (pd_model_load_parallel(a->model, r->bes, a->tp, a->expert_parallel, &r->m, &err) != PD_OK)
         return fail(r, 1, "%s", err.msg);
     pd_replica_phase(r, "load weights");
+    /* the gateway compares it with its own, so that replicas of one
+     * architecture but other weights are not mixed */
+    if (pd_checkpoint_fingerprint(a->model, &r->weights_fp, &err) != PD_OK)
+        r->weights_fp = 0;
     r->num_blocks = a->num_blocks;
     st = pd_replica_kv_blocks(r->ops, r->bes, a->tp, pd_model_config_of(r->m), a->gpu_mem_util, a->block_size,
                               &r->num_blocks, &err);
@@ -310,6 +314,7 @@ static void send_register(pd_replica *r) {
     m.replica_id = (char *)r->replica_id;
     m.geometry = &geo;
     m.model_fingerprint = pd_config_fingerprint(c);
+    m.weights_fingerprint = r->weights_fp;
     m.pid = (uint32_t)getpid();
     m.kv_staging_slots = r->staging ? (uint32_t)pd_kv_staging_num_slots(r->staging) : 0;
     pd_msg_send(r->sock, NULL, 0, PD_MSG_REGISTER, &m.base);

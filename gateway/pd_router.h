@@ -18,6 +18,8 @@ typedef struct {
     int long_prompt_threshold;     /* tokens */
     int heartbeat_interval_ms;     /* told to replicas; dead after 3 missed */
     uint64_t model_fingerprint;    /* replicas must match */
+    uint64_t weights_fingerprint;  /* pd_checkpoint_fingerprint of --model; 0: none read (the first replica's
+                                      is then the reference) */
     int block_size;                /* required KV block size (0: any, but prefill and decode must agree) */
     const char *model_name;        /* the served model name (metrics label) */
     /* admission per length class (index 0 short, 1 long) */

@@ -121,6 +121,7 @@ struct pd_router {
     class_state cls[N_CLASSES];
     struct event *ev_dispatch;
     char model_name[256];
+    uint64_t weights_ref; /* the weights every replica must have: cfg.weights_fingerprint, or the first replica's */
 };
 
 static pd_router *g_router; /* the engine context is the router itself; kept for the table */
@@ -789,6 +790,11 @@ static void on_register(pd_router *r, pd_msg *m) {
     else if (g->model_fingerprint != r->cfg.model_fingerprint)
         snprintf(reason, sizeof reason, "model fingerprint %016llx differs from the gateway's %016llx",
                  (unsigned long long)g->model_fingerprint, (unsigned long long)r->cfg.model_fingerprint);
+    else if (g->weights_fingerprint && r->weights_ref && g->weights_fingerprint != r->weights_ref)
+        snprintf(reason, sizeof reason, "weights fingerprint %016llx differs from %s's %016llx: another checkpoint of "
+                 "the same architecture (serve one checkpoint per gateway)", (unsigned long long)g->weights_fingerprint,
+                 r->cfg.weights_fingerprint ? "the gateway's --model" : "the first replica",
+                 (unsigned long long)r->weights_ref);
     else if (!g->geometry)
         snprintf(reason, sizeof reason, "no KV geometry");
     else if (r->cfg.block_size && g->geometry->block_size != (uint32_t)r->cfg.block_size)
@@ -857,6 +863,7 @@ static void on_register(pd_router *r, pd_msg *m) {
     x->last_seen = pd_now_s();
     x->alive = true;
     x->unreachable = false;
+    if (!r->weights_ref) r->weights_ref = g->weights_fingerprint; /* no checkpoint read here: the first one's */
     rep.accepted = true;
     event_active(r->ev_dispatch, 0, 0); /* new room for queued requests */
     pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
@@ -1294,6 +1301,7 @@ pd_status pd_router_init(struct event_base *base, const pd_router_config *cfg, p
     pd_router *r = pd_xcalloc(1, sizeof *r);
     r->base = base;
     r->cfg = *cfg;
+    r->weights_ref = cfg->weights_fingerprint;
     snprintf(r->endpoint, sizeof r->endpoint, "%s", cfg->control_endpoint);
     r->cfg.control_endpoint = r->endpoint;
     if (r->cfg.heartbeat_interval_ms <= 0) r->cfg.heartbeat_interval_ms = 500;

@@ -134,6 +134,11 @@ int pd_gateway_main(int argc, char **argv) {
         fprintf(stderr, "pdserve gateway: %s\n", err.msg);
         return 1;
     }
+    uint64_t weights_fp = 0; /* replicas with other weights are refused (none here: the first one's) */
+    pd_err werr = {{0}};
+    if (pd_checkpoint_fingerprint(model, &weights_fp, &werr) != PD_OK)
+        PD_LOGI("gateway", "no weights read in %s (%s): replicas' weights are compared with the first one's", model,
+                werr.msg);
     char tokpath[4096];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", model);
     signal(SIGPIPE, SIG_IGN);
@@ -162,6 +167,7 @@ int pd_gateway_main(int argc, char **argv) {
     struct event_base *base = event_base_new(); /* after the checks: an early exit leaks nothing */
     pd_router_config rc_cfg = {.control_endpoint = control, .long_prompt_threshold = threshold,
                                .heartbeat_interval_ms = heartbeat_ms, .model_fingerprint = pd_config_fingerprint(&mc),
+                               .weights_fingerprint = weights_fp,
                                .model_name = served ? served : model, .max_running = {run_short, run_long},
                                .max_queued = {q_short, q_long}, .request_timeout_s = request_timeout,
                                .queue_timeout_s = queue_timeout,

@@ -307,18 +307,32 @@ float pd_config_softmax_scale(const pd_model_config *c) {
     return (float)s;
 }
 
+/* FNV-1a over n bytes, continuing from h. */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
 uint64_t pd_config_fingerprint(const pd_model_config *c) {
     int64_t f[] = {c->arch, c->hidden_size, c->num_hidden_layers, c->num_attention_heads, c->q_lora_rank,
                    c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim,
                    c->intermediate_size, c->moe_intermediate_size, c->n_routed_experts, c->n_shared_experts,
                    c->num_experts_per_tok, c->vocab_size, c->first_k_dense_replace};
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    const unsigned char *p = (const unsigned char *)f;
-    for (size_t i = 0; i < sizeof f; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    uint64_t h = fnv1a(1469598103934665603ull, f, sizeof f);
+    /* and what changes the arithmetic without changing a shape (routing,
+     * norms, rope, positions): two replicas that differ there would give
+     * different text for the same request */
+    int64_t g[] = {c->n_group, c->topk_group, c->moe_layer_freq, c->max_position_embeddings,
+                   c->yarn_original_max_position_embeddings, c->has_yarn, c->bos_token_id, c->eos_token_id,
+                   c->topk_method, c->scoring_func, c->norm_topk_prob, c->tie_word_embeddings};
+    double d[] = {c->routed_scaling_factor, c->rms_norm_eps, c->rope_theta, c->yarn_factor, c->yarn_beta_fast,
+                  c->yarn_beta_slow, c->yarn_mscale, c->yarn_mscale_all_dim};
+    h = fnv1a(h, g, sizeof g);
+    return fnv1a(h, d, sizeof d);
 }
 
 pd_status pd_config_save(const pd_model_config *c, const char *path, pd_err *err) {

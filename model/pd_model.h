@@ -81,6 +81,16 @@ const pd_st_tensor *pd_st_at(const pd_safetensors *st, size_t i);
 /** Unmaps and frees; sets *st_p to NULL. Safe on NULL. */
 void pd_st_close(pd_safetensors **st_p);
 
+/** A 64-bit fingerprint of the checkpoint in dir's weights (never 0): every
+ * tensor's name and size, and the first 64 bytes of the first
+ * PD_CKPT_FP_SAMPLED tensors in file and header order (a page each: cheap
+ * on a checkpoint of any size). Two checkpoints of one architecture with
+ * other weights (another seed, another fine-tune) differ, short of a
+ * collision; the same files, copied anywhere, agree. Errors: those of
+ * pd_st_open_dir. */
+#define PD_CKPT_FP_SAMPLED 256
+pd_status pd_checkpoint_fingerprint(const char *dir, uint64_t *fp_p, pd_err *err);
+
 /** Converts n elements of t (F32/BF16/F16/F8_E4M3, no scaling) to fp32. */
 void pd_st_to_f32(const pd_st_tensor *t, float *out);
 

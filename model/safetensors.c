@@ -116,6 +116,29 @@ const pd_st_tensor *pd_st_at(const pd_safetensors *st, size_t i) {
     return &st->tensors[i];
 }
 
+pd_status pd_checkpoint_fingerprint(const char *dir, uint64_t *fp_p, pd_err *err) {
+    pd_safetensors *st = NULL;
+    pd_status rc = pd_st_open_dir(dir, &st, err);
+    if (rc != PD_OK)
+        return rc;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const pd_st_tensor *t = &st->tensors[i];
+        const unsigned char *parts[3] = {(const unsigned char *)t->name, (const unsigned char *)&t->nbytes,
+                                         (const unsigned char *)t->data};
+        const size_t lens[3] = {strlen(t->name) + 1, sizeof t->nbytes,
+                                i < PD_CKPT_FP_SAMPLED ? (t->nbytes < 64 ? t->nbytes : 64) : 0};
+        for (int k = 0; k < 3; k++)
+            for (size_t j = 0; j < lens[k]; j++) {
+                h ^= parts[k][j];
+                h *= 1099511628211ull;
+            }
+    }
+    pd_st_close(&st);
+    *fp_p = h ? h : 1;
+    return PD_OK;
+}
+
 void pd_st_close(pd_safetensors **st_p) {
     if (!st_p || !*st_p)
         return;

@@ -5,6 +5,8 @@ all-reduce is the threads' barrier):
 - an injected wrong all-reduce result (--debug-inject-selfcheck-failure)
   keeps the replica from registering: it exits 1 with the self-check's
   message, and the gateway never counts it;
+- a replica of another checkpoint of the same architecture (tiny, seed 2)
+  is refused by the gateway (weights fingerprint) and stops;
 - a healthy prefill and decode pass the self-check, register, and report it
   on their own /metrics (self_check_ok{check="allreduce"} 1, the KV
   capacity in tokens), with their NUMA placement: --numa 0 binds node 0
@@ -78,6 +80,25 @@ def main():
               "the failure is logged with the rank, element and expected value")
         check("refusing to start: self-check" in text, "and the exit says why")
         check("registered with the gateway" not in text, "the replica never registered")
+
+        # 1b. the same architecture with other weights (tiny, seed 2): the
+        # gateway refuses it (it served both, and one greedy request got two
+        # texts by replica: helper-50), and the replica stops
+        other = os.path.join(tmp, "tiny-seed2")
+        subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "2", "--out", other], check=True,
+                       capture_output=True)
+        odd = start("decode-other", ["decode", "--model", other, "--gateway", ctrl, "--replica-id", "decode-other",
+                                     "--block-size", "4", "--num-kv-blocks", "256", "--threads", "1",
+                                     "--heartbeat-interval-ms", str(HB)])
+        try:
+            odd.wait(60)
+        except subprocess.TimeoutExpired:
+            odd.kill()
+        text = log("decode-other")
+        check("gateway refused registration: weights fingerprint" in text and "another checkpoint" in text,
+              f"a replica of another checkpoint is refused, naming the weights "
+              f"({[ln for ln in text.splitlines() if 'refused' in ln][-1:]})")
+        check(alive(port, "decode") == 0, "and never counted")
         check(alive(port, "decode") == 0, "the gateway counts no decode replica")
 
         # 2. healthy replicas: self-check ok, NUMA reported, registered
