@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct pd_hb {
@@ -13,7 +14,8 @@ struct pd_hb {
     Pdserve__Heartbeat snap; /* numeric fields only */
     atomic_int interval_ms;
     atomic_ullong registration; /* pd_hb_set_registration; heartbeats carry it */
-    atomic_bool stop, reregister;
+    atomic_bool stop, reregister, displaced;
+    uint32_t pid;
 };
 
 static void *hb_main(void *arg) {
@@ -28,6 +30,7 @@ static void *hb_main(void *arg) {
             pthread_mutex_unlock(&hb->mu);
             h.replica_id = hb->replica_id;
             h.registration = atomic_load(&hb->registration);
+            h.pid = hb->pid;
             pd_msg_send(hb->sock, NULL, 0, PD_MSG_HEARTBEAT, &h.base);
             next = now + atomic_load(&hb->interval_ms) / 1000.0;
         }
@@ -46,8 +49,10 @@ static void *hb_main(void *arg) {
                  * register twice. */
                 const Pdserve__RegisterReply *rep = (const Pdserve__RegisterReply *)m.msg;
                 uint64_t cur = atomic_load(&hb->registration);
-                if (m.type == PD_MSG_REGISTER_REPLY && !rep->accepted && cur != 0 &&
-                    rep->heartbeat_registration == cur)
+                if (m.type == PD_MSG_REGISTER_REPLY && !rep->accepted && rep->displaced)
+                    atomic_store(&hb->displaced, true);
+                else if (m.type == PD_MSG_REGISTER_REPLY && !rep->accepted && cur != 0 &&
+                         rep->heartbeat_registration == cur)
                     atomic_store(&hb->reregister, true);
                 pd_msg_clear(&m);
             }
@@ -67,11 +72,16 @@ pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, 
     atomic_init(&hb->interval_ms, interval_ms);
     atomic_init(&hb->stop, false);
     atomic_init(&hb->reregister, false);
+    atomic_init(&hb->displaced, false);
+    hb->pid = (uint32_t)getpid();
     atomic_init(&hb->registration, 0);
     pthread_mutex_init(&hb->mu, NULL);
     hb->sock = zmq_socket(zctx, ZMQ_DEALER);
     char ident[160];
-    snprintf(ident, sizeof ident, "%s#hb", replica_id);
+    /* the pid too: a second process under the same replica id must not take
+     * this socket's identity over (ZMQ_ROUTER_HANDOVER), or the gateway's
+     * answer to this process (RegisterReply.displaced) would reach the other */
+    snprintf(ident, sizeof ident, "%s#hb#%u", replica_id, hb->pid);
     int linger = 0;
     zmq_setsockopt(hb->sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(hb->sock, ZMQ_ROUTING_ID, ident, strlen(ident));
@@ -110,6 +120,10 @@ void pd_hb_set_registration(pd_hb *hb, uint64_t registration) {
 
 bool pd_hb_take_reregister(pd_hb *hb) {
     return atomic_exchange(&hb->reregister, false);
+}
+
+bool pd_hb_displaced(pd_hb *hb) {
+    return atomic_load(&hb->displaced);
 }
 
 void pd_hb_stop(pd_hb **hb_p) {

@@ -23,7 +23,7 @@
 
 typedef struct pd_hb pd_hb;
 
-/** Starts the thread: a DEALER socket (identity "<replica_id>#hb") in zctx
+/** Starts the thread: a DEALER socket (identity "<replica_id>#hb#<pid>") in zctx
  * connected to endpoint. interval_ms > 0. Errors: PD_ERR_IO (socket,
  * connect or thread creation failed; err says which). */
 pd_status pd_hb_start(void *zctx, const char *endpoint, const char *replica_id, int interval_ms, pd_hb **hb_p,
@@ -39,6 +39,9 @@ void pd_hb_set_registration(pd_hb *hb, uint64_t registration);
 /** True once after the gateway refused a heartbeat sent under the current
  * registration (it restarted, or it had declared the replica dead). */
 bool pd_hb_take_reregister(pd_hb *hb);
+/** True once the gateway answered a heartbeat with RegisterReply.displaced:
+ * another process (another pid) registered this replica id since. */
+bool pd_hb_displaced(pd_hb *hb);
 /** Stops and joins the thread, closes its socket, sets *hb_p to NULL. */
 void pd_hb_stop(pd_hb **hb_p);
 

@@ -394,6 +394,12 @@ void pd_replica_recv_all(pd_replica *r, pd_replica_handler handle, void *user) {
 
 bool pd_replica_tick(pd_replica *r) {
     double now = pd_now_s();
+    if (!r->displaced && pd_hb_displaced(r->hb)) {
+        r->displaced = true;
+        PD_LOGE(r->role, "%s: another process (another pid) has registered this replica id with the gateway since: "
+                "this one stops (give every replica its own --replica-id)", r->replica_id);
+        pd_replica_request_stop();
+    }
     if (pd_hb_take_reregister(r->hb)) {
         PD_LOGI(r->role, "%s: the gateway does not know this replica (it restarted, or declared it dead): "
                 "registering again", r->replica_id);

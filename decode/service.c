@@ -632,6 +632,7 @@ int pd_decode_main(int argc, char **argv) {
             break;
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
+    if (d.r.displaced) rc = 1;
 out:
     while (d.parked) {
         parked *p = d.parked;

@@ -891,6 +891,25 @@ static void on_heartbeat(pd_router *r, pd_msg *m) {
         pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
         return;
     }
+    if (h->pid && x->pid && h->pid != x->pid) {
+        /* another process's: one not registered yet (registration 0: its
+         * Register is on the way, and takes the id over) is only not
+         * counted; one registered before whose id another process has
+         * registered since would count as that one: it stops instead of
+         * running on unused */
+        if (!h->registration) return;
+        Pdserve__RegisterReply rep = PDSERVE__REGISTER_REPLY__INIT;
+        char reason[256];
+        snprintf(reason, sizeof reason, "replica id %s is registered by another process (pid %u) since", x->id,
+                 x->pid);
+        rep.accepted = false;
+        rep.displaced = true;
+        rep.reason = reason;
+        rep.heartbeat_registration = h->registration;
+        PD_LOGW(LOGM, "a heartbeat for %s from pid %u, which pid %u has replaced: told to stop", x->id, h->pid, x->pid);
+        pd_msg_send(r->sock, m->envelope, m->envelope_len, PD_MSG_REGISTER_REPLY, &rep.base);
+        return;
+    }
     const bool was_draining = x->hb.draining;
     x->hb = *h;
     x->hb.replica_id = NULL;

@@ -507,6 +507,7 @@ int pd_prefill_main(int argc, char **argv) {
         if (pd_replica_draining() && pd_replica_drained(&p.r, p.jobs == NULL)) break;
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
+    if (p.r.displaced) rc = 1;
 out:
     /* Transfers may still be in flight: close the peers, then free the
      * agent (pd_replica_disconnect), which gives every outstanding put and

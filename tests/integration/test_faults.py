@@ -11,7 +11,9 @@
 - a restarted gateway gets every replica back (they register again);
 - a burst of requests right after a decode replica was killed all succeed
   on the other one: what was sent to the dead one had produced nothing, so
-  it is routed again (before, those got 503 once its heartbeats were missed).
+  it is routed again (before, those got 503 once its heartbeats were missed);
+- a second process started under a live replica's id: the first one is told
+  (RegisterReply.displaced, answering its heartbeat) and exits 1.
 """
 import http.client, json, os, signal, subprocess, sys, threading, time
 
@@ -213,6 +215,20 @@ def main():
         check(all(c == 200 for c in codes), f"a burst right after a decode replica died: all 200 on the other ({codes})")
         log = open(os.path.join(tmp, "gateway.log"), errors="replace").read()
         check("routed again" in log, "the gateway routed some of the burst again (its log says so)")
+        # ---- a second process under a live replica's id: the first one stops ----
+        # (it ran on, unused, its heartbeats counted as the new one's; once the
+        # new one died, nothing served: helper-50)
+        old = st.procs["decode-1"]
+        st.replica("decode", 1)  # the same id, another process
+        try:
+            rc_old = old.wait(15)
+        except subprocess.TimeoutExpired:
+            rc_old = "still running"
+            old.kill()
+        log = open(os.path.join(tmp, "decode-1.log"), errors="replace").read()
+        check(rc_old == 1 and "registered this replica id with the gateway since: this one stops" in log,
+              f"the displaced process stops (exit {rc_old}) and says why")
+        check(st.wait_alive(1, 1) and post(st.port, [21] * 4)[0] == 200, "the new decode-1 serves")
     finally:
         st.stop()
         if failures:
