@@ -976,11 +976,11 @@ static int check_length(const pd_gw_config *cfg, gw_kind kind, bool explicit_max
         if (max_tokens > L - P)
             return fail(e, 400, max_key,
                         "This model's maximum context length is %lld tokens. However, you "
-                        "requested %lld tokens (%lld in the %s, %lld for the completion: "
+                        "requested %llu tokens (%lld in the %s, %lld for the completion: "
                         "%s). Please reduce the length of the %s or %s.",
-                        (long long)L,
-                        (long long)(max_tokens > INT64_MAX - P ? INT64_MAX : P + max_tokens),
-                        (long long)P, what, (long long)max_tokens, max_key, what, max_key);
+                        (long long)L, /* the sum of two int64 >= 0 fits a uint64: exact, never capped */
+                        (unsigned long long)P + (unsigned long long)max_tokens, (long long)P, what,
+                        (long long)max_tokens, max_key, what, max_key);
         out->max_tokens = (int)max_tokens;
         return 0;
     }

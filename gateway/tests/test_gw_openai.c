@@ -824,6 +824,14 @@ static void test_length_limit_message(void **state) {
         snprintf(has, sizeof has, "your prompt has %d tokens", i == 2 ? 12 : 10);
         assert_non_null(strstr(e.message, has));
     }
+    /* the largest max_tokens: the total named exactly (it was capped at
+     * INT64_MAX, so the sum was wrong: helper-50) */
+    body = "{\"prompt\":[1,2],\"max_tokens\":9223372036854775807}";
+    assert_int_not_equal(
+        gw_oai_prepare(&cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "requested 9223372036854775809 tokens (2 in the prompt, "
+                                      "9223372036854775807 for the completion"));
     /* chat: the rendered messages; max_tokens or max_completion_tokens named
      * only when the messages fit */
     cfg.max_model_len = 4;

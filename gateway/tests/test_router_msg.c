@@ -276,32 +276,53 @@ static void test_heartbeat_refusal_names_its_registration(void **state) {
 }
 
 /* A replica killed and started again before its heartbeats are missed
- * registers under its id from another process: the requests the old
- * process held fail at once with 503 "... restarted" (they used to wait for
- * their deadline), and the same process resending its Register does not. */
+ * registers under its id from another process. A request the old process
+ * held that had produced output fails at once with 503 "... restarted" (it
+ * used to wait for its deadline); one that had produced nothing is routed
+ * again (session 13), here to the new process, which serves it; the same
+ * process resending its Register changes nothing. */
 static void test_restarted_replica_fails_its_requests(void **state) {
     fixture *f = *state;
     fakes_fresh(f);
     assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4242));
-    int fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
     pd_msg m;
+    char rid_a[160], rid_b[160];
+    int fd_a = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
     assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    snprintf(rid_a, sizeof rid_a, "%s", ((Pdserve__Generate *)m.msg)->request_id);
+    pd_msg_clear(&m);
+    int32_t ids[1] = {5};
+    Pdserve__Tokens t = PDSERVE__TOKENS__INIT;
+    t.request_id = rid_a;
+    t.ids = ids;
+    t.n_ids = 1;
+    assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK); /* a's first token */
+    int fd_b = post(f, "{\"prompt\":\"ho\",\"max_tokens\":4}");
+    assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    snprintf(rid_b, sizeof rid_b, "%s", ((Pdserve__Generate *)m.msg)->request_id);
     pd_msg_clear(&m);
     assert_true(
         register_replica_pid(f, f->decode, "decode", "t-decode", 4242)); /* resent: nothing fails */
-    struct pollfd p = {fd, POLLIN, 0};
+    struct pollfd p[2] = {{fd_a, POLLIN, 0}, {fd_b, POLLIN, 0}};
     pump(f, 100);
-    assert_int_equal(poll(&p, 1, 0), 0);
+    assert_int_equal(poll(p, 2, 0), 0);
     assert_true(register_replica_pid(f, f->decode, "decode", "t-decode", 4343)); /* a new process */
-    char *resp = read_all(f, fd);
+    char *resp = read_all(f, fd_a);
     assert_non_null(strstr(resp, "HTTP/1.1 503"));
     assert_non_null(strstr(resp, "decode replica t-decode restarted"));
     free(resp);
-    /* the new process serves */
-    fd = post(f, "{\"prompt\":\"hi\",\"max_tokens\":4}");
+    /* b had produced nothing: sent again, to the new process, which serves it */
     assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
+    assert_string_equal(((Pdserve__Generate *)m.msg)->request_id, rid_b);
     pd_msg_clear(&m);
-    close(fd);
+    t.request_id = rid_b;
+    t.finished = true;
+    t.finish_reason = "length";
+    assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
+    resp = read_all(f, fd_b);
+    assert_non_null(strstr(resp, "HTTP/1.1 200"));
+    assert_non_null(strstr(resp, "\"finish_reason\":\"length\""));
+    free(resp);
 }
 
 /* A replica's finish_reason other than "stop"/"length" reached
