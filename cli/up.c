@@ -326,7 +326,13 @@ int pd_cmd_up(int argc, char **argv) {
         else if (TAKE("--port")) bad |= !int_value("--port", v, &port);
         else if (TAKE("--prefill-replicas")) bad |= !int_value("--prefill-replicas", v, &n_prefill);
         else if (TAKE("--decode-replicas")) bad |= !int_value("--decode-replicas", v, &n_decode);
-        else if (TAKE("--long-prompt-threshold")) bad |= !int_value("--long-prompt-threshold", v, &threshold);
+        else if (TAKE("--long-prompt-threshold")) {
+            bad |= !int_value("--long-prompt-threshold", v, &threshold);
+            if (threshold < 0) { /* the gateway refuses it too, after up has started it */
+                fprintf(stderr, "pdserve up: --long-prompt-threshold %d must be >= 0 (tokens)\n", threshold);
+                bad = true;
+            }
+        }
         else if (TAKE("--served-model-name")) name = v;
         else if (TAKE("--heartbeat-interval-ms")) { /* checked here: the gateway and every replica take it */
             int hb_ms = 0;

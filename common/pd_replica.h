@@ -113,7 +113,8 @@ typedef struct pd_replica {
     double last_heartbeat, last_register;
     double drain_t0; /* when the drain began (pd_replica_drained); 0: not draining */
     uint64_t weights_fp; /* pd_checkpoint_fingerprint of --model (Register.weights_fingerprint); 0: unknown */
-    bool displaced; /* another process registered this replica id since (pd_replica_tick): the role exits 1 */
+    bool displaced; /* another process registered this replica id since (pd_replica_tick), or the gateway refused
+                       it for good (another model or KV geometry): the role exits 1 */
     double t0, t; /* start-up: its start, the last phase's end (pd_startup_phase_log) */
     pd_grammar_vocab *vocab; /* response_format: loaded at the first constrained request */
     bool vocab_tried;

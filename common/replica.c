@@ -365,9 +365,12 @@ static void on_register_reply(pd_replica *r, const Pdserve__RegisterReply *m) {
         r->registered = false;
         pd_hb_set_registration(r->hb, 0);
         PD_LOGW(r->role, "%s: gateway refused registration: %s", r->replica_id, m->reason);
-        /* registering again cannot help: the gateway serves another model */
-        if (strstr(m->reason, "fingerprint") || strstr(m->reason, "geometry"))
+        /* registering again cannot help: the gateway serves another model
+         * (the role then exits 1, as a displaced replica does) */
+        if (strstr(m->reason, "fingerprint") || strstr(m->reason, "geometry")) {
+            r->displaced = true;
             pd_replica_request_stop();
+        }
     }
 }
 

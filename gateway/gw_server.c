@@ -474,7 +474,8 @@ void gw_server_dispatch(gw_stream *st) {
             gw_stream_respond(st, 200, "text/plain; charset=utf-8", NULL, 0, "ok", 2);
         else
             gw_stream_respond_error(st, 503, s->draining ? "the server is shutting down"
-                                                         : "the gateway is not ready",
+                                                         : "not ready: no decode replica takes work (none "
+                                                           "registered, or every one draining)",
                                     NULL, NULL, 0);
         return;
     }

@@ -138,7 +138,7 @@ static double hb_timeout_s(const pd_router *r) {
     return 3.0 * r->cfg.heartbeat_interval_ms / 1000.0;
 }
 
-static void replica_gone(pd_router *r, gw_replica *x, const char *what);
+static void replica_gone(pd_router *r, gw_replica *x, const char *what, bool returns);
 
 static void send_to(pd_router *r, gw_replica *x, pd_msg_type t, const ProtobufCMessage *m) {
     pd_status st = pd_msg_send(r->sock, x->env, x->env_len, t, m);
@@ -569,8 +569,10 @@ static void send_generate(pd_router *r, gw_sub *s, bool reserved) {
 static int dispatch(pd_router *r, gw_req *q, char *why, size_t why_len) {
     const pd_gw_gen_params *p = q->p;
     class_state *c = &r->cls[q->cls];
-    bool is_long = q->cls == CLASS_LONG;
-    if (!pick(r, ROLE_DECODE) || (is_long && !pick(r, ROLE_PREFILL))) return -1;
+    /* a long request whose prefill replicas are gone or draining since it
+     * was queued is prefilled on a decode replica (engine_submit's rule) */
+    bool is_long = q->cls == CLASS_LONG && pick(r, ROLE_PREFILL);
+    if (!pick(r, ROLE_DECODE)) return -1;
     if (is_long && never_fits(r, p->n_prompt, why, why_len)) return -2;
     q->t_dispatch = pd_now_s();
     if (!q->counted_running) {
@@ -693,7 +695,7 @@ static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
     for (gw_replica *x = r->replicas; x; x = x->next)
         if (x->alive && x->unreachable) {
             PD_LOGW(LOGM, "replica %s cannot be reached (its connection is gone): out of rotation", x->id);
-            replica_gone(r, x, "cannot be reached");
+            replica_gone(r, x, "cannot be reached", false);
         }
     double now = pd_now_s();
     for (int k = 0; k < N_CLASSES; k++) {
@@ -824,7 +826,7 @@ static void on_register(pd_router *r, pd_msg *m) {
                 (!x->ucx_len || !memcmp(x->ucx_addr, g->ucx_worker_address.data, x->ucx_len));
     if (x && x->alive && !same) {
         PD_LOGW(LOGM, "%s replica %s restarted (pid %u, was %u): its requests fail", g->role, x->id, g->pid, x->pid);
-        replica_gone(r, x, "restarted");
+        replica_gone(r, x, "restarted", true); /* the new process takes its place */
     }
     bool again = x && x->alive && g->pid && same;
     if (!x) {
@@ -1211,24 +1213,33 @@ static void drain(pd_router *r) {
     }
 }
 
-/* Takes replica x out of rotation: every request it holds fails with 503
- * "<role> replica <id> <what>" (streams get an in-band error event), and
- * when it was a prefill replica the decode replicas hear that its writes
- * will never come (their reservations for it can be reused). */
-static void replica_gone(pd_router *r, gw_replica *x, const char *what) {
+/* Takes replica x out of rotation. A choice it held that produced nothing
+ * a client saw is routed again when some decode replica takes work, or x
+ * returns (returns: another process takes its place at once, a restart);
+ * every other request it holds fails with 503 "<role> replica <id> <what>"
+ * (streams get an in-band error event). When it was a prefill replica the
+ * decode replicas hear that its writes will never come (their reservations
+ * for it can be reused). */
+static void replica_gone(pd_router *r, gw_replica *x, const char *what, bool returns) {
     x->alive = false;
     for (gw_sub *s = r->subs; s;) {
         gw_sub *next = s->next_all;
-        if (s->decode == x && s->state == SUB_DECODING && !s->prefill && !s->out && s->n_rerouted < 3) {
-            /* a choice that had only been sent to x (the short route, or
-             * decoding after a prefill whose first token has not reached
-             * the client, which cannot be: KvComplete delivers it) lost
-             * nothing a client saw: it waits again, at its place, for
-             * another decode replica */
+        if ((s->decode == x || s->prefill == x) && !s->out && s->n_rerouted < 3 &&
+            (returns || pick(r, ROLE_DECODE)) && /* x is no longer alive: another one */
+            (s->state == SUB_DECODING || s->state == SUB_RESERVING || s->state == SUB_PREFILLING)) {
+            /* a choice that produced nothing a client saw (the short route;
+             * or the long one before its KV landed: KvComplete delivers the
+             * first token) loses nothing by starting again: the other
+             * replica it was on drops it (as req_release tells it), and it
+             * waits again, at its place, for replicas that take work */
             gw_req *q = s->parent;
-            PD_LOGI(LOGM, "%s: decode replica %s %s before it produced anything: routed again", s->rid, x->id,
-                    what);
-            s->decode = NULL; /* nothing to abort on x, whose counts are reset below */
+            PD_LOGI(LOGM, "%s: %s replica %s %s before it produced anything: routed again", s->rid,
+                    x->role == ROLE_DECODE ? "decode" : "prefill", x->id, what);
+            if (s->decode == x) s->decode = NULL; /* nothing to abort on x, whose counts are reset below */
+            if (s->prefill == x) s->prefill = NULL;
+            send_abort_ex(r, s->decode, s->rid, "routed again", s->state == SUB_RESERVING);
+            if (s->state == SUB_PREFILLING) send_abort(r, s->prefill, s->rid, "routed again");
+            sub_unassign(s);
             s->n_rerouted++;
             sub_unlink(r, s);
             s->state = SUB_WAITING;
@@ -1270,8 +1281,11 @@ static void expire(pd_router *r) {
     double now = pd_now_s();
     for (gw_replica *x = r->replicas; x; x = x->next) {
         if (!x->alive || now - x->last_seen <= hb_timeout_s(r)) continue;
-        PD_LOGW(LOGM, "replica %s missed heartbeats for %.1f s: out of rotation", x->id, now - x->last_seen);
-        replica_gone(r, x, "stopped responding");
+        if (x->hb.draining) /* the end of a drain: it exits once it holds nothing */
+            PD_LOGI(LOGM, "replica %s drained and stopped: out of rotation", x->id);
+        else
+            PD_LOGW(LOGM, "replica %s missed heartbeats for %.1f s: out of rotation", x->id, now - x->last_seen);
+        replica_gone(r, x, "stopped responding", false);
     }
 }
 

@@ -153,7 +153,12 @@ int pd_gateway_main(int argc, char **argv) {
         fprintf(stderr, "pdserve gateway: --long-prompt-threshold %d must be >= 0 (tokens)\n", threshold);
         return 2;
     }
-    if (max_model_len < 0 || max_model_len > mc.max_position_embeddings) {
+    if (max_model_len < 0) {
+        fprintf(stderr, "pdserve gateway: --max-model-len %d must be > 0 (0: the model's %d)\n", max_model_len,
+                mc.max_position_embeddings);
+        return 2;
+    }
+    if (max_model_len > mc.max_position_embeddings) {
         /* vLLM refuses it too: past the model's positions a prompt would
          * fail on a replica (500) after prefill work, not be refused (400) */
         fprintf(stderr, "pdserve gateway: --max-model-len %d is more than the model's %d positions "
