@@ -62,7 +62,7 @@ typedef struct gw_replica {
 
 struct gw_req;
 typedef struct gw_sub {
-    char rid[160]; /* request id on the replicas: <request_id>-<choice> */
+    char rid[160]; /* request id on the replicas: <request_id>-<choice>, then .<n> after its n-th re-routing */
     struct gw_req *parent;
     int choice, state;
     gw_replica *decode, *prefill;
@@ -1241,6 +1241,10 @@ static void replica_gone(pd_router *r, gw_replica *x, const char *what, bool ret
             if (s->state == SUB_PREFILLING) send_abort(r, s->prefill, s->rid, "routed again");
             sub_unassign(s);
             s->n_rerouted++;
+            /* a new id on the replicas: a late message about the old attempt
+             * (a ReserveReply, an Abort the replica answers) must not reach
+             * the new one (a stale Abort cut it: found by the ASan CI run) */
+            snprintf(s->rid, sizeof s->rid, "%s-%d.%d", q->p->request_id, s->choice, s->n_rerouted);
             sub_unlink(r, s);
             s->state = SUB_WAITING;
             class_enqueue(&r->cls[q->cls], q);
