@@ -311,11 +311,15 @@ static void test_restarted_replica_fails_its_requests(void **state) {
     assert_non_null(strstr(resp, "HTTP/1.1 503"));
     assert_non_null(strstr(resp, "decode replica t-decode restarted"));
     free(resp);
-    /* b had produced nothing: sent again, to the new process, which serves it */
+    /* b had produced nothing: sent again, to the new process, which serves
+     * it, under a new id (<id>.1: a late message about its first attempt
+     * must not reach this one) */
     assert_true(wait_msg(f, f->decode, PD_MSG_GENERATE, &m));
-    assert_string_equal(((Pdserve__Generate *)m.msg)->request_id, rid_b);
+    char rid_b1[170];
+    snprintf(rid_b1, sizeof rid_b1, "%s.1", rid_b);
+    assert_string_equal(((Pdserve__Generate *)m.msg)->request_id, rid_b1);
     pd_msg_clear(&m);
-    t.request_id = rid_b;
+    t.request_id = rid_b1;
     t.finished = true;
     t.finish_reason = "length";
     assert_int_equal(pd_msg_send(f->decode, NULL, 0, PD_MSG_TOKENS, &t.base), PD_OK);
