@@ -625,11 +625,14 @@ int pd_decode_main(int argc, char **argv) {
             send_heartbeat(&d);
             expire_reservations(&d);
         }
-        /* draining: done once nothing runs, waits, is parked or awaits its KV */
-        pd_sched_get_stats(d.sched, &st);
-        if (pd_replica_draining() && pd_replica_drained(&d.r, st.num_running + st.num_waiting == 0 && !d.parked &&
-                                                                  pd_kvx_resv_stats_get(d.resv).live == 0))
-            break;
+        /* draining: done once nothing runs, waits, is parked or awaits its KV
+         * (the counts read only then: not every step's work) */
+        if (pd_replica_draining()) {
+            pd_sched_get_stats(d.sched, &st);
+            if (pd_replica_drained(&d.r, st.num_running + st.num_waiting == 0 && !d.parked &&
+                                             pd_kvx_resv_stats_get(d.resv).live == 0))
+                break;
+        }
     }
     PD_LOGI(LOGM, "%s: stopping", replica_id);
     if (d.r.displaced) rc = 1;
