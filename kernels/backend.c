@@ -87,6 +87,9 @@ static pd_status moe_block_args_check(const pd_moe_block_args *a, pd_err *err) {
             return pd_err_set(err, PD_ERR_INVALID, "moe_block: no %s", need[i].name);
     if (a->shared_gate_up && !a->shared_down)
         return pd_err_set(err, PD_ERR_INVALID, "moe_block: shared experts' gate_up without their down");
+    if (a->o_proj && (!a->o_in || !a->o_proj->data || a->o_proj->rows != H || a->o_proj->cols <= 0))
+        return pd_err_set(err, PD_ERR_INVALID, "moe_block: o_proj [%d, %d]%s%s; want [%d, P], P > 0", a->o_proj->rows,
+                          a->o_proj->cols, a->o_proj->data ? "" : " without data", a->o_in ? "" : " with no o_in", H);
     pd_status st = pd_moe_route_check("moe_block", a->rows, a->logits, &a->route, a->ids, a->weights, NULL, err);
     if (st != PD_OK)
         return st;
@@ -126,6 +129,8 @@ pd_status pd_moe_block_composed(pd_backend *be, const pd_moe_block_args *a, pd_e
         return st;
     const pd_backend_i *o = be->ops;
     const int T = a->rows, H = a->hidden, E = a->route.n_experts, K = a->route.top_k;
+    if (a->o_proj)
+        o->gemm(be, T, a->o_in, a->o_proj, a->x, true);
     o->rmsnorm(be, T, H, a->x, H, a->norm, a->eps, a->h, H);
     o->gemm(be, T, a->h, a->router, a->logits, false);
     o->moe_route_ids(be, T, a->logits, &a->route, a->ids, a->weights);

@@ -180,6 +180,18 @@ typedef struct {
     float *gu;               /* [rows, 2 max(inter, inter_shared)] */
     float *act;              /* [rows, max(inter, inter_shared)] */
     float *mo;               /* [rows, hidden] */
+    /* Optional: the attention's output projection first, x += o_in · o_proj^T
+     * (transformers DeepseekV3Attention.o_proj and the residual add before
+     * post_attention_layernorm); o_proj [hidden, P], o_in [rows, P] fp32.
+     * NULL: x is already final. A backend may fold the router's arithmetic
+     * into that product (CUDA at one row: the logits are linear in x and
+     * o_in up to the norm's scale, so they are made beside the projection
+     * from router · diag(norm) and router · diag(norm) · o_proj, which it
+     * keeps in fp32, [n_experts, hidden + P] a layer; no gate kernel between
+     * the projection and the experts). When moe_block returns false it has
+     * not applied it either. */
+    const float *o_in;
+    const pd_weight *o_proj;
 } pd_moe_block_args;
 
 typedef struct pd_backend pd_backend;

@@ -273,14 +273,17 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
             t += b->n_tokens;
             s++;
         }
+        /* the MoE block as one op takes the output projection too (x += W_o · a) */
+        const bool moe_op = L->is_moe && fuse_moe && !tp && !rk->expert_parallel;
         if (!tp) {
-            be->ops->gemm(be, T, attn, &L->o, x, true); /* x += W_o · a */
+            if (!moe_op)
+                be->ops->gemm(be, T, attn, &L->o, x, true); /* x += W_o · a */
         } else {
             be->ops->gemm(be, T, attn, &L->o, w->mo, false); /* this rank's heads' share of W_o · a */
             add_reduced(rk, T, H, x, w->mo);
         }
         /* ---- MLP / MoE ---- */
-        if (L->is_moe && fuse_moe && !tp && !rk->expert_parallel) {
+        if (moe_op) {
             /* the whole block in one op where the backend has a faster
              * path for it (CUDA: decode-sized batches) */
             pd_moe_block_args mb = {
@@ -289,9 +292,11 @@ static void fwd_queue(const pd_model *m, pd_model_rank *rk, pd_kv_cache *kv, con
                 .down = L->experts_down, .shared_gate_up = c->n_shared_experts > 0 ? &L->shared.gate_up : NULL,
                 .shared_down = c->n_shared_experts > 0 ? &L->shared.down : NULL, .h = h, .logits = w->rlog,
                 .ids = w->eids, .weights = w->ew, .gu = w->gu, .act = w->act, .mo = w->mo,
+                .o_in = attn, .o_proj = &L->o,
             };
             if (be->ops->moe_block(be, &mb))
                 continue;
+            be->ops->gemm(be, T, attn, &L->o, x, true); /* declined: nothing done, the separate ops follow */
         }
         be->ops->rmsnorm(be, T, H, x, H, L->post_norm, c->rms_norm_eps, h, H);
         if (!L->is_moe) {

@@ -532,6 +532,12 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_pdl_off = mpd && !strcmp(mpd, "0");
         const char *cp1 = getenv("PD_MOE_COMBINE1_PDL");
         c->moe_cmb1_plain = cp1 && !strcmp(cp1, "0");
+        const char *mmf = getenv("PD_MLA_MERGE_FAST");
+        c->mla_merge_slow = mmf && !strcmp(mmf, "0");
+        const char *nv = getenv("PD_NORM_V");
+        c->norm_v_off = nv && !strcmp(nv, "0");
+        const char *orr = getenv("PD_MOE_OROUTE");
+        c->moe_oroute_off = orr && !strcmp(orr, "0");
         const char *m1r = getenv("PD_MOE1_ROWS");
         c->moe1_rows_gu = m1r && m1r[0] == '2' ? 2 : 4;
         c->moe1_rows_dn = m1r && m1r[0] && m1r[1] == ',' && m1r[2] == '2' ? 2 : 4;

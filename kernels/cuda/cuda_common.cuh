@@ -129,6 +129,10 @@ typedef struct {
                           loading them into registers (A/B runs) */
     bool mla_pdl_off; /* PD_MLA_PDL=0: the decode attention's q_lat, split and merge kernels launched plainly, not by
                          PDL with their weights / first tile loaded before the wait (A/B runs) */
+    bool moe_oroute_off; /* PD_MOE_OROUTE=0: moe_block's o_proj as its own GEMV and the gate kernel after it, not
+                            k_oproj_route with the router's logits beside it (A/B runs) */
+    bool mla_merge_slow; /* PD_MLA_MERGE_FAST=0: the decode merge without its one-round-trip path (A/B runs) */
+    bool norm_v_off;     /* PD_NORM_V=0: rmsnorm as the first kernel (k_rmsnorm), not k_rmsnorm_v (A/B runs) */
     bool moe_cmb1_plain; /* PD_MOE_COMBINE1_PDL=0: the batch-1 combine after k_moe_down1 as a plain launch, not by PDL
                             with x read before the wait (A/B runs) */
     int moe1_rows_gu, moe1_rows_dn; /* PD_MOE1_ROWS=G,D (2 or 4 each): output rows a warp of the batch-1 gate_up

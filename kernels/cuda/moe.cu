@@ -771,25 +771,29 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
     plan_block(n, top_k, E, 0, 0, ids, off, tok, pair, list, cnt, PLAN_THREADS);
 }
 
-/* out[r] += Σ_j w[r, j] · y[r*top_k + j] over the pairs whose id is in
+/* out[r] = src[r] + Σ_j w[r, j] · y[r*top_k + j] over the pairs whose id is in
  * [0, E) (pairs in token order; the plan dropped the others), plus
  * Σ_s y[n + s·rows + r] over S shared groups (n = rows · top_k; plan_block's
  * rows of the shared experts, weight 1). Block (row, 256 columns), one
  * column a thread: the top_k loads of a column are independent, so a row of
  * 2048 takes 8 blocks instead of one block's 8 × top_k dependent loads a
- * thread. early: launched by PDL after k_moe_down1 (moe_block at one row),
- * each thread reads its out before the wait; 0 in a plain launch. */
+ * thread. src: xin, or out itself when xin is NULL (out += ...). early:
+ * launched by PDL after k_moe_down1 (moe_block at one row), each thread
+ * reads its src before the wait; 0 in a plain launch. */
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
-                        const float *__restrict__ w, const float *__restrict__ y, float *__restrict__ out,
+                        const float *__restrict__ w, const float *__restrict__ y, const float *xin, float *out,
                         unsigned *__restrict__ reset, int early) {
     cu_pdl_launch_dependents();
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
-    /* out is final before the MoE block's first kernel: launched by PDL (one
-     * row), the block reads it before the wait, which returns once the down
-     * GEMV has ended (a no-op in a plain launch) */
-    const float o = d < hidden && early ? out[(size_t)r * hidden + d] : 0.0f;
+    /* out = src + the MoE's output, src = xin (og: x after the output
+     * projection, in mo) or out itself. src is final before the MoE
+     * block's GEMVs: launched by PDL (one row), the block reads it before
+     * the wait, which returns once the down GEMV has ended (a no-op in a
+     * plain launch) */
+    const float *src = xin ? xin : out;
+    const float o = d < hidden && early ? src[(size_t)r * hidden + d] : 0.0f;
     cu_pdl_wait();
     if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         *reset = 0; /* k_moe_down1's counter, for the next launch (its kernels have ended) */
@@ -809,7 +813,7 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     if (early)
         out[(size_t)r * hidden + d] = o + acc;
     else
-        out[(size_t)r * hidden + d] += acc;
+        out[(size_t)r * hidden + d] = src[(size_t)r * hidden + d] + acc;
 }
 
 /* Decode-sized batches (at most this many pairs) run as four launches that
@@ -894,8 +898,8 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
                      "moe down"))
         return;
     k_moe_combine_pairs<<<dim3((unsigned)rows, (unsigned)((hidden + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),
-                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, out, NULL,
-                                                             0);
+                          CMB_PAIRS_THREADS, 0, c->stream>>>(hidden, top_k, n_experts, 0, ids, weights, y, NULL, out,
+                                                             NULL, 0);
     CU_LAUNCHED(c, cudaGetLastError(), "moe combine");
 }
 
@@ -930,7 +934,13 @@ void cu_moe_experts_ids(pd_backend *be, int rows, int hidden, int inter, const f
  * as soon as the gate_up's shared blocks are done, and the combine by PDL
  * after it, reading x before its wait (session 11). Plain PDL for the down
  * and combine launches, where the early blocks only wait, was slower
- * (docs/benchmarks.md, session 9). */
+ * (docs/benchmarks.md, session 9).
+ * With the attention's output projection (pd_moe_block_args.o_proj) at one
+ * row and PDL on, k_oproj_route replaces step 1 and the projection's GEMV:
+ * the router's unnormed logits come from x and o beside the projection
+ * (see there), x + W_o · o goes to mo, the gate_up's blocks norm mo
+ * themselves, and the combine writes mo + the experts' output into x
+ * (session 14: 3 us a layer less). */
 #define GATE_THREADS 128 /* a block: four experts' logits */
 #define GATE_MAX_ROWS 4  /* the routing block routes one row a warp */
 #define GATE_PRE_KC 8    /* one row: a lane's 16-byte pieces of its router row held in registers (H <= 2048) */
@@ -1215,7 +1225,145 @@ typedef struct {
     const float *x, *norm;
     float eps;
     unsigned *sdone; /* NULL, or counts the shared groups' finished blocks (k_moe_down1 waits on it) */
+    /* og (launched by PDL during k_oproj_route, no gate kernel): the
+     * router's unnormed logits W_r · (norm ⊙ x) [E] that k_oproj_route
+     * wrote; x is then its x + W_o · o (moe_block's mo). Every block waits
+     * for that kernel and norms x itself; the routed ones scale raw by the
+     * norm's 1 / rms. The first routed block writes logits and h. */
+    const float *og_raw;
+    float *logits_out, *h_out;
 } moe_gu1_args;
+
+/* ---- one row: the output projection and the router's logits (og) -----
+ *
+ * The router's logits are linear in x up to the norm's scale:
+ *   logits = W_r · (g ⊙ x' · inv) = inv · (W_rg · x + W_ro · o),
+ * x' = x + W_o · o (the attention's output projection and its residual
+ * add), inv = 1 / rms(x'), W_rg = W_r · diag(g) [E, H] and
+ * W_ro = W_rg · W_o [E, P] (transformers DeepseekV2MoEGate: the gate's
+ * linear layer on post_attention_layernorm's output). So the unnormed
+ * logits need only x and o, both final when the output projection starts:
+ * k_oproj_route computes them in its own blocks beside the projection's,
+ * and no gate kernel (3.2 us a layer after o_proj, docs/benchmarks.md
+ * session 14) stands between the projection and the experts; the experts'
+ * blocks scale by inv, which their norm of x' computes anyway. W_rg and
+ * W_ro are kept in fp32 ([E, H + P] a layer, router_fold) so that the
+ * route is the gate kernel's up to the order of fp32 sums. */
+#define OR_KC 8  /* W_o's rows in registers: P <= 256 · OR_KC (gemm.cu's GV_PRE_KC) */
+#define OR_P4 16 /* W_ro's row in registers: P <= 128 · OR_P4 */
+typedef struct {
+    int N, P, E, nrb;             /* N = hidden, P = o_proj's cols; nrb router blocks first in the grid */
+    const __nv_bfloat16 *wo;      /* W_o [N, P] */
+    const float *in;              /* o [P] */
+    const float *x;               /* [N], the layer's x (not written) */
+    float *x2;                    /* [N] = x + W_o · o */
+    const float *fold;            /* [E, N + P]: W_rg | W_ro */
+    float *raw;                   /* [E] */
+} oproj_route_args;
+
+static __global__ void __launch_bounds__(GV_WARPS * 32) k_oproj_route(oproj_route_args a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if ((int)blockIdx.x >= a.nrb) { /* the output projection: k_gemv_pre's GEMV, into x2 */
+        gemv_pre<__nv_bfloat16, 2, OR_KC> p;
+        p.load((int)blockIdx.x - a.nrb, a.wo, (size_t)a.P, a.N, a.P);
+        cu_pdl_wait();
+        cu_pdl_launch_dependents(); /* after the wait (k_gemv_pre) */
+        p.template run<false, 1>(a.N, a.P, 1, a.in, a.P, a.x2, a.N, 0);
+        __syncwarp();
+        if (lane < 2 && p.n0 + lane < a.N) /* x2 = x + W_o · o for the warp's two rows (written by lane 0) */
+            a.x2[p.n0 + lane] += a.x[p.n0 + lane];
+        return;
+    }
+    /* a router row a warp: W_rg · x before the wait (x is the layer's, final
+     * once this kernel runs), W_ro's row in registers, W_ro · o after it */
+    const int e = (int)blockIdx.x * GV_WARPS + warp;
+    float sa = 0.0f;
+    float4 wr[OR_P4];
+    if (e < a.E) {
+        const float *row = a.fold + (size_t)e * (a.N + a.P);
+        const float4 *r4 = (const float4 *)row, *x4 = (const float4 *)a.x;
+        for (int k = lane; k < a.N / 4; k += 32) {
+            const float4 w = __ldg(r4 + k), v = __ldg(x4 + k);
+            sa = fmaf(w.x, v.x, sa);
+            sa = fmaf(w.y, v.y, sa);
+            sa = fmaf(w.z, v.z, sa);
+            sa = fmaf(w.w, v.w, sa);
+        }
+        const float4 *o4 = (const float4 *)(row + a.N);
+#pragma unroll
+        for (int c = 0; c < OR_P4; c++) {
+            const int k = lane + 32 * c;
+            wr[c] = k < a.P / 4 ? __ldg(o4 + k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    cu_pdl_wait();
+    cu_pdl_launch_dependents();
+    if (e >= a.E)
+        return;
+    float sb = 0.0f;
+    const float4 *v4 = (const float4 *)a.in;
+#pragma unroll
+    for (int c = 0; c < OR_P4; c++) {
+        const int k = lane + 32 * c;
+        if (k < a.P / 4) {
+            const float4 v = __ldg(v4 + k);
+            sb = fmaf(wr[c].x, v.x, sb);
+            sb = fmaf(wr[c].y, v.y, sb);
+            sb = fmaf(wr[c].z, v.z, sb);
+            sb = fmaf(wr[c].w, v.w, sb);
+        }
+    }
+    sa = cu_warp_sum(sa);
+    sb = cu_warp_sum(sb);
+    if (lane == 0)
+        a.raw[e] = sa + sb;
+}
+
+/* fold [E, H + P]: W_rg[e][j] = router[e][j] · norm[j], W_ro[e][p] =
+ * Σ_j W_rg[e][j] · W_o[j][p] (double sums). Grid (columns / 256, E). */
+template <typename WT>
+static __global__ void k_router_fold(int E, int H, int P, const WT *__restrict__ router, const float *__restrict__ norm,
+                                     const __nv_bfloat16 *__restrict__ wo, float *__restrict__ fold) {
+    extern __shared__ float rg[]; /* [H] */
+    const int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int j = threadIdx.x; j < H; j += blockDim.x)
+        rg[j] = cu_ldw(router, (size_t)e * H + j) * norm[j];
+    __syncthreads();
+    float *out = fold + (size_t)e * (H + P);
+    if (c < H) {
+        out[c] = rg[c];
+    } else if (c < H + P) {
+        const int p = c - H;
+        double s = 0.0;
+        for (int j = 0; j < H; j++)
+            s += (double)rg[j] * (double)__bfloat162float(wo[(size_t)j * P + p]);
+        out[c] = (float)s;
+    }
+}
+
+/* h = RMSNorm(x) · norm into hs (shared, K floats; nw K more), x and the
+ * norm's weights through L1 (__ldg: the blocks on an SM share one read of
+ * the same 16 KB from L2), gate_norm's arithmetic. Ends after a barrier;
+ * returns inv. */
+__device__ static float gu1_norm(const moe_gu1_args &a, float *hs, float *nw, double *part) {
+    for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
+        ((float4 *)nw)[k] = __ldg((const float4 *)a.norm + k);
+        ((float4 *)hs)[k] = __ldg((const float4 *)a.x + k);
+    }
+    __syncthreads();
+    const float inv = cu_block_inv_rms<GV_WARPS * 32>(hs, a.K, a.eps, part); /* ends after a barrier */
+    for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
+        float4 v = ((float4 *)hs)[k];
+        const float4 g = ((const float4 *)nw)[k];
+        v.x = v.x * inv * g.x;
+        v.y = v.y * inv * g.y;
+        v.z = v.z * inv * g.z;
+        v.w = v.w * inv * g.w;
+        ((float4 *)hs)[k] = v;
+    }
+    __syncthreads();
+    return inv;
+}
 
 template <typename WT, int R>
 static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_args a) {
@@ -1243,24 +1391,9 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             extern __shared__ float4 gu1_smem4[];
             float *hs = (float *)gu1_smem4, *nw = hs + a.K;
             __shared__ double part[GV_WARPS];
-            /* through L1 (__ldg), so that the blocks on an SM share one read of
-             * the same 16 KB from L2 */
-            for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
-                ((float4 *)nw)[k] = __ldg((const float4 *)a.norm + k);
-                ((float4 *)hs)[k] = __ldg((const float4 *)a.x + k);
-            }
-            __syncthreads();
-            const float inv = cu_block_inv_rms<GV_WARPS * 32>(hs, a.K, a.eps, part); /* ends after a barrier */
-            for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32) {
-                float4 v = ((float4 *)hs)[k];
-                const float4 g = ((const float4 *)nw)[k];
-                v.x = v.x * inv * g.x;
-                v.y = v.y * inv * g.y;
-                v.z = v.z * inv * g.z;
-                v.w = v.w * inv * g.w;
-                ((float4 *)hs)[k] = v;
-            }
-            __syncthreads();
+            if (a.og_raw) /* og: x is final once k_oproj_route has ended */
+                cu_pdl_wait();
+            gu1_norm(a, hs, nw, part);
             gemv_block<true, WT, R, 1, true>(bx, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
         } else {
             __syncthreads();
@@ -1274,13 +1407,32 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         }
         return;
     }
-    cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run) */
+    cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run), or og's raw logits */
     const int gy = a.shared_first ? by - a.S : by;
-    /* the logits and the bias into shared memory first, every load at once:
-     * route_row reads them several times, ~0.5 us a pass from L2 */
-    for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32) {
-        lgs[e] = a.logits[e];
-        bss[e] = a.bias ? a.bias[e] : 0.0f;
+    extern __shared__ float4 gu1_smem4[];
+    float *hs = (float *)gu1_smem4; /* og: the normed row */
+    if (a.og_raw) {
+        __shared__ double opart[GV_WARPS];
+        for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32) {
+            lgs[e] = a.og_raw[e];
+            bss[e] = a.bias ? a.bias[e] : 0.0f;
+        }
+        const float inv = gu1_norm(a, hs, hs + a.K, opart); /* ends after a barrier */
+        for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32)
+            lgs[e] *= inv;
+        if (bx == 0 && gy == 0) { /* moe_block's h and logits */
+            for (int k = threadIdx.x; k < a.K / 4; k += GV_WARPS * 32)
+                ((float4 *)a.h_out)[k] = ((const float4 *)hs)[k];
+            for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32)
+                a.logits_out[e] = lgs[e];
+        }
+    } else {
+        /* the logits and the bias into shared memory first, every load at once:
+         * route_row reads them several times, ~0.5 us a pass from L2 */
+        for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32) {
+            lgs[e] = a.logits[e];
+            bss[e] = a.bias ? a.bias[e] : 0.0f;
+        }
     }
     __syncthreads();
     if (warp == 0)
@@ -1308,8 +1460,12 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
     }
     __syncthreads();
-    gemv_block<true, WT, R, 1>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1, xrow0,
-                               prow, a.h, a.K, a.act, a.N, 0);
+    if (a.og_raw)
+        gemv_block<true, WT, R, 1, true>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
+                                         NULL, prow, hs, a.K, a.act, a.N, 0);
+    else
+        gemv_block<true, WT, R, 1>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
+                                   xrow0, prow, a.h, a.K, a.act, a.N, 0);
 }
 
 /* One row's grouped down GEMV, launched by PDL while k_moe_gate_up1 runs:
@@ -1381,6 +1537,12 @@ template <typename WT, int R> static cudaError_t dn1_launch(const cudaLaunchConf
 struct cu_moe_set {
     const pd_weight *gu_key, *sgu_key;
     int E, S;
+    /* og: the router folded with the norm and W_o (router_fold), [E, H + P]
+     * then the raw logits [E]; made for these weights */
+    float *fold;
+    size_t fold_bytes;
+    const void *fold_router, *fold_o;
+    const float *fold_norm;
     const void **host; /* [2 (E + S)]: the pointers the device table holds */
     void *dev;
     size_t dev_bytes;
@@ -1389,6 +1551,7 @@ struct cu_moe_set {
 void cu_moe_sets_free(cu_ctx *c) {
     for (int i = 0; i < c->n_moe_sets; i++) {
         cudaFree(c->moe_sets[i].dev);
+        cudaFree(c->moe_sets[i].fold);
         free(c->moe_sets[i].host);
     }
     free(c->moe_sets);
@@ -1498,6 +1661,44 @@ static cu_moe_set *moe_set_get(cu_ctx *c, const pd_moe_block_args *a, int S) {
     return t;
 }
 
+/* og: the set's fold of the router with the norm and W_o (k_oproj_route's
+ * [E, H + P] fp32, then E floats for the raw logits), made on first use
+ * outside graph recording and again when the weights differ; NULL with the
+ * error recorded. */
+static float *router_fold(cu_ctx *c, cu_moe_set *t, const pd_moe_block_args *a) {
+    const int E = a->route.n_experts, H = a->hidden, P = a->o_proj->cols;
+    if (t->fold && t->fold_router == a->router->data && t->fold_o == a->o_proj->data && t->fold_norm == a->norm)
+        return t->fold;
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "moe_block: the router's fold made while recording a graph");
+        return NULL;
+    }
+    const size_t bytes = ((size_t)E * (H + P) + E) * sizeof(float);
+    if (t->fold && t->fold_bytes != bytes) {
+        cudaFree(t->fold);
+        t->fold = NULL;
+    }
+    if (!t->fold) {
+        if (!CU_OK(c, cudaMalloc(&t->fold, bytes)))
+            return NULL;
+        t->fold_bytes = bytes;
+        cu_count_alloc(c, bytes);
+    }
+    const dim3 grid((unsigned)((H + P + 255) / 256), (unsigned)E);
+    if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+        k_router_fold<<<grid, 256, (size_t)H * sizeof(float), c->stream>>>(
+            E, H, P, (const __nv_bfloat16 *)a->router->data, a->norm, (const __nv_bfloat16 *)a->o_proj->data, t->fold);
+    else
+        k_router_fold<<<grid, 256, (size_t)H * sizeof(float), c->stream>>>(
+            E, H, P, (const float *)a->router->data, a->norm, (const __nv_bfloat16 *)a->o_proj->data, t->fold);
+    if (!CU_OK(c, cudaGetLastError()) || !CU_OK(c, cudaStreamSynchronize(c->stream)))
+        return NULL;
+    t->fold_router = a->router->data;
+    t->fold_o = a->o_proj->data;
+    t->fold_norm = a->norm;
+    return t->fold;
+}
+
 /* Whether the weights' shapes agree with hidden, inter and n_experts (a
  * router [E, H], experts' gate_up [2I, H] and down [H, I], shared gate_up
  * [2 Ish, H] and down [H, Ish] with Ish > 0) and every weight has data;
@@ -1586,9 +1787,14 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     }
     if (!moe_block_shapes_ok(c, a))
         return true;
+    if (a->o_proj && (!a->o_in || !a->o_proj->data || a->o_proj->rows != a->hidden || a->o_proj->cols <= 0)) {
+        cu_fail(c, PD_ERR_INVALID, "moe_block: o_proj [%d, %d]%s%s; want [%d, P], P > 0", a->o_proj->rows,
+                a->o_proj->cols, a->o_proj->data ? "" : " without data", a->o_in ? "" : " with no o_in", a->hidden);
+        return true;
+    }
     int S = 0;
     if (!moe_block_fits(c, a, &S))
-        return false; /* the caller runs the separate ops */
+        return false; /* the caller runs the separate ops (o_proj's too) */
     const int T = a->rows, H = a->hidden, I = a->inter, K = p->top_k, n = T * K;
     const int Gr = n < E ? n : E; /* routed groups that can have pairs */
     cu_moe_set *set = moe_set_get(c, a, S);
@@ -1609,12 +1815,42 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     const bool route_in_gu = T == 1 && E <= GU1_MAX_E && G <= GU1_MAX_G && K <= 32 && !c->moe_route_in_gate;
     ga.logits_only = route_in_gu;
     ga.pre = !c->gemv_pre_off;
+    /* at one row the gate_up GEMV by PDL (the shared groups' blocks stream
+     * during the kernel before, norming x themselves) when their normed row
+     * fits in shared memory */
+    const size_t usmem = 2 * (size_t)H * sizeof(float);
+    const bool gu_pdl = route_in_gu && c->pdl && !c->moe_gu1_plain && !c->moe_shared_last && S > 0 && H % 4 == 0 &&
+                        usmem + 8192 <= c->smem_optin;
+    /* with o_proj, at one row: k_oproj_route instead of o_proj's GEMV and
+     * the gate kernel (og); x + W_o · o then lives in mo until the combine
+     * writes x. Else o_proj's GEMV first. */
+    const int P = a->o_proj ? a->o_proj->cols : 0, or_nob = (H + GV_WARPS * 2 - 1) / (GV_WARPS * 2);
+    const bool og = a->o_proj && gu_pdl && !c->moe_oroute_off && c->wfmt == PD_CUDA_WEIGHTS_BF16 && P % 8 == 0 &&
+                    P <= 256 * OR_KC && P <= 128 * OR_P4 && cu_gemv_ok(P, a->o_proj->data, a->o_in, P);
+    float *og_raw = NULL;
+    cudaError_t e;
+    if (og) {
+        float *fold = router_fold(c, set, a);
+        if (!fold)
+            return true;
+        og_raw = fold + (size_t)E * (H + P);
+        const int nrb = (E + GV_WARPS - 1) / GV_WARPS;
+        oproj_route_args oa = {H, P, E, nrb, (const __nv_bfloat16 *)a->o_proj->data, a->o_in, a->x, a->mo, fold, og_raw};
+        cudaLaunchAttribute oat;
+        cudaLaunchConfig_t ocfg =
+            cu_launch_config(dim3((unsigned)(nrb + or_nob)), dim3(GV_WARPS * 32), 0, c->stream, c->pdl, &oat);
+        if (!CU_LAUNCHED(c, cudaLaunchKernelEx(&ocfg, k_oproj_route, oa), "moe_block: o_proj with the router"))
+            return true;
+    } else if (a->o_proj && !cu_gemm_run(c, T, a->o_in, a->o_proj, a->x, true)) {
+        return true;
+    }
     const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32))),
                                               dim3(GATE_THREADS), smem, c->stream, c->pdl, &at);
-    cudaError_t e;
-    if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+    if (og) {
+        e = cudaSuccess; /* no gate kernel: k_oproj_route made the logits */
+    } else if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
         e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
         if (e == cudaSuccess)
             e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
@@ -1635,12 +1871,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         ua.ids = a->ids, ua.weights = a->weights, ua.off = off, ua.tok = tok, ua.pair = pair, ua.list = list;
         ua.w = set_gu(set), ua.gldw = set_ints(set, 0), ua.gupo = set_ints(set, 1), ua.h = a->h, ua.act = act;
         ua.shared_first = !c->moe_shared_last;
-        /* by PDL (the shared groups' blocks stream during the gate kernel,
-         * norming x themselves) when their normed row fits in shared memory */
-        const size_t usmem = 2 * (size_t)H * sizeof(float);
-        const bool gu_pdl =
-            c->pdl && !c->moe_gu1_plain && ua.shared_first && S > 0 && H % 4 == 0 && usmem + 8192 <= c->smem_optin;
-        ua.self_norm = gu_pdl, ua.x = a->x, ua.norm = a->norm, ua.eps = a->eps;
+        ua.self_norm = gu_pdl, ua.x = og ? a->mo : a->x, ua.norm = a->norm, ua.eps = a->eps;
+        ua.og_raw = og_raw, ua.logits_out = a->logits, ua.h_out = a->h;
         /* and the down GEMV by PDL during it (k_moe_down1), counting the
          * shared blocks in the set's ticket (unused at one row) */
         dn1 = gu_pdl && !c->moe_down1_off && I % 4 == 0 && (size_t)I * sizeof(float) + 8192 <= c->smem_optin;
@@ -1696,7 +1928,8 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
                          dim3(CMB_PAIRS_THREADS), 0, c->stream, early, &cat);
     CU_LAUNCHED(c,
                 cudaLaunchKernelEx(&ccfg, k_moe_combine_pairs, H, K, E, S, (const int32_t *)a->ids,
-                                   (const float *)a->weights, (const float *)y, a->x, dn1 ? set_ticket(set) : NULL, early),
+                                   (const float *)a->weights, (const float *)y, (const float *)(og ? a->mo : NULL),
+                                   a->x, dn1 ? set_ticket(set) : NULL, early),
                 "moe_block: combine");
     return true;
 }

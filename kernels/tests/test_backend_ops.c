@@ -2859,6 +2859,15 @@ static void test_moe_block(void **state) {
         float *nw = rnd(s, (size_t)H, 1.0), *bias = rnd(s, (size_t)E, 0.1);
         float *dnw = put(b, nw, (size_t)H * 4), *dbias = put(b, bias, (size_t)E * 4);
         const int Rmax = 6, Imax = I > Ish ? I : Ish;
+        /* the second call of each row count also takes the attention's output
+         * projection first (o_in, o_proj: CUDA at one row, k_oproj_route, the
+         * router's logits beside the projection instead of the gate kernel
+         * after it) */
+        enum { P = 64 };
+        pd_weight wo;
+        float *hwo = rnd(s, (size_t)H * P, 1.0 / sqrt(P)), *hoin = rnd(s, (size_t)Rmax * P, 1.0);
+        assert_int_equal(b->ops->weight_from_f32(b, hwo, H, P, &wo), PD_OK);
+        float *doin = put(b, hoin, (size_t)Rmax * P * 4);
         float *dh = b->ops->alloc(b, (size_t)Rmax * H * 4), *dlog = b->ops->alloc(b, (size_t)Rmax * E * 4);
         int32_t *dids = b->ops->alloc(b, (size_t)Rmax * K * 4);
         float *dw = b->ops->alloc(b, (size_t)Rmax * K * 4), *dgu = b->ops->alloc(b, (size_t)Rmax * 2 * Imax * 4);
@@ -2879,6 +2888,8 @@ static void test_moe_block(void **state) {
             /* twice with fresh x: a second call must route again (CUDA: the
              * gate kernel's ticket is reset for the next launch) */
             for (int rep = 0; rep < 2; rep++) {
+                a.o_in = rep ? doin : NULL;
+                a.o_proj = rep ? &wo : NULL;
                 float *x = rnd(s, nx, 1.0);
                 float *got = malloc(nx * 4), *want = malloc(nx * 4), *gw = malloc(ni * 4), *ww = malloc(ni * 4);
                 int32_t *gi = malloc(ni * 4), *wi = malloc(ni * 4);
@@ -2896,6 +2907,8 @@ static void test_moe_block(void **state) {
                 get(s, b, gw, dw, ni);
                 /* the reference: the layer as the model ran it before moe_block */
                 b->ops->upload(b, dx, x, nx * 4);
+                if (a.o_proj)
+                    b->ops->gemm(b, T, doin, &wo, dx, true);
                 b->ops->rmsnorm(b, T, H, dx, H, dnw, a.eps, dh, H);
                 b->ops->gemm(b, T, dh, &router, dlog, false);
                 b->ops->moe_route_ids(b, T, dlog, &a.route, dids, dw);
@@ -2913,8 +2926,8 @@ static void test_moe_block(void **state) {
                 get(s, b, ww, dw, ni);
                 backend_ok(s, b);
                 char shape[128];
-                snprintf(shape, sizeof shape, "moe_block %s, rows %d, call %d%s", mc->name, T, rep + 1,
-                         done ? "" : " (declined)");
+                snprintf(shape, sizeof shape, "moe_block %s, rows %d, call %d%s%s", mc->name, T, rep + 1,
+                         a.o_proj ? " with o_proj" : "", done ? "" : " (declined)");
                 int id_diff = 0;
                 for (size_t i = 0; i < ni; i++)
                     id_diff += gi[i] != wi[i];
@@ -2938,9 +2951,12 @@ static void test_moe_block(void **state) {
             b->ops->weight_free(b, &sgu);
             b->ops->weight_free(b, &sdn);
         }
-        void *bufs[] = {dnw, dbias, dh, dlog, dids, dw, dgu, dact, dmo, dx};
+        void *bufs[] = {dnw, dbias, dh, dlog, dids, dw, dgu, dact, dmo, dx, doin};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             b->ops->free(b, bufs[i]);
+        b->ops->weight_free(b, &wo);
+        free(hwo);
+        free(hoin);
         free(gu);
         free(dn);
         free(hr);
@@ -3001,6 +3017,8 @@ static const char *moe_block_mutate(int c, pd_moe_block_args *a, moe_bad *w) {
     case 33: w->gu[3].data = NULL; a->gate_up = w->gu; return "expert 3 has gate_up [16, 16], down [16, 8] without";
     case 34: w->dn[2].cols = I + 1; a->down = w->dn; return "expert 2 has gate_up [16, 16], down [16, 9]";
     case 35: w->dn[0].rows = H + 8; a->down = w->dn; return "expert 0 has gate_up [16, 16], down [24, 8]";
+    case 36: a->o_in = a->x; a->o_proj = &w->router; return "o_proj [4, 16]; want [16, P]";
+    case 37: a->o_proj = &w->sdn; return "o_proj [16, 8] with no o_in";
     default: return NULL;
     }
 }
