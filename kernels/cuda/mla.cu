@@ -838,6 +838,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
  * o = 0. */
 #define CMB_THREADS 256
 #define CMB_Z 4 /* k_mla_combine8: blocks a (query, head), each merging the splits and applying a quarter of W_UV */
+#define CMB_FK 16 /* k_mla_combine8 with PRE: the live splits' pieces a thread loads at once (2 CMB_FK splits) */
 template <typename W>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
@@ -917,7 +918,7 @@ template <typename W, bool PRE = false>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                    const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
-                   float *__restrict__ out) {
+                   float *__restrict__ out, const int *__restrict__ q_len, int min_chunk) {
     static_assert(!PRE || std::is_same<W, __nv_bfloat16>::value, "PRE loads bf16 weights");
     if (!PRE)
         cu_pdl_launch_dependents();
@@ -938,6 +939,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     constexpr int NG = 2; /* column groups a lane in PRE */
     const bool pre = PRE && per <= 4 * (CMB_THREADS / 32) && G8 <= 32 * NG;
     uint4 wpre[4][NG];
+    int na_pred = 0;
     if constexpr (PRE) {
         if (pre)
 #pragma unroll
@@ -950,9 +952,30 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                                                    : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
+        /* the splits that saw tokens, from the query's length (written by
+         * the host before the graph; k_mla_decode_tc's chunks): 0 .. na_pred - 1 */
+        if (q_len) {
+            const int n_vis = q_len[i];
+            const int chunk = (max((n_vis + n_splits - 1) / n_splits, min_chunk) + DEC_TT - 1) / DEC_TT * DEC_TT;
+            na_pred = min(n_splits, (n_vis + chunk - 1) / chunk);
+        }
         cu_pdl_wait();
         cu_pdl_launch_dependents();
     }
+    /* PRE with at most 2 CMB_FK live splits: each thread's column group of
+     * every live split it sums is loaded now, beside warp 0's loads of m and
+     * l, instead of after the weights are known (one round trip to L2 after
+     * the wait instead of three) */
+    const int K4 = kvr / 4, half = tid / (CMB_THREADS / 2), t2 = tid % (CMB_THREADS / 2);
+    const bool fast = PRE && na_pred > 0 && na_pred <= 2 * CMB_FK && K4 <= CMB_THREADS / 2;
+    float4 fv[CMB_FK];
+    if (fast)
+#pragma unroll
+        for (int kk = 0; kk < CMB_FK; kk++) {
+            const int k = half + 2 * kk;
+            fv[kk] = k < na_pred && t2 < K4 ? ((const float4 *)(part_o + (base + k) * kvr))[t2]
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     if (warp == 0) {
         /* lane j holds splits j, j + 32, ... (n_splits <= DEC_MAX_SPLITS) */
         float lv[DEC_MAX_SPLITS / 32], mv[DEC_MAX_SPLITS / 32];
@@ -990,8 +1013,25 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     __syncthreads();
     /* merge: thread (half, column group of 4) sums every other live split
      * with 16-byte loads, the two halves meet in shared memory */
-    const int na = n_act, K4 = kvr / 4, half = tid / (CMB_THREADS / 2), t2 = tid % (CMB_THREADS / 2);
+    const int na = n_act;
     float4 *oh = (float4 *)(act + n_splits + 2 * (n_splits & 1)); /* [2][kvr / 4] partial sums, 16-byte aligned */
+    if (fast && na == na_pred && act[na - 1] == na - 1) { /* the live splits are 0 .. na - 1: the loop below's sums */
+        if (t2 < K4) {
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < CMB_FK; kk++) {
+                const int k = half + 2 * kk;
+                if (k < na) {
+                    const float w = wsp[k];
+                    o.x = fmaf(w, fv[kk].x, o.x);
+                    o.y = fmaf(w, fv[kk].y, o.y);
+                    o.z = fmaf(w, fv[kk].z, o.z);
+                    o.w = fmaf(w, fv[kk].w, o.w);
+                }
+            }
+            oh[half * K4 + t2] = o;
+        }
+    } else
     for (int c4 = t2; c4 < K4; c4 += CMB_THREADS / 2) {
         const float4 *po = (const float4 *)(part_o + base * kvr) + c4;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1117,6 +1157,7 @@ typedef struct {
     int tc;            /* the split attention on tensor cores (k_mla_decode_tc) */
     int qlat_cols;     /* k_mla_qlat8's latent columns a block (PD_QLAT_COLS=256, A/B runs; else QL_COLS) */
     int pdl;           /* bf16: the q_lat, split and merge kernels by PDL, loading weights / a tile before the wait */
+    int cmb_slow;      /* PD_MLA_MERGE_FAST=0: k_mla_combine8 without its one-round-trip path (A/B runs) */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -1192,8 +1233,8 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     if ((e = cudaGetLastError()) != cudaSuccess)
         return e;
     if (v8) { /* by PDL with the W_UV pieces loaded before the wait */
-        void (*kern)(int, int, int, int, int, const float *, const float *, const float *, const W *, float *) =
-            k_mla_combine8<W>;
+        void (*kern)(int, int, int, int, int, const float *, const float *, const float *, const W *, float *,
+                     const int *, int) = k_mla_combine8<W>;
         bool pdl = false;
         if constexpr (BF)
             if (a->pdl) {
@@ -1203,7 +1244,8 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
         cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS),
                                                   (3 * kvr + 2 * n_splits + 8) * sizeof(float), s, pdl, &at);
         return cudaLaunchKernelEx(&cfg, kern, nh, a->dn, a->dv, kvr, n_splits, (const float *)part_m,
-                                  (const float *)part_l, (const float *)part_o, kvb, a->out);
+                                  (const float *)part_l, (const float *)part_o, kvb, a->out,
+                                  a->q_len && !a->cmb_slow ? a->q_len : (const int *)NULL, a->min_chunk);
     }
     k_mla_combine<W><<<dim3(a->n_q, nh), CMB_THREADS, (kvr + n_splits) * sizeof(float), s>>>(
         nh, a->dn, a->dv, kvr, n_splits, part_m, part_l, part_o, kvb, a->out);
@@ -1233,6 +1275,7 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     ac->tc = c->wfmt == PD_CUDA_WEIGHTS_BF16 && !c->mla_decode_scalar && ac->kvr == 512 && ac->dr == 64 &&
              decode_tc_smem(ac->kvr + ac->dr) <= c->smem_optin;
     ac->pdl = c->pdl && !c->mla_pdl_off && c->wfmt == PD_CUDA_WEIGHTS_BF16;
+    ac->cmb_slow = c->mla_merge_slow;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
                         : absorbed_launch<float>(ac, (const float *)kv_b->data, c->stream);
