@@ -2,7 +2,9 @@
  * experts (gate_up [2816, 2048], down [2048, 1408], bf16), through
  * gemv_block (kernels/cuda/gemv.cuh) at 1, 2 and 4 rows a warp, with an L2
  * prefetch first, as persistent grids, with the whole K in registers, and
- * as a fused gate_up + down-column-slice kernel; against a plain read of the
+ * as a fused gate_up + down-column-slice kernel, and fused with the down
+ * weight transposed ([I][H]: a block's 32 act values times 32 contiguous
+ * rows, partial sums reduced by a second kernel); against a plain read of the
  * same bytes and a device-to-device copy in the same run. Each figure: 40
  * launches of one CUDA graph (a different six experts each launch, so the
  * 50 MB L2 holds none of them), the best of six replays ÷ 40. Each variant's
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <vector>
 #include <algorithm>
+#include <cstring>
 
 typedef __nv_bfloat16 bf;
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
@@ -106,6 +109,62 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_fused(P p, const bf *dn, size
     __syncthreads();
     down_slice<8>(dn + (size_t)e * dstride, H, p.N, blockIdx.x * 32, act_s,
                   part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * H);
+}
+/* down^T (DT[e] is [I][H], the down weight transposed): act_s[32] times DT rows r0 .. r0+32 -> part[H], 8 columns a thread */
+template <int UN>
+__device__ __forceinline__ void downT_rows(const bf *DT, int H, int r0, const float *act_s, float *part) {
+    for (int c = threadIdx.x * 8; c < H; c += GV_WARPS * 32 * 8) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll UN
+        for (int r = 0; r < 32; r++) {
+            const uint4 v = __ldg((const uint4 *)(DT + (size_t)(r0 + r) * H + c));
+            const float a = act_s[r];
+            acc[0] = fmaf(__uint_as_float(v.x << 16), a, acc[0]);
+            acc[1] = fmaf(__uint_as_float(v.x & 0xffff0000u), a, acc[1]);
+            acc[2] = fmaf(__uint_as_float(v.y << 16), a, acc[2]);
+            acc[3] = fmaf(__uint_as_float(v.y & 0xffff0000u), a, acc[3]);
+            acc[4] = fmaf(__uint_as_float(v.z << 16), a, acc[4]);
+            acc[5] = fmaf(__uint_as_float(v.z & 0xffff0000u), a, acc[5]);
+            acc[6] = fmaf(__uint_as_float(v.w << 16), a, acc[6]);
+            acc[7] = fmaf(__uint_as_float(v.w & 0xffff0000u), a, acc[7]);
+        }
+        ((float4 *)(part + c))[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        ((float4 *)(part + c))[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+}
+/* fused with the down transposed: gate_up rows4 (32 act) then those 32 rows of down^T -> part[y][bx][H] */
+template <int UN>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_fusedT(P p, const bf *dnT, size_t dstride, int H, float *act, float *part) {
+    const int e = p.ids[blockIdx.y];
+    __shared__ float act_s[32];
+    gemv_block<true, bf, 4, 1>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL,
+                               p.x, p.K, act + (size_t)blockIdx.y * p.N, p.N, 0);
+    __syncthreads();
+    if (threadIdx.x < 32) act_s[threadIdx.x] = act[(size_t)blockIdx.y * p.N + blockIdx.x * 32 + threadIdx.x];
+    __syncthreads();
+    downT_rows<UN>(dnT + (size_t)e * dstride, H, blockIdx.x * 32, act_s,
+                   part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * H);
+}
+/* out[c] = sum over np partials part[j][c], j in order: block 32 columns, 8 threads a column each summing every 8th partial */
+__global__ void __launch_bounds__(256) k_part_reduce(int np, int H, const float *part, float *out) {
+    __shared__ float red[8][33];
+    const int c = blockIdx.x * 32 + (threadIdx.x & 31), j0 = threadIdx.x >> 5;
+    float s = 0.f;
+#pragma unroll 8
+    for (int j = j0; j < np; j += 8) s += part[(size_t)j * H + c];
+    red[j0][threadIdx.x & 31] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = 0.f;
+        for (int k = 0; k < 8; k++) t += red[k][threadIdx.x];
+        out[c] = t;
+    }
+}
+__global__ void k_transpose(const bf *in, bf *out, int R, int C, size_t estride) { /* in[e][R][C] -> out[e][C][R] */
+    const size_t e = blockIdx.z;
+    for (int r = blockIdx.y; r < R; r += gridDim.y)
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x)
+            out[e * estride + (size_t)c * R + r] = in[e * estride + (size_t)r * C + c];
 }
 /* pure read of the experts' rows used (6 ranges), U uint4 a thread in flight */
 template <int U>
@@ -222,6 +281,40 @@ int main() {
                 timeit("down slice only (part)", mbf - mb, [&](int r) {
                     P q = P_r(r); q.base = dn; q.estride = dn_e; q.N = H; q.K = I; q.x = x;
                     k_dcol<<<dim3(I / 32, TOPK), 256, 0, st>>>(q, part); });
+                timeit("seq gate_up rows4 + down rows4", mbf, [&](int r) {
+                    k_cur<true, 4><<<dim3((I + 31) / 32, TOPK), 256, 0, st>>>(P_r(r));
+                    P q = P_r(r); q.base = dn; q.estride = dn_e; q.N = H; q.K = I; q.ldw = I; q.upo = 0; q.x = yref;
+                    k_cur<false, 4><<<dim3((H + 31) / 32, TOPK), 256, 0, st>>>(q); });
+                bf *dnT; CK(cudaMalloc(&dnT, dn_e * E * 2));
+                k_transpose<<<dim3(4, 256, E), 256, 0, st>>>(dn, dnT, H, I, dn_e);
+                float *act2, *outT; CK(cudaMalloc(&act2, (size_t)TOPK * I * 4)); CK(cudaMalloc(&outT, H * 4));
+                { // check: the fused transposed path against the down rows on the host, from the act the fused kernel wrote
+                    P q0 = P_r(0);
+                    k_fusedT<16><<<dim3(I / 32, TOPK), 256, 0, st>>>(q0, dnT, dn_e, H, act2, part);
+                    k_part_reduce<<<H / 32, 256, 0, st>>>(TOPK * (I / 32), H, part, outT);
+                    CK(cudaStreamSynchronize(st));
+                    std::vector<float> a((size_t)TOPK * I), b(H);
+                    std::vector<uint16_t> w(dn_e);
+                    CK(cudaMemcpy(a.data(), act2, a.size() * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), outT, H * 4, cudaMemcpyDeviceToHost));
+                    std::vector<double> r0(H, 0.0);
+                    for (int j = 0; j < TOPK; j++) {
+                        CK(cudaMemcpy(w.data(), dn + (size_t)hid[j] * dn_e, dn_e * 2, cudaMemcpyDeviceToHost));
+                        for (int c = 0; c < H; c++) for (int k = 0; k < I; k++) {
+                            uint32_t u = (uint32_t)w[(size_t)c * I + k] << 16; float f; memcpy(&f, &u, 4);
+                            r0[c] += (double)f * a[(size_t)j * I + k]; }
+                    }
+                    double md = 0, mr = 0;
+                    for (int c = 0; c < H; c++) { md = std::max(md, fabs(r0[c] - b[c])); mr = std::max(mr, fabs(r0[c])); }
+                    printf("fusedT check: max diff %g of %g%s\n", md, mr, md > 1e-4 * mr ? "  MISMATCH" : "");
+                }
+                timeit("fusedT UN8 (no reduce)", mbf, [&](int r) { k_fusedT<8><<<dim3(I / 32, TOPK), 256, 0, st>>>(P_r(r), dnT, dn_e, H, act2, part); });
+                timeit("fusedT UN16 (no reduce)", mbf, [&](int r) { k_fusedT<16><<<dim3(I / 32, TOPK), 256, 0, st>>>(P_r(r), dnT, dn_e, H, act2, part); });
+                timeit("fusedT UN32 (no reduce)", mbf, [&](int r) { k_fusedT<32><<<dim3(I / 32, TOPK), 256, 0, st>>>(P_r(r), dnT, dn_e, H, act2, part); });
+                timeit("fusedT UN16 + reduce", mbf, [&](int r) {
+                    k_fusedT<16><<<dim3(I / 32, TOPK), 256, 0, st>>>(P_r(r), dnT, dn_e, H, act2, part);
+                    k_part_reduce<<<H / 32, 256, 0, st>>>(TOPK * (I / 32), H, part, outT); });
+                timeit("reduce alone (264 partials)", 0.0, [&](int r) { k_part_reduce<<<H / 32, 256, 0, st>>>(TOPK * (I / 32), H, part, outT); });
+                CK(cudaFree(dnT)); CK(cudaFree(act2)); CK(cudaFree(outT));
                 CK(cudaFree(part));
             }
         } else {
