@@ -241,13 +241,10 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, unsigned bytes) {
 /* 1 / sqrt(mean(x[0, n)²) + eps) in every thread of a block of THREADS:
  * the sum of squares in double, as the CPU backend keeps it (norm.cu,
  * fused.cu). part: THREADS / 32 doubles of shared memory. Ends after a
- * barrier, so x may be rewritten afterwards. */
-template <int THREADS> __device__ __forceinline__ float cu_block_inv_rms(const float *x, int n, float eps, double *part) {
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-        double v = x[i];
-        ss += v * v;
-    }
+ * barrier, so x may be rewritten afterwards. cu_block_inv_rms_of: the same
+ * from each thread's own sum of squares. */
+template <int THREADS> __device__ __forceinline__ float cu_block_inv_rms_of(double ss, int n, float eps, double *part) {
+    /* ss: this thread's sum of squares (its share of the n values) */
     for (int o = 16; o > 0; o >>= 1)
         ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0)
@@ -257,6 +254,14 @@ template <int THREADS> __device__ __forceinline__ float cu_block_inv_rms(const f
     for (int i = 0; i < THREADS / 32; i++)
         t += part[i];
     return (float)(1.0 / sqrt(t / n + (double)eps));
+}
+template <int THREADS> __device__ __forceinline__ float cu_block_inv_rms(const float *x, int n, float eps, double *part) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        double v = x[i];
+        ss += v * v;
+    }
+    return cu_block_inv_rms_of<THREADS>(ss, n, eps, part);
 }
 
 __device__ __forceinline__ float cu_warp_sum(float v) {

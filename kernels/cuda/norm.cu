@@ -46,15 +46,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     for (int v = 0; v < V; v++)
         ss += (double)xv[v].x * xv[v].x + (double)xv[v].y * xv[v].y + (double)xv[v].z * xv[v].z +
               (double)xv[v].w * xv[v].w;
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double t = 0.0;
-    for (int i = 0; i < NORM_THREADS / 32; i++)
-        t += part[i];
-    const float inv = (float)(1.0 / sqrt(t / dim + (double)eps));
+    const float inv = cu_block_inv_rms_of<NORM_THREADS>(ss, dim, eps, part);
     float4 *yr = (float4 *)(y + (size_t)blockIdx.x * ys);
 #pragma unroll
     for (int v = 0; v < V; v++) {

@@ -98,15 +98,19 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_dcol(P p, float *part) {
     down_slice<8>(p.base + (size_t)e * p.estride, p.N, p.K, blockIdx.x * 32, act_s,
                   part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * p.N);
 }
-/* fused: gate_up rows4 (32 act) then the down slice partial */
-__global__ void __launch_bounds__(GV_WARPS * 32) k_fused(P p, const bf *dn, size_t dstride, int H, float *act, float *part) {
-    const int e = p.ids[blockIdx.y];
-    __shared__ float act_s[32];
+/* the fused kernels' first half: block (bx, y)'s 32 act values of expert e (gate_up rows4, SwiGLU) into act_s */
+__device__ __forceinline__ void gate_up_act32(const P &p, int e, float *act, float *act_s) {
     gemv_block<true, bf, 4, 1>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL,
                                p.x, p.K, act + (size_t)blockIdx.y * p.N, p.N, 0);
     __syncthreads();
     if (threadIdx.x < 32) act_s[threadIdx.x] = act[(size_t)blockIdx.y * p.N + blockIdx.x * 32 + threadIdx.x];
     __syncthreads();
+}
+/* fused: gate_up rows4 (32 act) then the down slice partial */
+__global__ void __launch_bounds__(GV_WARPS * 32) k_fused(P p, const bf *dn, size_t dstride, int H, float *act, float *part) {
+    const int e = p.ids[blockIdx.y];
+    __shared__ float act_s[32];
+    gate_up_act32(p, e, act, act_s);
     down_slice<8>(dn + (size_t)e * dstride, H, p.N, blockIdx.x * 32, act_s,
                   part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * H);
 }
@@ -137,11 +141,7 @@ template <int UN>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_fusedT(P p, const bf *dnT, size_t dstride, int H, float *act, float *part) {
     const int e = p.ids[blockIdx.y];
     __shared__ float act_s[32];
-    gemv_block<true, bf, 4, 1>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL,
-                               p.x, p.K, act + (size_t)blockIdx.y * p.N, p.N, 0);
-    __syncthreads();
-    if (threadIdx.x < 32) act_s[threadIdx.x] = act[(size_t)blockIdx.y * p.N + blockIdx.x * 32 + threadIdx.x];
-    __syncthreads();
+    gate_up_act32(p, e, act, act_s);
     downT_rows<UN>(dnT + (size_t)e * dstride, H, blockIdx.x * 32, act_s,
                    part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * H);
 }
