@@ -936,8 +936,12 @@ static void respond_full(pd_gw_request *req) {
         if (req->kind == GW_KIND_CHAT) {
             json_t *msg = json_pack("{s:s}", "role", "assistant");
             bool calls = ch->calls && json_array_size(ch->calls) > 0;
-            if (calls && evbuffer_get_length(ch->text) == 0)
-                json_object_set_new(msg, "content", json_null()); /* as OpenAI with tool calls */
+            /* null, not "", when there is no answer text besides tool calls
+             * (as OpenAI) or besides the reasoning (vLLM's reasoning parsers:
+             * thinking cut by max_tokens, or nothing after </think>) */
+            bool thought = ch->reasoning && evbuffer_get_length(ch->reasoning) > 0;
+            if ((calls || thought) && evbuffer_get_length(ch->text) == 0)
+                json_object_set_new(msg, "content", json_null());
             else
                 json_object_set_new(msg, "content", take_text(ch));
             if (ch->reasoning) {

@@ -9,8 +9,9 @@ trained model. Scripts are texts tokenized by `pdserve tokenize`.
 Checks:
 - thinking on (chat_template_kwargs.thinking): reasoning_content and
   reasoning hold the text before </think>, content the rest; streamed
-  reasoning / content deltas concatenate to the same; reasoning_effort
-  "low" (thinking off): the same script is all content;
+  reasoning / content deltas concatenate to the same; thinking cut by
+  max_tokens: content null; reasoning_effort "low" (thinking off): the
+  same script is all content;
 - tools with the V3 tool-call format: tool_calls (call_ ids, type function,
   names, arguments as JSON strings), content null, finish_reason
   tool_calls; streamed: per-index deltas whose concatenated arguments equal
@@ -153,6 +154,13 @@ def test_reasoning(port):
     check(s["reasoning_content"] == REASONING and s["reasoning"] == REASONING,
           f"streamed reasoning deltas concatenate to the reasoning ({s['reasoning_content']!r})")
     check(s["content"] == ANSWER, f"streamed content deltas: {s['content']!r}")
+    # thinking cut by max_tokens: all reasoning, no answer text: content null (vLLM's reasoning parsers)
+    r = chat(port, dict(body, max_tokens=4))
+    if r:
+        m = r["choices"][0]["message"]
+        check(m.get("content", "absent") is None and m.get("reasoning_content") and
+              REASONING.startswith(m["reasoning_content"]) and r["choices"][0]["finish_reason"] == "length",
+              f"thinking only (max_tokens 4): content null, the reasoning so far, finish_reason length: {m!r}")
     r = chat(port, dict(body, chat_template_kwargs=None, reasoning_effort="low"))
     if r:
         m = r["choices"][0]["message"]
