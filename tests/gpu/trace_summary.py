@@ -13,10 +13,16 @@ For each window between a cudaProfilerStart and the next cudaProfilerStop
     the first of them), duration, and the gap since the previous one ended
     (negative: it started before, e.g. by programmatic dependent launch), to
     read one layer's chain of kernels;
+  - with --chain NAME, from the window's last kernel named like NAME on
+    (k_embed: the last decode step), each kernel's median end after the
+    previous kernel's end and median duration, by name (a layer's chain
+    over all its layers);
 Usage: trace_summary.py trace.csv [--windows N] [--gap-us 5] [--top 25] [--by-grid] [--labels a,b] [--sequence N]
+       [--chain NAME]
 """
 import argparse
 import collections
+import statistics
 
 
 def short(name, n=70):
@@ -74,7 +80,34 @@ def sequence(ev, n):
                                                                 (ks[-1][1] - t0) / 1e3))
 
 
-def summarise(gpu, api, lo, hi, gap_ns, top, seq=0):
+def chain(ev, first):
+    """From the window's last kernel whose name contains first (e.g. k_embed:
+    a decode step's first kernel) to its end: per kernel name, how many ran
+    and the medians of its end after the previous kernel's end (what it adds
+    to a chain of dependent kernels, PDL overlap included) and of its
+    duration."""
+    ks = [g for g in ev if not g[2].startswith("[")]
+    starts = [i for i, g in enumerate(ks) if first in g[2]]
+    if not starts:
+        print("\nno kernel named like %r in this window" % first)
+        return
+    ks = ks[starts[-1]:]
+    by, order, prev_end = collections.defaultdict(list), [], None
+    for a, b, name in ks:
+        if name not in by:
+            order.append(name)
+        by[name].append(((b - (prev_end if prev_end is not None else a)) / 1e3, (b - a) / 1e3))
+        prev_end = b
+    med = lambda v: statistics.median(v)
+    print("\n| kernel (from the last %s on) | count | end after the previous end, median us | duration, median us |"
+          "\n|---|---|---|---|" % first)
+    for name in order:
+        v = by[name]
+        print("| %s | %d | %.2f | %.2f |" % (name, len(v), med([x[0] for x in v]), med([x[1] for x in v])))
+    print("\nfrom the first start to the last end: %.1f us" % ((ks[-1][1] - ks[0][0]) / 1e3))
+
+
+def summarise(gpu, api, lo, hi, gap_ns, top, seq=0, first=""):
     ev = [g for g in gpu if g[0] >= lo and g[1] <= hi]
     calls = [c for c in api if c[0] >= lo and c[1] <= hi]
     if not ev:
@@ -137,6 +170,8 @@ def summarise(gpu, api, lo, hi, gap_ns, top, seq=0):
         print("| %s | %d | %.3f |" % (n, k, t / 1e6))
     if seq:
         sequence(ev, seq)
+    if first:
+        chain(ev, first)
     print()
 
 
@@ -149,6 +184,9 @@ def main():
     ap.add_argument("--by-grid", action="store_true", help="kernels apart by grid size too")
     ap.add_argument("--labels", default="", help="comma-separated names for the windows, in order")
     ap.add_argument("--sequence", type=int, default=0, help="list the last N kernels of each window in order")
+    ap.add_argument("--chain", default="", metavar="NAME",
+                    help="from the last kernel named like NAME on (e.g. k_embed: one decode step), each kernel's "
+                         "median end after the previous one's end")
     a = ap.parse_args()
     gpu, api = load(a.csv, a.by_grid)
     ws = windows(api)
@@ -161,7 +199,7 @@ def main():
         ws = ws[-a.windows:]
     for i, (lo, hi) in enumerate(ws):
         print("### window %d%s" % (i, (": " + labels[i]) if i < len(labels) else ""))
-        summarise(gpu, api, lo, hi, a.gap_us * 1e3, a.top, a.sequence)
+        summarise(gpu, api, lo, hi, a.gap_us * 1e3, a.top, a.sequence, a.chain)
 
 
 if __name__ == "__main__":
