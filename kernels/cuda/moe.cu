@@ -779,7 +779,7 @@ static __global__ void __launch_bounds__(PLAN_THREADS)
  * 2048 takes 8 blocks instead of one block's 8 × top_k dependent loads a
  * thread. src: xin, or out itself when xin is NULL (out += ...). early:
  * launched by PDL after k_moe_down1 (moe_block at one row), each thread
- * reads its src before the wait; 0 in a plain launch. */
+ * reads its out before the wait (xin only after it); 0 in a plain launch. */
 #define CMB_PAIRS_THREADS 256
 static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     k_moe_combine_pairs(int hidden, int top_k, int E, int S, const int32_t *__restrict__ ids,
@@ -788,12 +788,15 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     cu_pdl_launch_dependents();
     const int r = blockIdx.x, d = blockIdx.y * CMB_PAIRS_THREADS + threadIdx.x;
     /* out = src + the MoE's output, src = xin (og: x after the output
-     * projection, in mo) or out itself. src is final before the MoE
-     * block's GEMVs: launched by PDL (one row), the block reads it before
-     * the wait, which returns once the down GEMV has ended (a no-op in a
-     * plain launch) */
+     * projection, in mo) or out itself. out is final before the MoE block's
+     * first kernel: launched by PDL (one row), the block reads it before the
+     * wait, which returns once the down GEMV has ended (a no-op in a plain
+     * launch). Not xin: k_oproj_route writes it after its own wait, and a
+     * chain of early launches (gate_up, down, this kernel, each of which
+     * lets the next launch before its wait) can reach this kernel before
+     * that; it is read after the wait, beside y. */
     const float *src = xin ? xin : out;
-    const float o = d < hidden && early ? src[(size_t)r * hidden + d] : 0.0f;
+    const float o = d < hidden && early && !xin ? out[(size_t)r * hidden + d] : 0.0f;
     cu_pdl_wait();
     if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         *reset = 0; /* k_moe_down1's counter, for the next launch (its kernels have ended) */
@@ -810,7 +813,7 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
     const size_t n = (size_t)gridDim.x * top_k;
     for (int g = 0; g < S; g++)
         acc += y[(n + (size_t)g * gridDim.x + r) * hidden + d];
-    if (early)
+    if (early && !xin)
         out[(size_t)r * hidden + d] = o + acc;
     else
         out[(size_t)r * hidden + d] = src[(size_t)r * hidden + d] + acc;
