@@ -48,7 +48,7 @@ typedef struct {
     bool has;
     bool null_top; /* the first prompt token: top_logprobs null (nothing precedes it) */
     int n_top;     /* alternatives known for it, in the choice's top_ids / top_lps */
-    int64_t off;   /* a prompt token: its text_offset; -1: the choice's running offset */
+    int64_t off;   /* its text_offset: bytes of the choice's text (the echo included) before it */
 } gw_tok_lp;
 
 typedef struct {
@@ -69,7 +69,8 @@ typedef struct {
     int n_lp, cap_lp;
     int32_t *top_ids; /* [cap_lp][r.logprobs]: the alternatives of lp[i] at i * r.logprobs */
     float *top_lps;
-    size_t text_offset; /* completions logprobs: bytes of text before the next token */
+    size_t text_offset; /* completions logprobs: bytes of text before the first generated token (the echo) */
+    size_t decoded;     /* bytes of text the detokenizer gave for the generated tokens so far */
     /* completions with echo and logprobs: the prompt tokens' logprobs as they
      * arrive (pd_gw_on_prompt_logprobs), [n_prompt], alternatives at
      * i * r.logprobs; moved in front of ch->lp at the first token */
@@ -313,14 +314,7 @@ static json_t *logprobs_json(pd_gw_request *req, gw_choice *ch) {
         json_array_append_new(top, t->null_top ? json_null()
                                                : completion_top_json(req, t, k ? ch->top_ids + (size_t)i * k : NULL,
                                                                      k ? ch->top_lps + (size_t)i * k : NULL));
-        if (t->off >= 0) { /* a prompt token: where it stands in the echoed text */
-            json_array_append_new(off, json_integer((json_int_t)t->off));
-            continue;
-        }
-        json_array_append_new(off, json_integer((json_int_t)ch->text_offset));
-        size_t blen = 0;
-        pd_tok_token_bytes(req->srv->tok, t->id, &blen);
-        ch->text_offset += blen;
+        json_array_append_new(off, json_integer((json_int_t)t->off));
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp,
                      "top_logprobs", top, "text_offset", off);
@@ -567,16 +561,23 @@ static bool push_token(pd_gw_request *req, gw_choice *ch, int32_t id) {
     const char *piece;
     size_t len;
     pd_detok_push(ch->dt, id, &piece, &len);
+    ch->decoded += len;
     return feed_text(req, ch, piece, len, false);
 }
 
 /* ---- the engine's calls ------------------------------------------------- */
 
 /* Appends one token's logprob and its n_top (<= r.logprobs) alternatives to
- * ch->lp / ch->top_*. */
+ * ch->lp / ch->top_*, and its text_offset as a generated token's (the bytes
+ * the detokenizer gave before it: a token whose bytes are not valid UTF-8
+ * counts the U+FFFD the text shows, one that completes no character yet
+ * counts none). Alternatives at -inf (tokens a grammar or the vocabulary
+ * mask forbids; the engine lists them last) are dropped: docs/api.md. */
 static void keep_logprobs(pd_gw_request *req, gw_choice *ch, int32_t id, const float *logprob,
                           const int32_t *top_ids, const float *top_lps, int n_top) {
     size_t k = (size_t)req->r.logprobs;
+    while (n_top > 0 && !(top_lps[n_top - 1] > -INFINITY))
+        n_top--;
     if (ch->n_lp == ch->cap_lp) {
         ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 16;
         ch->lp = realloc(ch->lp, (size_t)ch->cap_lp * sizeof *ch->lp);
@@ -594,7 +595,7 @@ static void keep_logprobs(pd_gw_request *req, gw_choice *ch, int32_t id, const f
         memcpy(ch->top_lps + (size_t)ch->n_lp * k, top_lps, (size_t)n_top * sizeof *top_lps);
     }
     ch->lp[ch->n_lp++] = (gw_tok_lp){.id = id, .logprob = logprob ? *logprob : 0, .has = logprob != NULL,
-                                     .n_top = n_top, .off = -1};
+                                     .n_top = n_top, .off = (int64_t)(ch->text_offset + ch->decoded)};
 }
 
 /* Completions with echo and logprobs: the prompt tokens lead the choice's

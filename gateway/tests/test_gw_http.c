@@ -986,11 +986,30 @@ static void test_logprobs(void **state) {
     assert_true(json_is_null(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
     json_decref(j);
+
+    /* text_offset counts the bytes of the text returned: a lone continuation
+     * byte shows as U+FFFD (3 bytes), and the first byte of a split "é"
+     * adds nothing until its second byte completes it */
+    ids = gwt_ids_bytewise("a\xbf" "b\xc3\xa9" "c", &n);
+    s = gwt_script_ids(ids, n);
+    s.with_logprobs = true;
+    gwt_engine_set(&g_srv.engine, &s);
+    free(ids);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":0}", 200);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(c0, "text"));
+    assert_string_equal(text, "a\xef\xbf\xbd" "b\xc3\xa9" "c");
+    json_t *offs = json_object_get(json_object_get(c0, "logprobs"), "text_offset");
+    static const int want_off[] = {0, 1, 4, 5, 5, 7};
+    assert_int_equal(json_array_size(offs), 6);
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(json_integer_value(json_array_get(offs, i)), want_off[i]);
+    json_decref(j);
 }
 
 /* Top logprobs from an engine that reports alternatives
  * (pd_gw_on_tokens_top): at most what the request asked for, best first,
- * the completions dict with the sampled token too, -inf as -9999.0, and a
+ * the completions dict with the sampled token too, -inf ones left out, and a
  * stream's logprobs equal to the non-streamed ones. */
 static void script_top(int n_top, bool without_sampled, bool last_inf, int batch) {
     int n = 0, na = 0;
@@ -1092,7 +1111,8 @@ static void test_top_logprobs(void **state) {
             json_array_size(json_object_get(json_array_get(content, i), "top_logprobs")), 0);
     json_decref(j);
 
-    /* -inf: rendered -9999.0 (valid JSON) */
+    /* an alternative at -inf (a token a grammar or mask forbids): not listed,
+     * so fewer than top_logprobs entries (docs/api.md) */
     script_top(5, false, true, 1);
     j = post_json("/v1/chat/completions",
                   "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
@@ -1101,8 +1121,18 @@ static void test_top_logprobs(void **state) {
     content = json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
     json_t *top0 = json_object_get(json_array_get(content, 0), "top_logprobs");
-    assert_int_equal(json_array_size(top0), 5);
-    assert_true(json_real_value(json_object_get(json_array_get(top0, 4), "logprob")) == -9999.0);
+    assert_int_equal(json_array_size(top0), 4);
+    for (size_t k = 0; k < 4; k++)
+        assert_true(json_real_value(json_object_get(json_array_get(top0, k), "logprob")) > -9999.0);
+    json_decref(j);
+    /* the same in a completion's alternatives */
+    script_top(5, false, true, 1);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":5}", 200);
+    json_t *ctop0 = json_array_get(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                        "top_logprobs"),
+        0);
+    assert_int_equal(json_object_size(ctop0), 4);
     json_decref(j);
 
     /* completions logprobs 2: {sampled, x} per position; 0: the sampled token alone */
