@@ -43,6 +43,49 @@ static json_t *field(const json_t *o, const char *key) {
     return json_is_null(v) ? NULL : v;
 }
 
+/* vLLM's request extensions that would change the output and are not
+ * implemented: refused with a 400 naming the field rather than ignored (a
+ * client asking for guided output must not get unconstrained text). Their
+ * values that ask for nothing (null, false, an empty list, length_penalty
+ * 1) are taken. Other unknown fields stay ignored (docs/api.md). */
+static int refuse_vllm_extras(gw_kind kind, const json_t *root, gw_oai_err *e) {
+    static const struct {
+        const char *name, *hint;
+    } guided[] = {
+        {"guided_json", "; use 'response_format' with a json_schema"},
+        {"guided_regex", ""},
+        {"guided_choice", ""},
+        {"guided_grammar", ""},
+        {"structured_outputs", "; use 'response_format' with a json_schema"},
+        {"truncate_prompt_tokens", ""},
+    };
+    for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++) {
+        json_t *v = field(root, guided[i].name);
+        if (v && !json_is_null(v))
+            return fail(e, 400, guided[i].name, "'%s' is not supported%s", guided[i].name, guided[i].hint);
+    }
+    static const char *const lists[] = {"allowed_token_ids", "bad_words"};
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        json_t *v = field(root, lists[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return fail(e, 400, lists[i], "'%s' is not supported", lists[i]);
+    }
+    static const char *const flags[] = {"use_beam_search", "return_tokens_as_token_ids", "return_token_ids"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        json_t *v = field(root, flags[i]);
+        if (v && !json_is_null(v) && !json_is_false(v))
+            return fail(e, 400, flags[i], "'%s' is not supported", flags[i]);
+    }
+    json_t *lp = field(root, "length_penalty");
+    if (lp && !json_is_null(lp) && !(json_is_number(lp) && json_number_value(lp) == 1.0))
+        return fail(e, 400, "length_penalty", "'length_penalty' (beam search) is not supported");
+    json_t *ct = field(root, "chat_template");
+    if (kind == GW_KIND_CHAT && ct && !json_is_null(ct))
+        return fail(e, 400, "chat_template",
+                    "'chat_template' is not supported: the model's DeepSeek chat format is built in");
+    return 0;
+}
+
 static int get_bool(const json_t *o, const char *key, bool *out, gw_oai_err *e) {
     json_t *v = field(o, key);
     if (!v)
@@ -763,9 +806,9 @@ static int parse_logit_bias(const pd_gw_config *cfg, const json_t *root, gw_oai_
                         key);
         if (id < 0 || id >= cfg->vocab_size)
             return fail(e, 400, "logit_bias",
-                        "'logit_bias' token id %lld is outside the vocabulary (size %d: ids 0 to "
+                        "'logit_bias' token id %.40s is outside the vocabulary (size %d: ids 0 to "
                         "%d)",
-                        (long long)id, cfg->vocab_size, cfg->vocab_size - 1);
+                        key, cfg->vocab_size, cfg->vocab_size - 1);
         if (!json_is_number(v))
             return fail(e, 400, "logit_bias", "'logit_bias' of token %lld must be a number",
                         (long long)id);
@@ -1083,6 +1126,11 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
             return -1;
         }
+        json_t *cu = json_object_get(so, "continuous_usage_stats");
+        if (cu && !json_is_null(cu) && !json_is_false(cu))
+            return fail(e, 400, "stream_options.continuous_usage_stats",
+                        "'stream_options.continuous_usage_stats' is not supported: usage comes in the last chunk "
+                        "with 'include_usage'");
     }
 
     int64_t n = 1;
@@ -1161,6 +1209,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
                                                                   json_integer_value(bo) == out->n)))
             return fail(e, 400, "best_of", "'best_of' other than 1 or n is not supported: ask for n choices instead");
     }
+    if (refuse_vllm_extras(kind, root, e))
+        return -1;
     if (parse_response_format(root, out, e))
         return -1;
 

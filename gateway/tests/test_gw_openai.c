@@ -110,6 +110,29 @@ static const vcase cases[] = {
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":2}", 400, "best_of"},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":2,\"n\":2}", 0, NULL},
     {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"best_of\":1}", 0, NULL},
+    /* vLLM's extensions that change the output and are not implemented:
+     * refused; their values that ask for nothing are taken */
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"guided_choice\":[\"yes\",\"no\"]}", 400, "guided_choice"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"guided_regex\":\"a+\"}", 400, "guided_regex"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"guided_grammar\":\"root ::= x\"}", 400, "guided_grammar"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"structured_outputs\":{\"choice\":[\"a\"]}}", 400, "structured_outputs"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"guided_json\":null}", 0, NULL},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"truncate_prompt_tokens\":2}", 400, "truncate_prompt_tokens"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"allowed_token_ids\":[1,2]}", 400, "allowed_token_ids"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"allowed_token_ids\":[]}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"bad_words\":[\"x\"]}", 400, "bad_words"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"use_beam_search\":true}", 400, "use_beam_search"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"use_beam_search\":false,\"length_penalty\":1.0}", 0, NULL},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"length_penalty\":0.5}", 400, "length_penalty"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"return_tokens_as_token_ids\":true}", 400,
+     "return_tokens_as_token_ids"},
+    {GW_KIND_COMPLETION, "{\"prompt\":\"hi\",\"return_token_ids\":true}", 400, "return_token_ids"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"chat_template\":\"{{ messages }}\"}", 400, "chat_template"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":true}}", 400,
+     "stream_options.continuous_usage_stats"},
+    {GW_KIND_CHAT, "{" CHAT_MSGS ",\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":false}}", 0,
+     NULL},
     /* sampling */
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":-0.1}", 400, "temperature"},
     {GW_KIND_CHAT, "{" CHAT_MSGS ",\"temperature\":2.01}", 400, "temperature"},
@@ -338,7 +361,8 @@ static void test_validation_table(void **state) {
 }
 
 /* A refused number is reported as sent: the text after "got " reads back
- * as the request's value, however close it is to the bound. */
+ * as the request's value, however close it is to the bound; a logit_bias
+ * key outside the vocabulary is quoted as sent. */
 static void test_range_message_value(void **state) {
     static const struct {
         const char *field, *value;
@@ -357,6 +381,22 @@ static void test_range_message_value(void **state) {
         const char *got = strstr(e.message, "got ");
         assert_non_null(got);
         assert_true(strtod(got + 4, NULL) == strtod(vc[i].value, NULL));
+    }
+    /* a logit_bias key past the vocabulary (past int64 too) is named as sent */
+    static const char *const keys[] = {"99999999999999999999999999", "18446744073709551617", "999999999"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"logit_bias\":{\"%s\":1}}", keys[i]);
+        gw_oai_req r;
+        gw_oai_err e;
+        assert_int_not_equal(
+            gw_oai_prepare(&g_cfg, gwt_tokenizer(), GW_KIND_COMPLETION, body, strlen(body), &r, &e), 0);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "logit_bias");
+        char want[64];
+        snprintf(want, sizeof want, "token id %s is outside", keys[i]);
+        if (!strstr(e.message, want))
+            fail_msg("logit_bias key %s: %s", keys[i], e.message);
     }
 }
 
