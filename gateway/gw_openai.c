@@ -51,7 +51,9 @@ static json_t *field(const json_t *o, const char *key) {
 static int refuse_vllm_extras(gw_kind kind, const json_t *root, gw_oai_err *e) {
     static const struct {
         const char *name, *hint;
-    } guided[] = {
+    } named[] = {
+        /* completions: echo + logprobs report the prompt's */
+        {"prompt_logprobs", "; for the prompt tokens' logprobs use a completion with 'echo': true and 'logprobs'"},
         {"guided_json", "; use 'response_format' with a json_schema"},
         {"guided_regex", ""},
         {"guided_choice", ""},
@@ -59,28 +61,25 @@ static int refuse_vllm_extras(gw_kind kind, const json_t *root, gw_oai_err *e) {
         {"structured_outputs", "; use 'response_format' with a json_schema"},
         {"truncate_prompt_tokens", ""},
     };
-    for (size_t i = 0; i < sizeof guided / sizeof guided[0]; i++) {
-        json_t *v = field(root, guided[i].name);
-        if (v && !json_is_null(v))
-            return fail(e, 400, guided[i].name, "'%s' is not supported%s", guided[i].name, guided[i].hint);
-    }
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (field(root, named[i].name))
+            return fail(e, 400, named[i].name, "'%s' is not supported%s", named[i].name, named[i].hint);
     static const char *const lists[] = {"allowed_token_ids", "bad_words"};
     for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
         json_t *v = field(root, lists[i]);
-        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+        if (v && !(json_is_array(v) && json_array_size(v) == 0))
             return fail(e, 400, lists[i], "'%s' is not supported", lists[i]);
     }
     static const char *const flags[] = {"use_beam_search", "return_tokens_as_token_ids", "return_token_ids"};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         json_t *v = field(root, flags[i]);
-        if (v && !json_is_null(v) && !json_is_false(v))
+        if (v && !json_is_false(v))
             return fail(e, 400, flags[i], "'%s' is not supported", flags[i]);
     }
     json_t *lp = field(root, "length_penalty");
-    if (lp && !json_is_null(lp) && !(json_is_number(lp) && json_number_value(lp) == 1.0))
+    if (lp && !(json_is_number(lp) && json_number_value(lp) == 1.0))
         return fail(e, 400, "length_penalty", "'length_penalty' (beam search) is not supported");
-    json_t *ct = field(root, "chat_template");
-    if (kind == GW_KIND_CHAT && ct && !json_is_null(ct))
+    if (kind == GW_KIND_CHAT && field(root, "chat_template"))
         return fail(e, 400, "chat_template",
                     "'chat_template' is not supported: the model's DeepSeek chat format is built in");
     return 0;
@@ -1126,8 +1125,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
             return -1;
         }
-        json_t *cu = json_object_get(so, "continuous_usage_stats");
-        if (cu && !json_is_null(cu) && !json_is_false(cu))
+        json_t *cu = field(so, "continuous_usage_stats");
+        if (cu && !json_is_false(cu))
             return fail(e, 400, "stream_options.continuous_usage_stats",
                         "'stream_options.continuous_usage_stats' is not supported: usage comes in the last chunk "
                         "with 'include_usage'");
@@ -1191,12 +1190,8 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
     }
     if (parse_logprobs(cfg, kind, root, out, e))
         return -1;
-    /* vLLM's prompt_logprobs extension: not implemented; refused rather than
-     * ignored (completions: echo + logprobs report the prompt's) */
-    if (field(root, "prompt_logprobs"))
-        return fail(e, 400, "prompt_logprobs",
-                    "'prompt_logprobs' is not supported; for the prompt tokens' logprobs use a completion "
-                    "with 'echo': true and 'logprobs'");
+    if (refuse_vllm_extras(kind, root, e))
+        return -1;
     /* OpenAI completions' suffix (insertion) and best_of: not implemented;
      * refused rather than ignored (vLLM refuses suffix; best_of equal to n
      * asks for nothing more and is taken) */
@@ -1209,8 +1204,6 @@ static int prepare(const pd_gw_config *cfg, const pd_tokenizer *tok, gw_kind kin
                                                                   json_integer_value(bo) == out->n)))
             return fail(e, 400, "best_of", "'best_of' other than 1 or n is not supported: ask for n choices instead");
     }
-    if (refuse_vllm_extras(kind, root, e))
-        return -1;
     if (parse_response_format(root, out, e))
         return -1;
 

@@ -69,7 +69,6 @@ typedef struct {
     int n_lp, cap_lp;
     int32_t *top_ids; /* [cap_lp][r.logprobs]: the alternatives of lp[i] at i * r.logprobs */
     float *top_lps;
-    size_t text_offset; /* completions logprobs: bytes of text before the first generated token (the echo) */
     size_t decoded;     /* bytes of text the detokenizer gave for the generated tokens so far */
     /* completions with echo and logprobs: the prompt tokens' logprobs as they
      * arrive (pd_gw_on_prompt_logprobs), [n_prompt], alternatives at
@@ -595,7 +594,8 @@ static void keep_logprobs(pd_gw_request *req, gw_choice *ch, int32_t id, const f
         memcpy(ch->top_lps + (size_t)ch->n_lp * k, top_lps, (size_t)n_top * sizeof *top_lps);
     }
     ch->lp[ch->n_lp++] = (gw_tok_lp){.id = id, .logprob = logprob ? *logprob : 0, .has = logprob != NULL,
-                                     .n_top = n_top, .off = (int64_t)(ch->text_offset + ch->decoded)};
+                                     .n_top = n_top,
+                                     .off = (int64_t)((req->r.echo ? req->r.echo_len : 0) + ch->decoded)};
 }
 
 /* Completions with echo and logprobs: the prompt tokens lead the choice's
@@ -1152,7 +1152,6 @@ static void req_prepared(gw_job *job, void *ud) {
         req->ch[i].stop_index = -1;
         req->ch[i].held_stop_id = -1;
         req->ch[i].stop_token = -1;
-        req->ch[i].text_offset = r->echo ? r->echo_len : 0;
         req->ch[i].req = req;
         ok = req->ch[i].dt && req->ch[i].text && chat_init(req, &req->ch[i]);
         if (ok && wants_prompt_logprobs(r)) {

@@ -1847,23 +1847,24 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     } else if (a->o_proj && !cu_gemm_run(c, T, a->o_in, a->o_proj, a->x, true)) {
         return true;
     }
-    const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
-    cudaLaunchAttribute at;
-    cudaLaunchConfig_t cfg = cu_launch_config(dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32))),
-                                              dim3(GATE_THREADS), smem, c->stream, c->pdl, &at);
-    if (og) {
-        e = cudaSuccess; /* no gate kernel: k_oproj_route made the logits */
-    } else if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
-        e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
-        if (e == cudaSuccess)
-            e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
-    } else {
-        e = CU_SMEM_OPTIN(k_moe_gate<float>, smem);
-        if (e == cudaSuccess)
-            e = cudaLaunchKernelEx(&cfg, k_moe_gate<float>, ga);
+    if (!og) { /* with og no gate kernel: k_oproj_route made the logits */
+        const size_t smem = gate_smem_words(T, H, E, G, K) * sizeof(float);
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg =
+            cu_launch_config(dim3((unsigned)((E + GATE_THREADS / 32 - 1) / (GATE_THREADS / 32))), dim3(GATE_THREADS),
+                             smem, c->stream, c->pdl, &at);
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16) {
+            e = CU_SMEM_OPTIN(k_moe_gate<__nv_bfloat16>, smem);
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&cfg, k_moe_gate<__nv_bfloat16>, ga);
+        } else {
+            e = CU_SMEM_OPTIN(k_moe_gate<float>, smem);
+            if (e == cudaSuccess)
+                e = cudaLaunchKernelEx(&cfg, k_moe_gate<float>, ga);
+        }
+        if (!CU_LAUNCHED(c, e, "moe_block: gate"))
+            return true;
     }
-    if (!CU_LAUNCHED(c, e, "moe_block: gate"))
-        return true;
     /* act[pair] = silu(gate_g · h[tok]) ⊙ (up_g · h[tok]) over the routed and shared groups */
     bool dn1 = false;
     if (route_in_gu) {
