@@ -19,8 +19,45 @@
 #include <cuda_pipeline.h>
 #include <type_traits>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- a diagnostic: per-block timestamps of the one-row MoE kernels ------
+ *
+ * Built only with -DPD_CUDA_PROBE (cmake -DPD_CUDA_PROBE=ON;
+ * PD_CUDA_PROBE=1 sh tests/gpu/build.sh); without it the macros are empty
+ * and the kernels are main's. With it and PD_MOE_PROBE=path in the
+ * environment, thread 0 of every block of k_oproj_route (kernel 0),
+ * k_moe_gate_up1 (1), k_moe_down1 (2) and the combine (3) writes
+ * %globaltimer (ns) at its points: 0 start, 1 past its wait, then
+ * gate_up 2 normed, 3 GEMV starts, 4 end; the others 2 end. Each launch
+ * overwrites the last, so the file (written when the backend is freed)
+ * holds the last MoE layer of the last step; tests/gpu/probe_summary.py
+ * reads it. The points cost registers: as they are, the gate_up and the
+ * down keep main's (80 and 78) and k_oproj_route goes from 86 to 100 (two
+ * blocks a SM either way); a longer set in session 15 took the gate_up to
+ * 91, two blocks a SM instead of three, and the whole MoE block into two
+ * waves. Check nvcc --resource-usage after adding any. The timings are for
+ * reading phases, not for comparing with main's step. */
+#ifdef PD_CUDA_PROBE
+#define MOE_PROBE_BLOCKS 2048
+#define MOE_PROBE_SLOTS 5
+__device__ unsigned long long moe_probe_t[4][MOE_PROBE_BLOCKS][MOE_PROBE_SLOTS];
+__device__ int moe_probe_on;
+__device__ __forceinline__ void moe_probe(int k, int b, int slot) {
+    if (moe_probe_on && threadIdx.x == 0 && b < MOE_PROBE_BLOCKS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        moe_probe_t[k][b][slot] = t;
+    }
+}
+#define MOE_PROBE(k, b, slot) moe_probe(k, b, slot)
+#define MOE_PROBE_SYNC(k, b, slot) (__syncthreads(), moe_probe(k, b, slot))
+#else
+#define MOE_PROBE(k, b, slot) ((void)0)
+#define MOE_PROBE_SYNC(k, b, slot) ((void)0)
+#endif
 
 #define ROUTE_MAX_EXPERTS 4096
 #define ROUTE_MAX_GROUPS 1024
@@ -797,7 +834,9 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
      * that; it is read after the wait, beside y. */
     const float *src = xin ? xin : out;
     const float o = d < hidden && early && !xin ? out[(size_t)r * hidden + d] : 0.0f;
+    MOE_PROBE(3, blockIdx.y, 0);
     cu_pdl_wait();
+    MOE_PROBE(3, blockIdx.y, 1);
     if (reset && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
         *reset = 0; /* k_moe_down1's counter, for the next launch (its kernels have ended) */
     if (d >= hidden)
@@ -817,6 +856,7 @@ static __global__ void __launch_bounds__(CMB_PAIRS_THREADS)
         out[(size_t)r * hidden + d] = o + acc;
     else
         out[(size_t)r * hidden + d] = src[(size_t)r * hidden + d] + acc;
+    MOE_PROBE(3, blockIdx.y, 2); /* thread 0's end */
 }
 
 /* Decode-sized batches (at most this many pairs) run as four launches that
@@ -1266,15 +1306,18 @@ typedef struct {
 
 static __global__ void __launch_bounds__(GV_WARPS * 32) k_oproj_route(oproj_route_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    MOE_PROBE(0, blockIdx.x, 0);
     if ((int)blockIdx.x >= a.nrb) { /* the output projection: k_gemv_pre's GEMV, into x2 */
         gemv_pre<__nv_bfloat16, 2, OR_KC> p;
         p.load((int)blockIdx.x - a.nrb, a.wo, (size_t)a.P, a.N, a.P);
         cu_pdl_wait();
+        MOE_PROBE(0, blockIdx.x, 1);
         cu_pdl_launch_dependents(); /* after the wait (k_gemv_pre) */
         p.template run<false, 1>(a.N, a.P, 1, a.in, a.P, a.x2, a.N, 0);
         __syncwarp();
         if (lane < 2 && p.n0 + lane < a.N) /* x2 = x + W_o · o for the warp's two rows (written by lane 0) */
             a.x2[p.n0 + lane] += a.x[p.n0 + lane];
+        MOE_PROBE_SYNC(0, blockIdx.x, 2);
         return;
     }
     /* a router row a warp: W_rg · x before the wait (x is the layer's, final
@@ -1300,6 +1343,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_oproj_route(oproj_rout
         }
     }
     cu_pdl_wait();
+    MOE_PROBE(0, blockIdx.x, 1);
     cu_pdl_launch_dependents();
     if (e >= a.E)
         return;
@@ -1320,6 +1364,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_oproj_route(oproj_rout
     sb = cu_warp_sum(sb);
     if (lane == 0)
         a.raw[e] = sa + sb;
+    MOE_PROBE(0, blockIdx.x, 2); /* warp 0's end (the other warps may have left) */
 }
 
 /* fold [E, H + P]: W_rg[e][j] = router[e][j] · norm[j], W_ro[e][p] =
@@ -1376,6 +1421,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
     __shared__ float sw[32];
     __shared__ int order[32], prow[1], xrow0[1];
     cu_pdl_launch_dependents();
+    MOE_PROBE(1, blockIdx.x, 0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* block b: group b / nx (the shared groups first with shared_first), its rows' block b % nx */
     const int nx = (a.N + GV_WARPS * R - 1) / (GV_WARPS * R), by = (int)blockIdx.x / nx, bx = (int)blockIdx.x % nx;
@@ -1396,8 +1442,12 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             __shared__ double part[GV_WARPS];
             if (a.og_raw) /* og: x is final once k_oproj_route has ended */
                 cu_pdl_wait();
+            MOE_PROBE(1, blockIdx.x, 1);
             gu1_norm(a, hs, nw, part);
+            MOE_PROBE(1, blockIdx.x, 2);
+            MOE_PROBE(1, blockIdx.x, 3);
             gemv_block<true, WT, R, 1, true>(bx, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
+            MOE_PROBE_SYNC(1, blockIdx.x, 4);
         } else {
             __syncthreads();
             gemv_block<true, WT, R, 1>(bx, W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
@@ -1411,6 +1461,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         return;
     }
     cu_pdl_wait(); /* the logits (launched by PDL: k_moe_gate may still run), or og's raw logits */
+    MOE_PROBE(1, blockIdx.x, 1);
     const int gy = a.shared_first ? by - a.S : by;
     extern __shared__ float4 gu1_smem4[];
     float *hs = (float *)gu1_smem4; /* og: the normed row */
@@ -1421,6 +1472,7 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             bss[e] = a.bias ? a.bias[e] : 0.0f;
         }
         const float inv = gu1_norm(a, hs, hs + a.K, opart); /* ends after a barrier */
+        MOE_PROBE(1, blockIdx.x, 2);
         for (int e = threadIdx.x; e < a.E; e += GV_WARPS * 32)
             lgs[e] *= inv;
         if (bx == 0 && gy == 0) { /* moe_block's h and logits */
@@ -1463,12 +1515,14 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
         plan_small(a.top_k, a.top_k, a.E, a.S, 1, sid, a.off, a.tok, a.pair, a.list, GV_WARPS * 32);
     }
     __syncthreads();
+    MOE_PROBE(1, blockIdx.x, 3);
     if (a.og_raw)
         gemv_block<true, WT, R, 1, true>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
                                          NULL, prow, hs, a.K, a.act, a.N, 0);
     else
         gemv_block<true, WT, R, 1>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
                                    xrow0, prow, a.h, a.K, a.act, a.N, 0);
+    MOE_PROBE_SYNC(1, blockIdx.x, 4);
 }
 
 /* One row's grouped down GEMV, launched by PDL while k_moe_gate_up1 runs:
@@ -1497,6 +1551,7 @@ template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS 
     extern __shared__ float4 dn1_smem4[];
     cu_pdl_launch_dependents();
     const int gy = blockIdx.y;
+    MOE_PROBE(2, blockIdx.y * gridDim.x + blockIdx.x, 0);
     if (gy < a.S) {
         const int g = a.E + gy, p = a.top_k + gy;
         if (threadIdx.x == 0) {
@@ -1505,6 +1560,7 @@ template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS 
             __threadfence();
         }
         __syncthreads();
+        MOE_PROBE(2, blockIdx.y * gridDim.x + blockIdx.x, 1);
         float *as = (float *)dn1_smem4;
         const float4 *src = (const float4 *)(a.act + (size_t)p * a.I);
         for (int k = threadIdx.x; k < a.I / 4; k += GV_WARPS * 32)
@@ -1512,12 +1568,15 @@ template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS 
         __syncthreads();
         gemv_block<false, WT, R, 1, true>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1,
                                           NULL, NULL, as, a.I, a.y + (size_t)p * a.H, a.H, 0);
+        MOE_PROBE_SYNC(2, blockIdx.y * gridDim.x + blockIdx.x, 2);
         return;
     }
     cu_pdl_wait();
+    MOE_PROBE(2, blockIdx.y * gridDim.x + blockIdx.x, 1);
     const int p = gy - a.S, g = a.ids[p];
     gemv_block<false, WT, R, 1>((int)blockIdx.x, (const WT *)a.w[g], (size_t)a.ldw[g], 0, a.H, a.I, 0, 1, NULL, NULL,
                                 a.act + (size_t)p * a.I, a.I, a.y + (size_t)p * a.H, a.H, 0);
+    MOE_PROBE_SYNC(2, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
 /* Launches of the one-row kernels, one function a variant so that
@@ -1551,7 +1610,48 @@ struct cu_moe_set {
     size_t dev_bytes;
 };
 
+#ifdef PD_CUDA_PROBE
+/* The probe (top of the file): on when PD_MOE_PROBE names a file, the grid layout of the last launch for its reader. */
+static int probe_host = -1, probe_gu_shared, probe_dn_shared;
+static void moe_probe_enable(int gu_shared, int dn_shared) {
+    if (probe_host < 0) {
+        probe_host = getenv("PD_MOE_PROBE") != NULL;
+        int on = probe_host;
+        if (on)
+            cudaMemcpyToSymbol(moe_probe_on, &on, sizeof on);
+    }
+    probe_gu_shared = gu_shared, probe_dn_shared = dn_shared;
+}
+static void moe_probe_dump(void) {
+    if (probe_host != 1)
+        return;
+    probe_host = 0;
+    static unsigned long long h[4][MOE_PROBE_BLOCKS][MOE_PROBE_SLOTS];
+    FILE *f = fopen(getenv("PD_MOE_PROBE"), "w");
+    if (!f || cudaMemcpyFromSymbol(h, moe_probe_t, sizeof h) != cudaSuccess) {
+        fprintf(stderr, "moe probe: cannot write %s\n", getenv("PD_MOE_PROBE"));
+        if (f)
+            fclose(f);
+        return;
+    }
+    fprintf(f, "# gate_up_shared_blocks=%d down_shared_blocks=%d\nkernel,block,t0,t1,t2,t3,t4\n", probe_gu_shared,
+            probe_dn_shared);
+    for (int k = 0; k < 4; k++)
+        for (int b = 0; b < MOE_PROBE_BLOCKS; b++)
+            if (h[k][b][0]) {
+                fprintf(f, "%d,%d", k, b);
+                for (int j = 0; j < MOE_PROBE_SLOTS; j++)
+                    fprintf(f, ",%llu", h[k][b][j]);
+                fputc('\n', f);
+            }
+    fclose(f);
+}
+#endif
+
 void cu_moe_sets_free(cu_ctx *c) {
+#ifdef PD_CUDA_PROBE
+    moe_probe_dump();
+#endif
     for (int i = 0; i < c->n_moe_sets; i++) {
         cudaFree(c->moe_sets[i].dev);
         cudaFree(c->moe_sets[i].fold);
@@ -1926,6 +2026,10 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         return true;
     /* after k_moe_down1, by PDL: x read before the wait */
     const int early = dn1 && !c->moe_cmb1_plain;
+#ifdef PD_CUDA_PROBE
+    moe_probe_enable(route_in_gu && !c->moe_shared_last ? S * ((I + GV_WARPS * c->moe1_rows_gu - 1) / (GV_WARPS * c->moe1_rows_gu)) : 0,
+                     dn1 ? S * ((H + GV_WARPS * c->moe1_rows_dn - 1) / (GV_WARPS * c->moe1_rows_dn)) : 0);
+#endif
     cudaLaunchAttribute cat;
     cudaLaunchConfig_t ccfg =
         cu_launch_config(dim3((unsigned)T, (unsigned)((H + CMB_PAIRS_THREADS - 1) / CMB_PAIRS_THREADS)),

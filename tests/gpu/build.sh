@@ -16,7 +16,9 @@
 #   lib/                  the shared libraries those binaries need that a bare CUDA image lacks
 #                         (jansson, OpenBLAS, ZeroMQ, UCX, cmocka, ...; not libcuda, cuBLAS or glibc)
 #
-# usage: tests/gpu/build.sh [--tree]
+# usage: [PD_CUDA_PROBE=1] tests/gpu/build.sh [--tree]
+# PD_CUDA_PROBE=1: the diagnostic build with the one-row MoE kernels' per-block timestamps (kernels/cuda/moe.cu;
+# PD_MOE_PROBE=file at run time, tests/gpu/probe_summary.py reads the file); not for benchmark figures.
 # By default it builds HEAD with this checkout's CUDA-path files copied over
 # it (kernels/, the model's forward pass and loader, the replicas' KV
 # staging, tests/gpu), in a scratch directory, so that someone else's
@@ -48,7 +50,8 @@ else
 fi
 # CMAKE_CUDA_ARCHITECTURES=OFF: pdcore is declared before CUDA is enabled and
 # CMake (3.25) otherwise refuses its empty CUDA_ARCHITECTURES.
-cmake -S "$SRC" -B "$B" -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=OFF -DPD_CACHE_DIR="$ROOT/.cache" >/dev/null
+cmake -S "$SRC" -B "$B" -DPD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=OFF -DPD_CACHE_DIR="$ROOT/.cache" \
+    -DPD_CUDA_PROBE="$([ "${PD_CUDA_PROBE:-0}" = 1 ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$B" -j"$(nproc)" --target test_backend_ops test_all_reduce test_model_cuda pdcuda pdserve
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 "$NVCC" -O2 -o "$B/bench_cuda" "$SRC/tests/gpu/bench_cuda.c" -I"$SRC/common" -I"$SRC/kernels" \
