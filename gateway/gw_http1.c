@@ -8,9 +8,12 @@
  * request is served so that a client that goes away is noticed (EOF) and its
  * request aborted.
  *
- * Request bodies: Content-Length or chunked (de-chunked by the parser),
- * at most cfg.max_request_body_bytes (413, decided from Content-Length before
- * the body is read, else when the limit is crossed). "Expect: 100-continue"
+ * Request bodies: Content-Length or chunked (de-chunked by the parser; the
+ * CRLF that closes each chunk's data is checked here: 400 otherwise, see
+ * h1_conn.chunk_crlf), at most cfg.max_request_body_bytes (413, decided
+ * from Content-Length before the body is read, from a chunk's declared size
+ * before its data, else when the limit is crossed). A Transfer-Encoding
+ * other than chunked alone gets 501 (RFC 9112 §6.1). "Expect: 100-continue"
  * is answered with 100, or, when the request will be refused whatever its
  * body (404, 405, 413 from Content-Length, 415: gw_server_check_route), with
  * the refusal, and the connection closes. The request line and headers together are limited to
@@ -74,6 +77,14 @@ typedef struct {
     const char *err_msg;
     const char *err_allow; /* a 405 refusal's Allow value (static), else NULL */
     char err_buf[256];     /* err_msg when it carries a number */
+    /* http-parser as Debian builds it (without HTTP_PARSER_STRICT) takes any
+     * two bytes after a chunk's data for its CRLF: a chunk longer than its
+     * size would be read as the next chunk's size (request smuggling behind
+     * a proxy that frames it right). on_body checks them where the segment
+     * given to the parser holds them; the rest are checked at the start of
+     * the next segment. */
+    const char *seg_end;   /* the end of the segment being parsed */
+    int chunk_crlf;        /* 2: CR and LF still to check there, 1: LF */
 } h1_conn;
 
 static int buf_add(h1_buf *b, const char *at, size_t len) {
@@ -150,6 +161,7 @@ static int on_message_begin(http_parser *p) {
     h->in_value = false;
     h->in_body = false;
     h->headers_done = false;
+    h->chunk_crlf = 0;
     gw_conn_set_timer(h->c, h->c->srv->cfg.timeout_request_headers_s);
     return 0;
 }
@@ -255,6 +267,16 @@ static int on_headers_complete(http_parser *p) {
     if (p->content_length != ULLONG_MAX && p->content_length > cfg->max_request_body_bytes)
         return h1_refusef(h, 413, "request body exceeds --max-request-body-bytes (%zu bytes)",
                           h->c->srv->cfg.max_request_body_bytes);
+    /* RFC 9112 §6.1: a transfer coding other than chunked alone is not
+     * implemented (http-parser would de-chunk "gzip, chunked" and hand on
+     * the gzip bytes as the body) */
+    int n_te = 0;
+    const char *te = NULL;
+    for (int i = 0; i < s->n_hdrs; i++)
+        if (strcasecmp(s->hdrs[i].name, "Transfer-Encoding") == 0)
+            n_te++, te = s->hdrs[i].value;
+    if (n_te > 1 || (te && strcasecmp(te, "chunked") != 0))
+        return h1_refuse(h, 501, "Transfer-Encoding other than chunked is not implemented");
     const char *expect = gw_stream_header(s, "Expect");
     if (expect) {
         if (strcasecmp(expect, "100-continue") != 0)
@@ -280,12 +302,39 @@ static int on_headers_complete(http_parser *p) {
     return 0;
 }
 
+#define H1_BAD_CHUNK "malformed chunked body: a chunk's data is not followed by CRLF (RFC 9112 section 7.1)"
+
+/* Checks the bytes [q, end) against the CRLF still expected after a chunk's
+ * data (*need: 2 CR and LF, 1 LF); -1 on a mismatch. */
+static int h1_check_crlf(int *need, const char *q, const char *end) {
+    for (; *need > 0 && q < end; q++, (*need)--)
+        if (*q != (*need == 2 ? '\r' : '\n'))
+            return -1;
+    return 0;
+}
+
 static int on_body(http_parser *p, const char *at, size_t len) {
     h1_conn *h = h1_of(p);
     if (evbuffer_get_length(h->cur->body) + len > h->c->srv->cfg.max_request_body_bytes)
         return h1_refusef(h, 413, "request body exceeds --max-request-body-bytes (%zu bytes)",
                           h->c->srv->cfg.max_request_body_bytes);
-    return evbuffer_add(h->cur->body, at, len) ? h1_refuse(h, 500, "out of memory") : 0;
+    if (evbuffer_add(h->cur->body, at, len))
+        return h1_refuse(h, 500, "out of memory");
+    if ((p->flags & F_CHUNKED) && p->content_length == 0) { /* the end of a chunk's data */
+        h->chunk_crlf = 2;
+        if (h1_check_crlf(&h->chunk_crlf, at + len, h->seg_end))
+            return h1_refuse(h, 400, H1_BAD_CHUNK);
+    }
+    return 0;
+}
+
+/* A chunk's declared size already over the body limit: 413 before its data. */
+static int on_chunk_header(http_parser *p) {
+    h1_conn *h = h1_of(p);
+    const size_t max = h->c->srv->cfg.max_request_body_bytes, have = evbuffer_get_length(h->cur->body);
+    if (p->content_length > max - have)
+        return h1_refusef(h, 413, "request body exceeds --max-request-body-bytes (%zu bytes)", max);
+    return 0;
 }
 
 static int on_message_complete(http_parser *p) {
@@ -302,6 +351,7 @@ static const http_parser_settings h1_settings = {
     .on_header_value = on_header_value,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
+    .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,
 };
 
@@ -574,6 +624,11 @@ static void h1_process(gw_conn *c) {
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
+        if (h->chunk_crlf && h1_check_crlf(&h->chunk_crlf, v.iov_base, (const char *)v.iov_base + v.iov_len)) {
+            h1_fail(h, 400, H1_BAD_CHUNK);
+            break;
+        }
+        h->seg_end = (const char *)v.iov_base + v.iov_len;
         size_t n = http_parser_execute(&h->parser, &h1_settings, v.iov_base, v.iov_len);
         enum http_errno e = HTTP_PARSER_ERRNO(&h->parser);
         evbuffer_drain(in, n);

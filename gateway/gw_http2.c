@@ -48,9 +48,10 @@
  *
  * RST_STREAM from the client closes that stream only: its close callback
  * aborts its request (engine->abort) and the other streams go on. A client
- * that resets requests it already sent faster than GW_H2_MAX_RESETS(limit)
- * per second (the "rapid reset" attack, CVE-2023-44487, which nghttp2 1.52
- * does not bound itself) gets GOAWAY(ENHANCE_YOUR_CALM).
+ * that resets streams faster than GW_H2_MAX_RESETS(limit) per second (the
+ * "rapid reset" attack, CVE-2023-44487, which nghttp2 1.52 does not bound
+ * itself), whether their requests were whole or still sending a body, gets
+ * GOAWAY(ENHANCE_YOUR_CALM).
  *
  * Re-entrancy: nghttp2 is driven only from this connection's event
  * callbacks (read, write, deferred, timers). The application's response
@@ -73,8 +74,8 @@
 /* The unsent responses of a connection's streams may reach this many times
  * output_high_water_bytes before the largest is reset as a stalled reader. */
 #define GW_H2_MAX_PENDING 16
-/* Client resets of dispatched requests tolerated per second on one
- * connection before GOAWAY(ENHANCE_YOUR_CALM). */
+/* Streams the client may reset per second on one connection before
+ * GOAWAY(ENHANCE_YOUR_CALM). */
 #define GW_H2_MAX_RESETS(max_streams) (2 * (max_streams) + 100)
 /* Response headers the application may add. */
 #define GW_H2_MAX_APP_HDRS 24
@@ -110,7 +111,7 @@ struct h2_conn {
     int n_streams;
     size_t pending;         /* bytes in all streams' out buffers */
     double reset_window_t0; /* rapid-reset guard: the current one-second window */
-    int n_resets;           /* client resets of dispatched requests in it */
+    int n_resets;           /* streams the client reset in it */
     bool freeing;           /* on_close: streams are being freed */
 };
 
@@ -485,7 +486,27 @@ static void h2_request_done(h2_stream *hs) {
     gw_server_dispatch(st);
 }
 
+/* The rapid-reset guard: one more stream the client reset (RST_STREAM on a
+ * stream it opened, whatever the stream's state: a request still sending
+ * its body costs its stream and headers too, helper-53). */
+static void h2_count_reset(nghttp2_session *ng, h2_conn *h) {
+    double now = pd_now_s();
+    if (now - h->reset_window_t0 > 1.0) {
+        h->reset_window_t0 = now;
+        h->n_resets = 0;
+    }
+    if (++h->n_resets == GW_H2_MAX_RESETS(h->c->srv->cfg.max_concurrent_streams)) {
+        PD_LOGW(GW_MOD, "conn %llu (%s): %d streams reset within a second; GOAWAY", (unsigned long long)h->c->id,
+                h->c->peer, h->n_resets);
+        nghttp2_session_terminate_session(ng, NGHTTP2_ENHANCE_YOUR_CALM);
+    }
+}
+
 static int h2_on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud) {
+    if (f->hd.type == NGHTTP2_RST_STREAM) {
+        h2_count_reset(ng, ud);
+        return 0;
+    }
     if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA)
         return 0;
     h2_stream *hs = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
@@ -533,20 +554,9 @@ static int h2_on_stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t error
         return 0;
     nghttp2_session_set_stream_user_data(ng, id, NULL);
     gw_stream_state state = hs->st->state;
-    if (state == GW_STREAM_DISPATCHED || state == GW_STREAM_STARTED) {
+    if (state == GW_STREAM_DISPATCHED || state == GW_STREAM_STARTED)
         PD_LOGD(GW_MOD, "conn %llu stream %d: closed before the response ended (%s)",
                 (unsigned long long)h->c->id, id, nghttp2_http2_strerror(error_code));
-        double now = pd_now_s();
-        if (now - h->reset_window_t0 > 1.0) {
-            h->reset_window_t0 = now;
-            h->n_resets = 0;
-        }
-        if (++h->n_resets == GW_H2_MAX_RESETS(h->c->srv->cfg.max_concurrent_streams)) {
-            PD_LOGW(GW_MOD, "conn %llu (%s): %d requests reset within a second; GOAWAY",
-                    (unsigned long long)h->c->id, h->c->peer, h->n_resets);
-            nghttp2_session_terminate_session(ng, NGHTTP2_ENHANCE_YOUR_CALM);
-        }
-    }
     h2_stream_free(hs); /* the application's close callback aborts its request */
     return 0;
 }

@@ -96,8 +96,8 @@ int pd_gateway_main(int argc, char **argv) {
          "seconds a request may wait in the gateway's queue (for a dispatch slot, a prefill job slot or a decode "
          "replica's KV room) before 503 with Retry-After (300; 0: none)"},
         {"shutdown-timeout", PD_FLAG_FLOAT, &shutdown_timeout,
-         "on SIGTERM / SIGINT, seconds running requests may take to finish while new ones get 503 (30; 0: stop at "
-         "once; a second signal stops at once)"},
+         "on SIGTERM / SIGINT, seconds running requests may take to finish while new connections are refused and new "
+         "requests on open ones get 503 (30; 0: stop at once; a second signal stops at once)"},
         {"ssl-certfile", PD_FLAG_STR, &ssl_cert, "PEM certificate: serve HTTPS (ALPN h2 / http/1.1)"},
         {"ssl-keyfile", PD_FLAG_STR, &ssl_key, "PEM private key of --ssl-certfile"},
         {"max-concurrent-streams", PD_FLAG_INT, &max_streams, "HTTP/2 streams per connection (100)"},

@@ -501,6 +501,29 @@ static void test_rapid_reset(void **state) {
     h2c_stream *ok = h2_do(c, "GET", "/health", NULL);
     assert_int_equal(ok->status, 200);
     h2c_free(c);
+    /* the same with requests reset while still sending their body (HEADERS
+     * without END_STREAM): they count too (helper-53) */
+    c = h2c_connect(g_srv.port, false, NULL, false);
+    assert_int_equal(h2c_run(c, got_settings, NULL, 5), 0);
+    sent = 0;
+    for (int round = 0; round < 60 && !c->goaway && !c->eof; round++) {
+        h2c_stream *s[8];
+        for (int i = 0; i < 8; i++)
+            s[i] = h2c_request_hanging(c, "POST", "/v1/completions");
+        nghttp2_session_send(c->ng);
+        for (int i = 0; i < 8; i++)
+            nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, s[i]->id, NGHTTP2_CANCEL);
+        sent += 8;
+        h2c_run(c, got_goaway, NULL, 0.001);
+    }
+    assert_int_equal(h2c_run(c, got_goaway, NULL, 5), 0);
+    assert_int_equal(c->goaway_code, NGHTTP2_ENHANCE_YOUR_CALM);
+    assert_true(sent >= 2 * 16 + 100);
+    h2c_free(c);
+    c = h2c_connect(g_srv.port, false, NULL, false);
+    ok = h2_do(c, "GET", "/health", NULL);
+    assert_int_equal(ok->status, 200);
+    h2c_free(c);
 }
 
 /* Upgrade: h2c from HTTP/1.1 (GET and POST with a body); a bad

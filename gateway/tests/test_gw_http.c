@@ -1433,6 +1433,22 @@ static void test_chunked_request_body(void **state) {
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "\"content\":\"chunky\""));
     gwt_resp_free(&r);
+    /* a chunk's CRLF split over reads: the part the parser has not seen yet
+     * is checked when it arrives (the same request, answered the same) */
+    gwt_sendf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < 3; i++) {
+        gwt_sendf(c, "%zx\r\n%s", strlen(parts[i]), parts[i]);
+        usleep(20000);
+        gwt_sendf(c, "\r");
+        usleep(20000);
+        gwt_sendf(c, "\n");
+    }
+    gwt_sendf(c, "0\r\n\r\n");
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"content\":\"chunky\""));
+    gwt_resp_free(&r);
     /* the rendered prompt is the one from the de-chunked body */
     pd_chat_message m = {.role = "user", .content = "héllo"};
     char *text;
@@ -1694,6 +1710,48 @@ static void test_limits_and_timeouts(void **state) {
     gwt_resp_free(&r);
     assert_true(gwt_wait_closed(c, 2));
     gwt_close(c);
+    /* a chunk whose data is not followed by CRLF: longer than its size, or
+     * other bytes in the CRLF's place, at once or in a later read
+     * (http-parser alone accepts any two bytes there: request smuggling) */
+    static const char *bad_chunks[] = {"2\r\nabcdef\r\n0\r\n\r\n", "2\r\n{}XX0\r\n\r\n", "2\r\n{}\rX0\r\n\r\n"};
+    for (int i = 0; i < 4; i++) {
+        c = gwt_open(h.port);
+        gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n");
+        if (i < 3) {
+            gwt_sendf(c, "%s", bad_chunks[i]);
+        } else { /* the bad byte in the next read */
+            gwt_sendf(c, "2\r\n{}");
+            usleep(50000);
+            gwt_sendf(c, "X\n0\r\n\r\n");
+        }
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_int_equal(r.status, 400);
+        assert_non_null(strstr(r.body, "not followed by CRLF"));
+        gwt_resp_free(&r);
+        assert_true(gwt_wait_closed(c, 2));
+        gwt_close(c);
+    }
+    /* a chunk declared over the body limit: 413 before its data */
+    c = gwt_open(h.port);
+    gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n7fffffffffffffff\r\nabc");
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, 413);
+    gwt_resp_free(&r);
+    gwt_close(c);
+    /* a transfer coding other than chunked: 501 (RFC 9112 section 6.1) */
+    static const char *codings[] = {"gzip, chunked", "deflate, chunked", "chunked, chunked"};
+    for (int i = 0; i < 3; i++) {
+        c = gwt_open(h.port);
+        gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: %s\r\n\r\n0\r\n\r\n", codings[i]);
+        assert_int_equal(gwt_read(c, &r), 0);
+        assert_int_equal(r.status, 501);
+        assert_non_null(strstr(r.body, "Transfer-Encoding"));
+        gwt_resp_free(&r);
+        gwt_close(c);
+    }
     /* Content-Length and Transfer-Encoding together (request smuggling) */
     c = gwt_open(h.port);
     gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
