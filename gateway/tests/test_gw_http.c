@@ -1633,6 +1633,20 @@ static void test_expect_refused_without_100(void **state) {
     }
 }
 
+/* Reads the answer on c: its status, needle in its body (NULL: not
+ * checked), the connection closed by the server (closes); then closes c. */
+static void expect_answer(gwt_conn *c, int status, const char *needle, bool closes) {
+    gwt_resp r;
+    assert_int_equal(gwt_read(c, &r), 0);
+    assert_int_equal(r.status, status);
+    if (needle)
+        assert_non_null(strstr(r.body, needle));
+    gwt_resp_free(&r);
+    if (closes)
+        assert_true(gwt_wait_closed(c, 2));
+    gwt_close(c);
+}
+
 static void test_limits_and_timeouts(void **state) {
     pd_gw_config cfg;
     gwt_config(&cfg);
@@ -1725,32 +1739,20 @@ static void test_limits_and_timeouts(void **state) {
             usleep(50000);
             gwt_sendf(c, "X\n0\r\n\r\n");
         }
-        assert_int_equal(gwt_read(c, &r), 0);
-        assert_int_equal(r.status, 400);
-        assert_non_null(strstr(r.body, "not followed by CRLF"));
-        gwt_resp_free(&r);
-        assert_true(gwt_wait_closed(c, 2));
-        gwt_close(c);
+        expect_answer(c, 400, "not followed by CRLF", true);
     }
     /* a chunk declared over the body limit: 413 before its data */
     c = gwt_open(h.port);
     gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                  "Transfer-Encoding: chunked\r\n\r\n7fffffffffffffff\r\nabc");
-    assert_int_equal(gwt_read(c, &r), 0);
-    assert_int_equal(r.status, 413);
-    gwt_resp_free(&r);
-    gwt_close(c);
+    expect_answer(c, 413, "--max-request-body-bytes", false);
     /* a transfer coding other than chunked: 501 (RFC 9112 section 6.1) */
     static const char *codings[] = {"gzip, chunked", "deflate, chunked", "chunked, chunked"};
     for (int i = 0; i < 3; i++) {
         c = gwt_open(h.port);
         gwt_sendf(c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                      "Transfer-Encoding: %s\r\n\r\n0\r\n\r\n", codings[i]);
-        assert_int_equal(gwt_read(c, &r), 0);
-        assert_int_equal(r.status, 501);
-        assert_non_null(strstr(r.body, "Transfer-Encoding"));
-        gwt_resp_free(&r);
-        gwt_close(c);
+        expect_answer(c, 501, "Transfer-Encoding", false);
     }
     /* Content-Length and Transfer-Encoding together (request smuggling) */
     c = gwt_open(h.port);
