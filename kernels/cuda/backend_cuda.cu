@@ -532,6 +532,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_pdl_off = mpd && !strcmp(mpd, "0");
         const char *cp1 = getenv("PD_MOE_COMBINE1_PDL");
         c->moe_cmb1_plain = cp1 && !strcmp(cp1, "0");
+        const char *dc = getenv("PD_MOE_DOWN1_COMBINE");
+        c->moe_dn1_cmb_off = dc && !strcmp(dc, "0");
         const char *mmf = getenv("PD_MLA_MERGE_FAST");
         c->mla_merge_slow = mmf && !strcmp(mmf, "0");
         const char *nv = getenv("PD_NORM_V");

@@ -135,6 +135,8 @@ typedef struct {
     bool norm_v_off;     /* PD_NORM_V=0: rmsnorm as the first kernel (k_rmsnorm), not k_rmsnorm_v (A/B runs) */
     bool moe_cmb1_plain; /* PD_MOE_COMBINE1_PDL=0: the batch-1 combine after k_moe_down1 as a plain launch, not by PDL
                             with x read before the wait (A/B runs) */
+    bool moe_dn1_cmb_off; /* PD_MOE_DOWN1_COMBINE=0: at one row with og, k_moe_down1 then the combine kernel, not
+                             k_moe_down1c with the combine inside (A/B runs) */
     int moe1_rows_gu, moe1_rows_dn; /* PD_MOE1_ROWS=G,D (2 or 4 each): output rows a warp of the batch-1 gate_up
                                        and down GEMVs (k_moe_gate_up1, k_moe_down1); 4 halves their blocks (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */

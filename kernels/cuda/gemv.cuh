@@ -92,6 +92,40 @@ __device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, siz
     }
 }
 
+/* One warp's GV_ROWS rows n0 .. n0 + GV_ROWS - 1 of W (row stride ldw; rows
+ * at or past N computed from row n0, not to be stored) against one row x of
+ * K floats (shared memory with XS, else read through __ldg), for kernels
+ * that place a warp's rows themselves: acc[r] = W[n0 + r] · x in every
+ * lane. gemv_block's arithmetic at MT = 1 (the same 16-byte pieces a lane,
+ * the same order of additions, the same warp sum): the same numbers. */
+template <typename WT, int GV_ROWS, bool XS>
+__device__ __forceinline__ void gemv_warp_rows(const WT *__restrict__ W, size_t ldw, int n0, int N, int K,
+                                               const float *__restrict__ x, float (&acc)[GV_ROWS]) {
+    const int lane = threadIdx.x & 31, K8 = K / 8;
+    const WT *wr[GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        wr[r] = W + (size_t)(n0 + r < N ? n0 + r : n0) * ldw;
+        acc[r] = 0.0f;
+    }
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll 4
+    for (int k8 = lane; k8 < K8; k8 += 32) {
+        gv_w8<WT> wv[GV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++)
+            wv[r].load(wr[r], k8);
+        const float4 a = XS ? x4[2 * k8] : __ldg(x4 + 2 * k8);
+        const float4 b = XS ? x4[2 * k8 + 1] : __ldg(x4 + 2 * k8 + 1);
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++)
+            acc[r] += wv[r].dot(a, b);
+    }
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++)
+        acc[r] = cu_warp_sum(acc[r]);
+}
+
 /* A few rows of x without SwiGLU (one weight, no row maps), the weights
  * held in registers: a warp's GV_ROWS rows of W, KC 16-byte chunks a lane a
  * row (K <= 256 · KC for bf16). load()

@@ -1579,6 +1579,115 @@ template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS 
     MOE_PROBE_SYNC(2, blockIdx.y * gridDim.x + blockIdx.x, 2);
 }
 
+/* k_moe_down1 with the combine in it (og, one row): x = mo + the MoE's
+ * output without a combine launch. A block of NW = top_k warps (blockDim,
+ * 2 .. 8) is either
+ * - a shared group's block (the first S · nxs blocks, nxs = ceil(H / (NW R))
+ *   a group): as k_moe_down1's, it waits on sdone for k_moe_gate_up1's
+ *   shared blocks (need of them), writes its rows of the group's y row
+ *   (ysh [S, H]), fences and counts itself in sdone too; or
+ * - a routed block: R output rows r0 .. r0 + R - 1 for every pair at once,
+ *   warp j the rows of pair j (expert ids[j], act row j). It waits for the
+ *   whole of k_moe_gate_up1 (cu_pdl_wait) and, past its GEMV, for every
+ *   shared block (sdone = need + S · nxs), then adds its rows as
+ *   k_moe_combine_pairs does, in the same order: acc = Σ_j fmaf(w_j, y_j,
+ *   acc), then + each shared group's y, x = mo + acc. The same numbers as
+ *   k_moe_down1 then the combine.
+ * Each routed block counts itself in sdone once it has seen the shared
+ * blocks' count; the last one sets it back to 0 for the next launch (no
+ * block reads it after that). Dynamic shared memory: I floats (a shared
+ * block's act row). */
+#define DN1C_MAX_NW 8
+typedef struct {
+    int E, S, top_k, H, I, nxs;
+    unsigned need;
+    unsigned *sdone;
+    const int32_t *ids;
+    const float *weights;
+    const void *const *w; /* the set's down table [E + S] */
+    const int *ldw;
+    const float *act;
+    float *ysh;       /* [S, H] */
+    const float *xin; /* mo: x + W_o · o */
+    float *out;       /* x */
+} moe_dn1c_args;
+
+template <typename WT, int R>
+static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c_args a) {
+    extern __shared__ float4 dn1c_smem4[];
+    __shared__ float red[DN1C_MAX_NW][R];
+    cu_pdl_launch_dependents();
+    const int NW = (int)(blockDim.x >> 5), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = (int)blockIdx.x, nsh = a.S * a.nxs;
+    MOE_PROBE(2, b, 0);
+    if (b < nsh) {
+        const int gs = b / a.nxs, bx = b - gs * a.nxs, g = a.E + gs, p = a.top_k + gs;
+        if (threadIdx.x == 0) {
+            while (*(volatile const unsigned *)a.sdone < a.need)
+                __nanosleep(64);
+            __threadfence();
+        }
+        __syncthreads();
+        MOE_PROBE(2, b, 1);
+        float *as = (float *)dn1c_smem4;
+        const float4 *src = (const float4 *)(a.act + (size_t)p * a.I);
+        for (int k = threadIdx.x; k < a.I / 4; k += blockDim.x)
+            ((float4 *)as)[k] = __ldcg(src + k);
+        __syncthreads();
+        const int n0 = (bx * NW + warp) * R;
+        if (n0 < a.H) {
+            float acc[R];
+            gemv_warp_rows<WT, R, true>((const WT *)a.w[g], (size_t)a.ldw[g], n0, a.H, a.I, as, acc);
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (n0 + r < a.H)
+                        a.ysh[(size_t)gs * a.H + n0 + r] = acc[r];
+        }
+        __threadfence(); /* publish the rows: every writer fences, then one count */
+        __syncthreads();
+        if (threadIdx.x == 0)
+            atomicAdd(a.sdone, 1u);
+        MOE_PROBE(2, b, 2);
+        return;
+    }
+    const int r0 = (b - nsh) * R;
+    cu_pdl_wait(); /* ids, weights and the routed act rows: k_moe_gate_up1 has ended */
+    MOE_PROBE(2, b, 1);
+    {
+        const int g = a.ids[warp];
+        float acc[R];
+        gemv_warp_rows<WT, R, false>((const WT *)a.w[g], (size_t)a.ldw[g], r0, a.H, a.I, a.act + (size_t)warp * a.I,
+                                     acc);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                red[warp][r] = acc[r];
+    }
+    const unsigned want = a.need + (unsigned)nsh;
+    if (threadIdx.x == 0) { /* the shared blocks started first: long done */
+        while (*(volatile const unsigned *)a.sdone < want)
+            __nanosleep(32);
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 32) { /* seen: count this block; the last resets */
+        const unsigned last = want + (gridDim.x - (unsigned)nsh) - 1;
+        if (atomicAdd(a.sdone, 1u) == last)
+            atomicExch(a.sdone, 0u);
+    }
+    const int t = threadIdx.x, d = r0 + t;
+    if (t < R && d < a.H) {
+        float acc = 0.0f;
+        for (int j = 0; j < a.top_k; j++)
+            acc = fmaf(a.weights[j], red[j][t], acc);
+        for (int gs = 0; gs < a.S; gs++)
+            acc += __ldcg(a.ysh + (size_t)gs * a.H + d);
+        a.out[d] = a.xin[d] + acc;
+    }
+    MOE_PROBE(2, b, 2);
+}
+
 /* Launches of the one-row kernels, one function a variant so that
  * CU_SMEM_OPTIN's per-call-site memory belongs to one kernel. optin: the
  * launch asks for dynamic shared memory (cfg's). */
@@ -1589,6 +1698,10 @@ template <typename WT, int R> static cudaError_t gu1_launch(const cudaLaunchConf
 template <typename WT, int R> static cudaError_t dn1_launch(const cudaLaunchConfig_t *cfg, const moe_dn1_args &a) {
     const cudaError_t e = CU_SMEM_OPTIN((k_moe_down1<WT, R>), cfg->dynamicSmemBytes);
     return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_down1<WT, R>, a) : e;
+}
+template <typename WT, int R> static cudaError_t dn1c_launch(const cudaLaunchConfig_t *cfg, const moe_dn1c_args &a) {
+    const cudaError_t e = CU_SMEM_OPTIN((k_moe_down1c<WT, R>), cfg->dynamicSmemBytes);
+    return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_down1c<WT, R>, a) : e;
 }
 
 /* A layer's device tables for the grouped GEMMs over its routed experts
@@ -2001,6 +2114,27 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
     /* y[pair] = down_g · act[pair] (the grouped down GEMV and the combine
      * by plain PDL were slower: 2.68 ms a batch-1 step against 2.62,
      * docs/benchmarks.md) */
+    /* og at one row: the combine inside the down GEMV (k_moe_down1c), a block a warp a pair */
+    if (dn1 && og && K >= 2 && K <= DN1C_MAX_NW && !c->moe_dn1_cmb_off) {
+        const int Rg = c->moe1_rows_gu, R = c->moe1_rows_dn;
+        moe_dn1c_args da = {};
+        da.E = E, da.S = S, da.top_k = K, da.H = H, da.I = I, da.nxs = (H + K * R - 1) / (K * R);
+        da.need = (unsigned)(S * ((I + GV_WARPS * Rg - 1) / (GV_WARPS * Rg))), da.sdone = set_ticket(set);
+        da.ids = a->ids, da.weights = a->weights, da.w = set_dn(set), da.ldw = set_ints(set, 2), da.act = act;
+        da.ysh = y + (size_t)n * H, da.xin = a->mo, da.out = a->x;
+#ifdef PD_CUDA_PROBE
+        moe_probe_enable(S * ((I + GV_WARPS * Rg - 1) / (GV_WARPS * Rg)), S * da.nxs);
+#endif
+        cudaLaunchAttribute dat;
+        cudaLaunchConfig_t dcfg = cu_launch_config(dim3((unsigned)(S * da.nxs + (H + R - 1) / R)), dim3(K * 32),
+                                                   (size_t)I * sizeof(float), c->stream, true, &dat);
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+            e = R == 4 ? dn1c_launch<__nv_bfloat16, 4>(&dcfg, da) : dn1c_launch<__nv_bfloat16, 2>(&dcfg, da);
+        else
+            e = R == 4 ? dn1c_launch<float, 4>(&dcfg, da) : dn1c_launch<float, 2>(&dcfg, da);
+        CU_LAUNCHED(c, e, "moe_block: down with the combine (PDL)");
+        return true;
+    }
     if (dn1) {
         moe_dn1_args da = {};
         da.E = E, da.S = S, da.top_k = K, da.H = H, da.I = I;
