@@ -266,6 +266,15 @@ template <int THREADS> __device__ __forceinline__ float cu_block_inv_rms(const f
     return cu_block_inv_rms_of<THREADS>(ss, n, eps, part);
 }
 
+/* *p read with acquire semantics at GPU scope: what its writer wrote
+ * before a release (or a fence and then its write) is visible to this
+ * thread's later reads. For counters that blocks of one grid wait on. */
+__device__ __forceinline__ unsigned cu_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

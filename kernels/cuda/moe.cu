@@ -1622,11 +1622,10 @@ static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c
     MOE_PROBE(2, b, 0);
     if (b < nsh) {
         const int gs = b / a.nxs, bx = b - gs * a.nxs, g = a.E + gs, p = a.top_k + gs;
-        if (threadIdx.x == 0) {
-            while (*(volatile const unsigned *)a.sdone < a.need)
+        const int n0 = (bx * NW + warp) * R;
+        if (threadIdx.x == 0)
+            while (cu_ld_acquire(a.sdone) < a.need)
                 __nanosleep(64);
-            __threadfence();
-        }
         __syncthreads();
         MOE_PROBE(2, b, 1);
         float *as = (float *)dn1c_smem4;
@@ -1634,7 +1633,6 @@ static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c
         for (int k = threadIdx.x; k < a.I / 4; k += blockDim.x)
             ((float4 *)as)[k] = __ldcg(src + k);
         __syncthreads();
-        const int n0 = (bx * NW + warp) * R;
         if (n0 < a.H) {
             float acc[R];
             gemv_warp_rows<WT, R, true>((const WT *)a.w[g], (size_t)a.ldw[g], n0, a.H, a.I, as, acc);
@@ -1651,9 +1649,18 @@ static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c
         MOE_PROBE(2, b, 2);
         return;
     }
-    const int r0 = (b - nsh) * R;
+    const int r0 = (b - nsh) * R, t = threadIdx.x, d = r0 + t;
     cu_pdl_wait(); /* ids, weights and the routed act rows: k_moe_gate_up1 has ended */
     MOE_PROBE(2, b, 1);
+    /* the sum's other inputs, loaded now: in flight during the GEMV */
+    float wt[DN1C_MAX_NW], xo = 0.0f;
+    const bool adder = t < R && d < a.H;
+    if (adder) {
+        xo = a.xin[d];
+#pragma unroll
+        for (int j = 0; j < DN1C_MAX_NW; j++)
+            wt[j] = j < a.top_k ? a.weights[j] : 0.0f;
+    }
     {
         const int g = a.ids[warp];
         float acc[R];
@@ -1664,26 +1671,26 @@ static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c
             for (int r = 0; r < R; r++)
                 red[warp][r] = acc[r];
     }
+    MOE_PROBE(2, b, 3); /* warp 0's GEMV ends */
     const unsigned want = a.need + (unsigned)nsh;
-    if (threadIdx.x == 0) { /* the shared blocks started first: long done */
-        while (*(volatile const unsigned *)a.sdone < want)
+    if (threadIdx.x == 0) /* the shared blocks started first: long done */
+        while (cu_ld_acquire(a.sdone) < want)
             __nanosleep(32);
-        __threadfence();
-    }
     __syncthreads();
     if (threadIdx.x == 32) { /* seen: count this block; the last resets */
         const unsigned last = want + (gridDim.x - (unsigned)nsh) - 1;
         if (atomicAdd(a.sdone, 1u) == last)
             atomicExch(a.sdone, 0u);
     }
-    const int t = threadIdx.x, d = r0 + t;
-    if (t < R && d < a.H) {
+    if (adder) {
         float acc = 0.0f;
-        for (int j = 0; j < a.top_k; j++)
-            acc = fmaf(a.weights[j], red[j][t], acc);
+#pragma unroll
+        for (int j = 0; j < DN1C_MAX_NW; j++)
+            if (j < a.top_k)
+                acc = fmaf(wt[j], red[j][t], acc);
         for (int gs = 0; gs < a.S; gs++)
             acc += __ldcg(a.ysh + (size_t)gs * a.H + d);
-        a.out[d] = a.xin[d] + acc;
+        a.out[d] = xo + acc;
     }
     MOE_PROBE(2, b, 2);
 }
@@ -2116,7 +2123,9 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
      * docs/benchmarks.md) */
     /* og at one row: the combine inside the down GEMV (k_moe_down1c), a block a warp a pair */
     if (dn1 && og && K >= 2 && K <= DN1C_MAX_NW && !c->moe_dn1_cmb_off) {
-        const int Rg = c->moe1_rows_gu, R = c->moe1_rows_dn;
+        /* 4 rows a warp: at 8 the routed blocks' GEMV took twice as long (2.26-2.30 ms a step against 2.12,
+         * docs/benchmarks.md session 16) */
+        const int Rg = c->moe1_rows_gu, R = 4;
         moe_dn1c_args da = {};
         da.E = E, da.S = S, da.top_k = K, da.H = H, da.I = I, da.nxs = (H + K * R - 1) / (K * R);
         da.need = (unsigned)(S * ((I + GV_WARPS * Rg - 1) / (GV_WARPS * Rg))), da.sdone = set_ticket(set);
@@ -2129,9 +2138,9 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         cudaLaunchConfig_t dcfg = cu_launch_config(dim3((unsigned)(S * da.nxs + (H + R - 1) / R)), dim3(K * 32),
                                                    (size_t)I * sizeof(float), c->stream, true, &dat);
         if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
-            e = R == 4 ? dn1c_launch<__nv_bfloat16, 4>(&dcfg, da) : dn1c_launch<__nv_bfloat16, 2>(&dcfg, da);
+            e = dn1c_launch<__nv_bfloat16, 4>(&dcfg, da);
         else
-            e = R == 4 ? dn1c_launch<float, 4>(&dcfg, da) : dn1c_launch<float, 2>(&dcfg, da);
+            e = dn1c_launch<float, 4>(&dcfg, da);
         CU_LAUNCHED(c, e, "moe_block: down with the combine (PDL)");
         return true;
     }

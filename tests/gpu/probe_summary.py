@@ -4,7 +4,7 @@
 The file comes from a build with PD_CUDA_PROBE=1 (tests/gpu/build.sh) run
 with PD_MOE_PROBE=file (kernels/cuda/moe.cu, top of the file): a comment
 line with the grid layout, a header, then one line per block: kernel
-(0 k_oproj_route, 1 k_moe_gate_up1, 2 k_moe_down1, 3 the combine), block,
+(0 k_oproj_route, 1 k_moe_gate_up1, 2 k_moe_down1 or k_moe_down1c, 3 the combine), block,
 and its points t0..t4 in ns (0: not reached).
 
 Prints, for each kernel's group of blocks (k_oproj_route's router and
@@ -19,7 +19,7 @@ import statistics
 POINTS = {
     0: ("start", "past its wait", "end"),
     1: ("start", "past its wait", "normed", "GEMV starts", "end"),
-    2: ("start", "past its wait", "end"),
+    2: ("start", "past its wait", "end", "warp 0's GEMV ends (k_moe_down1c's routed blocks)"),
     3: ("start", "past its wait", "end"),
 }
 
