@@ -13,6 +13,14 @@
 #define GV_WARPS 8
 #define GV_MT 4
 
+/* wv[r] = the lane's 16-byte piece k8 of row wr[r] (gemv_block and gemv_warp_rows: the loads before the sums). */
+template <typename WT, int NR>
+__device__ __forceinline__ void gv_load_rows(gv_w8<WT> (&wv)[NR], const WT *const (&wr)[NR], int k8) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        wv[r].load(wr[r], k8);
+}
+
 template <bool SWIGLU, typename WT, int GV_ROWS, int MT, bool XS = false>
 __device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K,
                                            int p0, int p1, const int *__restrict__ xrow, const int *__restrict__ yrow,
@@ -49,9 +57,7 @@ __device__ __forceinline__ void gemv_block(int bx, const WT *__restrict__ W, siz
 #pragma unroll 4
         for (int k8 = lane; k8 < K8; k8 += 32) {
             gv_w8<WT> wv[NR];
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                wv[r].load(wr[r], k8);
+            gv_load_rows<WT, NR>(wv, wr, k8);
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 if (j < m) {
@@ -112,9 +118,7 @@ __device__ __forceinline__ void gemv_warp_rows(const WT *__restrict__ W, size_t 
 #pragma unroll 4
     for (int k8 = lane; k8 < K8; k8 += 32) {
         gv_w8<WT> wv[GV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GV_ROWS; r++)
-            wv[r].load(wr[r], k8);
+        gv_load_rows<WT, GV_ROWS>(wv, wr, k8);
         const float4 a = XS ? x4[2 * k8] : __ldg(x4 + 2 * k8);
         const float4 b = XS ? x4[2 * k8 + 1] : __ldg(x4 + 2 * k8 + 1);
 #pragma unroll

@@ -1597,10 +1597,11 @@ template <typename WT, int R> static __global__ void __launch_bounds__(GV_WARPS 
  *   k_moe_combine_pairs does, in the same order: acc = Σ_j fmaf(w_j, y_j,
  *   acc), then + each shared group's y, x = mo + acc. The same numbers as
  *   k_moe_down1 then the combine.
- * Each routed block counts itself in sdone once it has seen the shared
- * blocks' count; the last one sets it back to 0 for the next launch (no
- * block reads it after that). Dynamic shared memory: I floats (a shared
- * block's act row). */
+ * The shared blocks come first in the grid, so they are placed before any
+ * routed block that waits on them. Each routed block counts itself in
+ * sdone once it has seen the shared blocks' count; the last one sets it
+ * back to 0 for the next launch (no block reads it after that). Dynamic
+ * shared memory: I floats (a shared block's act row). */
 #define DN1C_MAX_NW 8
 typedef struct {
     int E, S, top_k, H, I, nxs;
