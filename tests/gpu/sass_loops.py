@@ -7,8 +7,9 @@ decides that by where it places each load against the FMAs that use the
 loads before it. This reads `cuobjdump -sass -fun <mangled name> <binary>`
 output (run on a GPU host: the development VM has no cuobjdump), finds the
 backward branches, and prints each loop body that has both loads and FMAs
-as a string: L a global load (LDG), s a shared-memory load (LDS), fN a run
-of N FFMA/FMUL. `LLLf8Lf8...` means three loads go out before the first
+as a string: L a global load (LDG), g a global-to-shared copy (LDGSTS,
+cp.async), T a bulk copy (UBLKCP, cp.async.bulk), s a shared-memory load
+(LDS), fN a run of N FFMA/FMUL. Loads count L, g and T. `LLLf8Lf8...` means three loads go out before the first
 FMAs, then one a time: about three loads in flight a warp.
 
 Usage: sass_loops.py kernel.sass [--min-loads 4]
@@ -38,13 +39,14 @@ def main():
         seq = ""
         for _, t in body:
             op = [o for o in t.split() if not o.startswith("@")][0]
-            seq += "L" if op.startswith("LDG") else "s" if op.startswith("LDS") else \
-                "f" if op.startswith(("FFMA", "FMUL")) else ""
-        if seq.count("L") < args.min_loads or "f" not in seq:
+            seq += "g" if op.startswith("LDGSTS") else "L" if op.startswith("LDG") else "T" if op.startswith("UBLKCP") \
+                else "s" if op.startswith("LDS") else "f" if op.startswith(("FFMA", "FMUL")) else ""
+        loads = sum(seq.count(k) for k in "LgT")
+        if loads < args.min_loads or "f" not in seq:
             continue
         found += 1
-        print("loop %#x-%#x, %d instructions, %d LDG, %d FFMA/FMUL:" % (body[0][0], a, len(body), seq.count("L"),
-                                                                      seq.count("f")))
+        print("loop %#x-%#x, %d instructions, %d LDG, %d LDGSTS, %d UBLKCP, %d FFMA/FMUL:" %
+              (body[0][0], a, len(body), seq.count("L"), seq.count("g"), seq.count("T"), seq.count("f")))
         print("  " + re.sub(r"f+", lambda r: "f%d" % len(r.group(0)), seq))
     if not found:
         raise SystemExit("%s: no loop with %d or more loads and FMAs" % (args.sass, args.min_loads))
