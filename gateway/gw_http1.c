@@ -254,9 +254,7 @@ static int on_headers_complete(http_parser *p) {
     /* RFC 9112 §3.2: 400 for an HTTP/1.1 request without Host and for any
      * request with more than one (an empty value is valid: a target
      * without an authority). */
-    int n_host = 0;
-    for (int i = 0; i < s->n_hdrs; i++)
-        n_host += strcasecmp(s->hdrs[i].name, "Host") == 0;
+    const int n_host = gw_stream_header_count(s, "Host");
     if (n_host > 1)
         return h1_refuse(h, 400, "more than one Host header field (RFC 9112 section 3.2)");
     if (n_host == 0 && p->http_minor >= 1)
@@ -270,12 +268,8 @@ static int on_headers_complete(http_parser *p) {
     /* RFC 9112 §6.1: a transfer coding other than chunked alone is not
      * implemented (http-parser would de-chunk "gzip, chunked" and hand on
      * the gzip bytes as the body) */
-    int n_te = 0;
-    const char *te = NULL;
-    for (int i = 0; i < s->n_hdrs; i++)
-        if (strcasecmp(s->hdrs[i].name, "Transfer-Encoding") == 0)
-            n_te++, te = s->hdrs[i].value;
-    if (n_te > 1 || (te && strcasecmp(te, "chunked") != 0))
+    const char *te = gw_stream_header(s, "Transfer-Encoding");
+    if (gw_stream_header_count(s, "Transfer-Encoding") > 1 || (te && strcasecmp(te, "chunked") != 0))
         return h1_refuse(h, 501, "Transfer-Encoding other than chunked is not implemented");
     const char *expect = gw_stream_header(s, "Expect");
     if (expect) {

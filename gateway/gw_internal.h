@@ -126,6 +126,8 @@ pd_status gw_stream_add_header(gw_stream *s, const char *name, size_t nlen, cons
                                size_t vlen);
 /** The first header named name (case-insensitive), or NULL. */
 const char *gw_stream_header(const gw_stream *s, const char *name);
+/** How many of the request's header fields are named name (case-insensitive); 0 when none. */
+int gw_stream_header_count(const gw_stream *s, const char *name);
 void gw_stream_set_close_cb(gw_stream *s, gw_stream_close_fn fn, void *ud);
 
 /* Responses. After respond/end the stream belongs to the protocol again and

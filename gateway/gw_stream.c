@@ -68,6 +68,13 @@ const char *gw_stream_header(const gw_stream *s, const char *name) {
     return NULL;
 }
 
+int gw_stream_header_count(const gw_stream *s, const char *name) {
+    int n = 0;
+    for (int i = 0; i < s->n_hdrs; i++)
+        n += strcasecmp(s->hdrs[i].name, name) == 0;
+    return n;
+}
+
 void gw_stream_set_close_cb(gw_stream *s, gw_stream_close_fn fn, void *ud) {
     s->on_close = fn;
     s->close_ud = ud;
