@@ -4,7 +4,11 @@
  * prefetch first, as persistent grids, with the whole K in registers, and
  * as a fused gate_up + down-column-slice kernel, and fused with the down
  * weight transposed ([I][H]: a block's 32 act values times 32 contiguous
- * rows, partial sums reduced by a second kernel); against a plain read of the
+ * rows, partial sums reduced by a second kernel); with x in shared memory as
+ * k_moe_gate_up1 holds it at 3 blocks a SM: in one pass of 4 rows a warp or
+ * in passes of fewer (k_pass_xs, its gu1_gemv), each lane's pieces of a row
+ * back to back (k_seq), or the rows brought in by Hopper bulk copies
+ * (k_bulk: rings of chunks a warp, session 17); against a plain read of the
  * same bytes and a device-to-device copy in the same run. Each figure: 40
  * launches of one CUDA graph (a different six experts each launch, so the
  * 50 MB L2 holds none of them), the best of six replays ÷ 40. Each variant's
@@ -62,6 +66,283 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_pers(P p, int nx, int ny) {
         gemv_block<SW, bf, R, 1>(x, W, p.ldw, p.upo, p.N, p.K, 0, 1, NULL, NULL, p.x, p.K, p.y + (size_t)y * p.N,
                                  p.N, 0);
     }
+}
+
+/* ---- bulk copies (session 17's gemv_bulk, measured here and in the whole step: slower there) ---- */
+/* Hopper bulk copies (TMA, PTX ISA 8.0 "cp.async.bulk" and "mbarrier"):
+ * one thread's instruction moves a whole run of bytes from global into
+ * shared memory, and an mbarrier in shared memory (8 bytes, 8-aligned)
+ * counts the bytes that have landed. cu_mbar_init: the barrier expects one
+ * arrival a phase; cu_mbar_init_fence makes the init visible to the copy
+ * engine (then __syncwarp / __syncthreads before others wait on it).
+ * cu_bulk_expect: the arrival of a phase, announcing its bytes;
+ * cu_bulk_g2s: bytes (a multiple of 16, src and dst 16-aligned) from src
+ * into dst, counted on m; cu_mbar_wait: returns once the phase of the
+ * given parity (0 for a barrier's first phase, 1 for its second, ...)
+ * has completed, after which the copied bytes are visible to the
+ * waiting thread. */
+__device__ __forceinline__ unsigned cu_smem_u32(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cu_mbar_init(unsigned long long *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cu_smem_u32(m)) : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_bulk_expect(unsigned long long *m, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cu_smem_u32(m)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     cu_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(cu_smem_u32(m))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_mbar_wait(unsigned long long *m, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(cu_smem_u32(m)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+
+
+/* gemv_block's SwiGLU work at one row with x in shared memory (SWIGLU, bf16
+ * W, MT = 1, XS), a warp's 2 GV_ROWS weight rows brought into shared memory
+ * by Hopper bulk copies (cu_bulk_g2s) instead of each lane's loads: the
+ * warp's lane 0 copies KC elements of each row at a time (a chunk, 2 KC
+ * bytes a row) into a ring of NS slots, each counted on its own mbarrier,
+ * so NS chunks (NS · 2 KB at GV_ROWS 4) are in flight a warp for a few
+ * instructions, where the loads of gemv_block's loop keep ~1.5 KB in
+ * flight at 80 registers (docs/benchmarks.md, session 16). Lane l takes
+ * the same 16-byte pieces (k8 = l, l + 32, ...) in the same order and the
+ * same warp sum as gemv_block: the same numbers.
+ *
+ * smem: gvb_smem_bytes(GV_ROWS, NS, KC) bytes of shared memory, 128-aligned,
+ * this block's for the whole GEMV. begin() issues the first NS chunks and
+ * may run before cu_pdl_wait (nothing earlier writes the weights); run()
+ * then reads x (K floats, shared memory) and writes y[n] =
+ * silu(gate_n · x) · (up_n · x) for the warp's rows n < N (gate row n of W
+ * at n · ldw, its up row at (upo + n) · ldw). Needs W and ldw · 2 bytes
+ * 16-aligned and K % 8 == 0. Warps whose rows start at or past N do
+ * nothing. */
+__host__ __device__ constexpr size_t gvb_smem_bytes(int gv_rows, int ns, int kc) {
+    return (size_t)GV_WARPS * ns * (2 * gv_rows * kc * 2 + 8);
+}
+
+template <int GV_ROWS, int NS, int KC = 128> struct gemv_bulk {
+    static_assert(KC == 64 || KC == 128 || KC == 256, "a chunk is 64, 128 or 256 elements");
+    static constexpr int NR = 2 * GV_ROWS; /* weight rows a warp: gate then up */
+    static constexpr int CPS = 256 / KC;   /* chunks a step (a warp's 32 pieces of 8) */
+    static constexpr int LPC = KC / 8;     /* lanes a chunk */
+    static_assert(NS >= CPS, "the ring holds a step");
+    __nv_bfloat16 *buf; /* this warp's ring: [NS][NR][KC] */
+    unsigned long long *mb; /* [NS] */
+    const __nv_bfloat16 *W;
+    size_t ldw, upo;
+    int n0, N, K, J;
+
+    /* lane 0: chunk j of every row into slot j % NS */
+    __device__ __forceinline__ void issue(int j) const {
+        const int s = j % NS, k0 = j * KC;
+        const unsigned bytes = (unsigned)min(KC, K - k0) * 2u;
+        cu_bulk_expect(mb + s, NR * bytes);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            int n = n0 + r % GV_ROWS;
+            if (n >= N)
+                n = n0; /* computed, not stored */
+            const __nv_bfloat16 *row = W + ((r < GV_ROWS ? 0 : upo) + (size_t)n) * ldw;
+            cu_bulk_g2s(buf + ((size_t)s * NR + r) * KC, row + k0, bytes, mb + s);
+        }
+    }
+
+    __device__ __forceinline__ void begin(void *smem, int bx, const __nv_bfloat16 *W_, size_t ldw_, size_t upo_,
+                                          int N_, int K_) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        W = W_, ldw = ldw_, upo = upo_, N = N_, K = K_;
+        J = (K + KC - 1) / KC;
+        n0 = (bx * GV_WARPS + warp) * GV_ROWS;
+        buf = (__nv_bfloat16 *)smem + (size_t)warp * NS * NR * KC;
+        mb = (unsigned long long *)((char *)smem + (size_t)GV_WARPS * NS * NR * KC * 2) + warp * NS;
+        if (n0 >= N)
+            return;
+        if (lane == 0) {
+#pragma unroll
+            for (int s = 0; s < NS; s++)
+                cu_mbar_init(mb + s);
+            cu_mbar_init_fence();
+            for (int j = 0; j < NS && j < J; j++)
+                issue(j);
+        }
+        __syncwarp();
+    }
+
+    /* y: the output row (N floats); x: K floats in shared memory */
+    __device__ __forceinline__ void run(const float *x, float *__restrict__ y) const {
+        if (n0 >= N)
+            return;
+        const int lane = threadIdx.x & 31, K8 = K / 8;
+        const float4 *x4 = (const float4 *)x;
+        float acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] = 0.0f;
+        /* a step: chunks c .. c + CPS - 1, lane l's piece k8 = LPC c + l
+         * (chunk c + l / LPC): gemv_block's k8 = l + 32 i */
+        for (int c = 0; c < J; c += CPS) {
+#pragma unroll
+            for (int q = 0; q < CPS; q++)
+                if (c + q < J)
+                    cu_mbar_wait(mb + (c + q) % NS, (unsigned)((c + q) / NS) & 1u);
+            const int k8 = LPC * c + lane;
+            if (k8 < K8) {
+                const __nv_bfloat16 *slot = buf + (size_t)((c + lane / LPC) % NS) * NR * KC + (lane % LPC) * 8;
+                const float4 a = x4[2 * k8], b = x4[2 * k8 + 1];
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    gv_w8<__nv_bfloat16> w;
+                    w.v = *(const uint4 *)(slot + r * KC);
+                    acc[r] += w.dot(a, b);
+                }
+            }
+            __syncwarp(); /* every lane has read the step's slots: refill them */
+            if (lane == 0) {
+#pragma unroll
+                for (int q = 0; q < CPS; q++)
+                    if (c + q + NS < J)
+                        issue(c + q + NS);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] = cu_warp_sum(acc[r]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                if (n0 + r >= N)
+                    continue;
+                const float gt = acc[r], up = acc[GV_ROWS + r];
+                y[n0 + r] = gt / (1.0f + expf(-gt)) * up;
+            }
+        }
+    }
+};
+
+
+/* x through shared memory (as k_moe_gate_up1 reads it) */
+template <bool SW, int R>
+__global__ void __launch_bounds__(GV_WARPS * 32, 3) k_cur_xs(P p) {
+    extern __shared__ float4 xs4[];
+    const int e = p.ids[blockIdx.y];
+    for (int k = threadIdx.x; k < p.K / 4; k += blockDim.x)
+        xs4[k] = __ldg((const float4 *)p.x + k);
+    __syncthreads();
+    gemv_block<SW, bf, R, 1, true>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1,
+                                   NULL, NULL, (const float *)xs4, p.K, p.y + (size_t)blockIdx.y * p.N, p.N, 0);
+}
+
+/* x through shared memory, a warp's R rows as R / PR passes of PR rows
+ * (k_moe_gate_up1's GEMV with its passes) at 3 blocks a SM */
+template <int R, int PR>
+__global__ void __launch_bounds__(GV_WARPS * 32, 3) k_pass_xs(P p) {
+    extern __shared__ float4 xs4[];
+    const int e = p.ids[blockIdx.y];
+    for (int k = threadIdx.x; k < p.K / 4; k += blockDim.x)
+        xs4[k] = __ldg((const float4 *)p.x + k);
+    __syncthreads();
+    for (int t = 0; t < R / PR; t++)
+        gemv_block<true, bf, PR, 1, true>((int)blockIdx.x * (R / PR) + t, p.base + (size_t)e * p.estride, p.ldw,
+                                          p.upo, p.N, p.K, 0, 1, NULL, NULL, (const float *)xs4, p.K,
+                                          p.y + (size_t)blockIdx.y * p.N, p.N, 0);
+}
+
+/* gate_up by bulk copies (gemv_bulk): a ring of NS chunks of KC elements a row a warp, x in shared memory */
+template <int R, int NS, int KC>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_bulk(P p) {
+    extern __shared__ float4 xs4[];
+    const int e = p.ids[blockIdx.y];
+    gemv_bulk<R, NS, KC> gb;
+    gb.begin((char *)xs4 + ((p.K * 4 + 127) & ~127), (int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo,
+             p.N, p.K);
+    for (int k = threadIdx.x; k < p.K / 4; k += blockDim.x)
+        xs4[k] = __ldg((const float4 *)p.x + k);
+    __syncthreads();
+    gb.run((const float *)xs4, p.y + (size_t)blockIdx.y * p.N);
+}
+
+/* gate_up with each lane's pieces of one row loaded back to back: NP pieces
+ * (k8 = lane + 32 i, i0 <= i < i0 + NP) of row 0, then of row 1, ..., x's NP
+ * pieces from shared memory once a pass; the same per-row order of sums as
+ * gemv_block */
+template <int R, int NP, int MINB>
+__global__ void __launch_bounds__(GV_WARPS * 32, MINB) k_seq(P p) {
+    extern __shared__ float4 xs4[];
+    constexpr int NR = 2 * R;
+    const int e = p.ids[blockIdx.y];
+    const bf *W = p.base + (size_t)e * p.estride;
+    for (int k = threadIdx.x; k < p.K / 4; k += blockDim.x)
+        xs4[k] = __ldg((const float4 *)p.x + k);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K8 = p.K / 8;
+    const int n0 = (blockIdx.x * GV_WARPS + warp) * R;
+    if (n0 >= p.N)
+        return;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        acc[r] = 0.0f;
+    for (int i0 = 0; 32 * i0 < K8; i0 += NP) {
+        float4 xa[NP], xb[NP];
+#pragma unroll
+        for (int q = 0; q < NP; q++) {
+            const int k8 = lane + 32 * (i0 + q);
+            xa[q] = k8 < K8 ? xs4[2 * k8] : make_float4(0, 0, 0, 0);
+            xb[q] = k8 < K8 ? xs4[2 * k8 + 1] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int n = min(n0 + r % R, p.N - 1);
+            const bf *row = W + ((r < R ? 0 : (size_t)p.upo) + n) * (size_t)p.ldw;
+            gv_w8<bf> w[NP];
+#pragma unroll
+            for (int q = 0; q < NP; q++) {
+                const int k8 = lane + 32 * (i0 + q);
+                if (k8 < K8)
+                    w[q].load(row, k8);
+            }
+#pragma unroll
+            for (int q = 0; q < NP; q++)
+                if (lane + 32 * (i0 + q) < K8)
+                    acc[r] += w[q].dot(xa[q], xb[q]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        acc[r] = cu_warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (n0 + r < p.N) {
+                const float gt = acc[r], up = acc[R + r];
+                p.y[(size_t)blockIdx.y * p.N + n0 + r] = gt / (1.0f + expf(-gt)) * up;
+            }
 }
 
 /* the whole K in registers (gemv_pre, the one-row GEMVs' path in gemv.cuh): a warp's R rows, KC pieces a lane */
@@ -264,6 +545,61 @@ int main() {
             RUN("cur rows2 (88x6)", (k_cur<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("cur rows1", (k_cur<true, 1><<<dim3((I + 7) / 8, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("cur rows4", (k_cur<true, 4><<<dim3((I + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
+            /* x in shared memory, then the bulk copies; pad: more shared memory a block, as k_moe_gate_up1
+             * holds (the norm's weights and its static arrays), so that as many blocks fit a SM */
+            const size_t xsb = ((size_t)H * 4 + 127) & ~(size_t)127, pad = (size_t)H * 4 + 6400;
+            auto occ = [&](const void *f, size_t smem) {
+                int nb = 0;
+                CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, f, 256, smem));
+                return nb;
+            };
+#define BULK(R_, NS_, KC_, PAD_)                                                                                       \
+    do {                                                                                                               \
+        const size_t sm_ = xsb + gvb_smem_bytes(R_, NS_, KC_) + (PAD_);                                                \
+        char nm_[64];                                                                                                  \
+        snprintf(nm_, sizeof nm_, "bulk rows%d ring %dx%d%s (%d/SM)", R_, NS_, KC_, (PAD_) ? " pad" : "",             \
+                 occ((const void *)k_bulk<R_, NS_, KC_>, sm_));                                                        \
+        RUN(nm_, (k_bulk<R_, NS_, KC_><<<dim3((I + 8 * R_ - 1) / (8 * R_), TOPK), 256, sm_, st>>>(P_r(r))));        \
+    } while (0)
+            {
+                const size_t sm0 = (size_t)H * 4;
+                char nm[64];
+                snprintf(nm, sizeof nm, "cur rows4 x smem (%d/SM)", occ((const void *)k_cur_xs<true, 4>, sm0 + pad));
+                RUN(nm, (k_cur_xs<true, 4><<<dim3((I + 31) / 32, TOPK), 256, sm0 + pad, st>>>(P_r(r))));
+            }
+            RUN("pass rows4 as 4x1 x smem (3/SM)", (k_pass_xs<4, 1><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
+            RUN("pass rows4 as 2x2 x smem (3/SM)", (k_pass_xs<4, 2><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
+            RUN("pass rows4 as 1x4 x smem (3/SM)", (k_pass_xs<4, 4><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
+#define SEQ(R_, NP_, MB_)                                                                                                 \
+    do {                                                                                                               \
+        char nm_[64];                                                                                                  \
+        snprintf(nm_, sizeof nm_, "seq rows%d pieces %d (%d/SM)", R_, NP_,                                             \
+                 occ((const void *)k_seq<R_, NP_, MB_>, (size_t)H * 4 + pad));                                         \
+        RUN(nm_, (k_seq<R_, NP_, MB_><<<dim3((I + 8 * R_ - 1) / (8 * R_), TOPK), 256, (size_t)H * 4 + pad, st>>>(P_r(r)))); \
+    } while (0)
+            SEQ(4, 2, 3);
+            SEQ(4, 4, 3);
+            SEQ(4, 8, 3);
+            SEQ(4, 8, 1);
+            SEQ(2, 4, 3);
+            SEQ(2, 8, 3);
+            SEQ(2, 8, 1);
+            SEQ(1, 8, 3);
+            SEQ(1, 8, 1);
+            BULK(4, 3, 128, pad);
+            BULK(4, 3, 128, 0);
+            BULK(4, 4, 128, 0);
+            BULK(4, 2, 256, 0);
+            BULK(4, 3, 256, 0);
+            BULK(4, 4, 256, 0);
+            BULK(4, 6, 64, 0);
+            BULK(4, 8, 64, 0);
+            BULK(2, 4, 256, 0);
+            BULK(2, 6, 128, 0);
+            BULK(2, 3, 256, pad);
+            BULK(1, 4, 256, 0);
+            BULK(1, 8, 256, 0);
             RUN("l2 prefetch rows2", (k_pf<true, 2><<<dim3((I + 15) / 16, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("l2 prefetch rows4", (k_pf<true, 4><<<dim3((I + 31) / 32, TOPK), 256, 0, st>>>(P_r(r))));
             RUN("persistent rows2 4/SM", (k_pers<true, 2><<<nsm * 4, 256, 0, st>>>(P_r(r), (I + 15) / 16, TOPK)));
