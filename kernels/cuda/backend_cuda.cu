@@ -481,6 +481,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
     c->device = device;
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    c->smem_per_sm = prop.sharedMemPerMultiprocessor;
+    c->smem_reserved = prop.reservedSharedMemPerBlock;
     c->wfmt = weights;
     {
         const char *g = getenv("PD_CUDA_GRAPHS");
@@ -540,6 +542,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->norm_v_off = nv && !strcmp(nv, "0");
         const char *orr = getenv("PD_MOE_OROUTE");
         c->moe_oroute_off = orr && !strcmp(orr, "0");
+        const char *gps = getenv("PD_MOE_GU1_PASS");
+        c->moe_gu1_pass_off = gps && !strcmp(gps, "0");
         const char *m1r = getenv("PD_MOE1_ROWS");
         c->moe1_rows_gu = m1r && m1r[0] == '2' ? 2 : 4;
         c->moe1_rows_dn = m1r && m1r[0] && m1r[1] == ',' && m1r[2] == '2' ? 2 : 4;

@@ -70,6 +70,7 @@ typedef struct {
 typedef struct {
     int device, n_sm;
     size_t smem_optin; /* largest dynamic shared memory a block may ask for */
+    size_t smem_per_sm, smem_reserved; /* a SM's shared memory, and what the system reserves of it a block */
     pd_cuda_weights wfmt;
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -137,6 +138,8 @@ typedef struct {
                             with x read before the wait (A/B runs) */
     bool moe_dn1_cmb_off; /* PD_MOE_DOWN1_COMBINE=0: at one row with og, k_moe_down1 then the combine kernel, not
                              k_moe_down1c with the combine inside (A/B runs) */
+    bool moe_gu1_pass_off; /* PD_MOE_GU1_PASS=0: the batch-1 gate_up GEMV (bf16, 4 rows a warp) in one pass of 4
+                              rows, not 4 passes of one spread over every SM (gu1_gemv, moe.cu; A/B runs) */
     int moe1_rows_gu, moe1_rows_dn; /* PD_MOE1_ROWS=G,D (2 or 4 each): output rows a warp of the batch-1 gate_up
                                        and down GEMVs (k_moe_gate_up1, k_moe_down1); 4 halves their blocks (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */

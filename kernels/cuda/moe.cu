@@ -1417,7 +1417,24 @@ __device__ static float gu1_norm(const moe_gu1_args &a, float *hs, float *nw, do
     return inv;
 }
 
-template <typename WT, int R>
+/* The gate_up GEMV of block bx's GV_WARPS · R rows. With PR < R it runs
+ * as R / PR passes of PR rows a warp: pass t is gemv_block's block
+ * (R / PR) bx + t, so warp w takes rows w PR + t GV_WARPS PR .. of the
+ * block's. A pass of one row (a gate row and its up row) needs 64
+ * registers where R = 4 in one pass needed 80 and kept ~3 of its 8 rows'
+ * loads in flight: six experts' gate_up alone took 18.4 µs against 23.3
+ * (bench_moe_stream, docs/benchmarks.md session 17). Each row's sum is
+ * gemv_block's, so the numbers do not change. */
+template <typename WT, int R, int PR, bool XS>
+__device__ __forceinline__ void gu1_gemv(int bx, const WT *__restrict__ W, size_t ldw, size_t upo, int N, int K,
+                                         const int *xrow, const int *yrow, const float *x, float *act) {
+    static_assert(R % PR == 0, "whole passes");
+#pragma unroll 1
+    for (int t = 0; t < R / PR; t++)
+        gemv_block<true, WT, PR, 1, XS>(bx * (R / PR) + t, W, ldw, upo, N, K, 0, 1, xrow, yrow, x, K, act, N, 0);
+}
+
+template <typename WT, int R, int PR>
 static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_args a) {
     __shared__ float rs[3 * GU1_MAX_E + 2 * GU1_MAX_G + 32];
     __shared__ float lgs[GU1_MAX_E], bss[GU1_MAX_E];
@@ -1450,11 +1467,11 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
             gu1_norm(a, hs, nw, part);
             MOE_PROBE(1, blockIdx.x, 2);
             MOE_PROBE(1, blockIdx.x, 3);
-            gemv_block<true, WT, R, 1, true>(bx, W, ldw, upo, a.N, a.K, 0, 1, NULL, prow, hs, a.K, a.act, a.N, 0);
+            gu1_gemv<WT, R, PR, true>(bx, W, ldw, upo, a.N, a.K, NULL, prow, hs, a.act);
             MOE_PROBE_SYNC(1, blockIdx.x, 4);
         } else {
             __syncthreads();
-            gemv_block<true, WT, R, 1>(bx, W, ldw, upo, a.N, a.K, 0, 1, xrow0, prow, a.h, a.K, a.act, a.N, 0);
+            gu1_gemv<WT, R, PR, false>(bx, W, ldw, upo, a.N, a.K, xrow0, prow, a.h, a.act);
         }
         if (a.sdone) { /* publish the act rows: every writer fences, then one count */
             __threadfence();
@@ -1521,11 +1538,11 @@ static __global__ void __launch_bounds__(GV_WARPS * 32) k_moe_gate_up1(moe_gu1_a
     __syncthreads();
     MOE_PROBE(1, blockIdx.x, 3);
     if (a.og_raw)
-        gemv_block<true, WT, R, 1, true>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
-                                         NULL, prow, hs, a.K, a.act, a.N, 0);
+        gu1_gemv<WT, R, PR, true>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, NULL, prow,
+                                  hs, a.act);
     else
-        gemv_block<true, WT, R, 1>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, 0, 1,
-                                   xrow0, prow, a.h, a.K, a.act, a.N, 0);
+        gu1_gemv<WT, R, PR, false>(bx, (const WT *)a.w[g], (size_t)a.gldw[g], (size_t)a.gupo[g], a.N, a.K, xrow0,
+                                   prow, a.h, a.act);
     MOE_PROBE_SYNC(1, blockIdx.x, 4);
 }
 
@@ -1703,9 +1720,26 @@ static __global__ void __launch_bounds__(DN1C_MAX_NW * 32) k_moe_down1c(moe_dn1c
 /* Launches of the one-row kernels, one function a variant so that
  * CU_SMEM_OPTIN's per-call-site memory belongs to one kernel. optin: the
  * launch asks for dynamic shared memory (cfg's). */
-template <typename WT, int R> static cudaError_t gu1_launch(const cudaLaunchConfig_t *cfg, const moe_gu1_args &a, bool optin) {
-    const cudaError_t e = optin ? CU_SMEM_OPTIN((k_moe_gate_up1<WT, R>), cfg->dynamicSmemBytes) : cudaSuccess;
-    return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_gate_up1<WT, R>, a) : e;
+template <typename WT, int R, int PR = R>
+static cudaError_t gu1_launch(const cudaLaunchConfig_t *cfg, const moe_gu1_args &a, bool optin) {
+    const cudaError_t e = optin ? CU_SMEM_OPTIN((k_moe_gate_up1<WT, R, PR>), cfg->dynamicSmemBytes) : cudaSuccess;
+    return e == cudaSuccess ? cudaLaunchKernelEx(cfg, k_moe_gate_up1<WT, R, PR>, a) : e;
+}
+
+/* Dynamic shared memory (at least min bytes) for a grid of blocks that
+ * lets no more of them share a SM than filling every SM once needs (cap =
+ * ceil(blocks / SMs)): cap + 1 blocks of this much each, with the SM's
+ * reserve a block, exceed the SM's shared memory. So the grid spreads over
+ * all SMs instead of filling some with more blocks. cap blocks still fit
+ * while the kernel's static shared memory is below a third of the rest
+ * (k_moe_gate_up1: 6 KB against ~19 KB at cap 3 on an H200). min where
+ * that is no more than min or past what a block may ask for. */
+static size_t smem_spread(const cu_ctx *c, unsigned blocks, size_t min) {
+    const size_t cap = (blocks + (unsigned)c->n_sm - 1) / (unsigned)c->n_sm;
+    if (!c->smem_per_sm || c->smem_per_sm / (cap + 1) <= c->smem_reserved)
+        return min;
+    const size_t s = (c->smem_per_sm / (cap + 1) - c->smem_reserved + 127) & ~(size_t)127;
+    return s > min && s <= c->smem_optin ? s : min;
 }
 template <typename WT, int R> static cudaError_t dn1_launch(const cudaLaunchConfig_t *cfg, const moe_dn1_args &a) {
     const cudaError_t e = CU_SMEM_OPTIN((k_moe_down1<WT, R>), cfg->dynamicSmemBytes);
@@ -2111,8 +2145,18 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         cudaLaunchAttribute uat;
         cudaLaunchConfig_t ucfg =
             cu_launch_config(grid, dim3(GV_WARPS * 32), gu_pdl ? usmem : 0, c->stream, gu_pdl, &uat);
-        if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
-            e = R == 4 ? gu1_launch<__nv_bfloat16, 4>(&ucfg, ua, gu_pdl) : gu1_launch<__nv_bfloat16, 2>(&ucfg, ua, gu_pdl);
+        /* bf16 at 4 rows a warp: as 4 passes of one (gu1_gemv) */
+        if (c->wfmt == PD_CUDA_WEIGHTS_BF16 && R == 4 && !c->moe_gu1_pass_off) {
+            /* spread over every SM: at 64 registers 4 blocks fit a SM where 3 did at 80, and with 4 a SM the
+             * step was slower than with one pass (2.19-2.22 ms against 2.09-2.13), with 3 faster (2.04-2.11;
+             * docs/benchmarks.md session 17) */
+            if (gu_pdl)
+                ucfg.dynamicSmemBytes = smem_spread(c, grid.x, usmem);
+            e = gu1_launch<__nv_bfloat16, 4, 1>(&ucfg, ua, gu_pdl);
+        } else if (c->wfmt == PD_CUDA_WEIGHTS_BF16 && R == 4)
+            e = gu1_launch<__nv_bfloat16, 4>(&ucfg, ua, gu_pdl);
+        else if (c->wfmt == PD_CUDA_WEIGHTS_BF16)
+            e = gu1_launch<__nv_bfloat16, 2>(&ucfg, ua, gu_pdl);
         else
             e = R == 4 ? gu1_launch<float, 4>(&ucfg, ua, gu_pdl) : gu1_launch<float, 2>(&ucfg, ua, gu_pdl);
         if (!CU_LAUNCHED(c, e, "moe_block: gate_up (routing)"))
