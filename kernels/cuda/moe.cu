@@ -2148,7 +2148,7 @@ bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a) {
         /* bf16 at 4 rows a warp: as 4 passes of one (gu1_gemv) */
         if (c->wfmt == PD_CUDA_WEIGHTS_BF16 && R == 4 && !c->moe_gu1_pass_off) {
             /* spread over every SM: at 64 registers 4 blocks fit a SM where 3 did at 80, and with 4 a SM the
-             * step was slower than with one pass (2.19-2.22 ms against 2.09-2.13), with 3 faster (2.04-2.11;
+             * step was slower than with one pass (2.20-2.22 ms against 2.11-2.13), with 3 faster (2.07-2.11;
              * docs/benchmarks.md session 17) */
             if (gu_pdl)
                 ucfg.dynamicSmemBytes = smem_spread(c, grid.x, usmem);

@@ -245,19 +245,6 @@ template <int GV_ROWS, int NS, int KC = 128> struct gemv_bulk {
     }
 };
 
-
-/* x through shared memory (as k_moe_gate_up1 reads it) */
-template <bool SW, int R>
-__global__ void __launch_bounds__(GV_WARPS * 32, 3) k_cur_xs(P p) {
-    extern __shared__ float4 xs4[];
-    const int e = p.ids[blockIdx.y];
-    for (int k = threadIdx.x; k < p.K / 4; k += blockDim.x)
-        xs4[k] = __ldg((const float4 *)p.x + k);
-    __syncthreads();
-    gemv_block<SW, bf, R, 1, true>((int)blockIdx.x, p.base + (size_t)e * p.estride, p.ldw, p.upo, p.N, p.K, 0, 1,
-                                   NULL, NULL, (const float *)xs4, p.K, p.y + (size_t)blockIdx.y * p.N, p.N, 0);
-}
-
 /* x through shared memory, a warp's R rows as R / PR passes of PR rows
  * (k_moe_gate_up1's GEMV with its passes) at 3 blocks a SM */
 template <int R, int PR>
@@ -565,12 +552,11 @@ int main() {
             {
                 const size_t sm0 = (size_t)H * 4;
                 char nm[64];
-                snprintf(nm, sizeof nm, "cur rows4 x smem (%d/SM)", occ((const void *)k_cur_xs<true, 4>, sm0 + pad));
-                RUN(nm, (k_cur_xs<true, 4><<<dim3((I + 31) / 32, TOPK), 256, sm0 + pad, st>>>(P_r(r))));
+                snprintf(nm, sizeof nm, "cur rows4 x smem (%d/SM)", occ((const void *)k_pass_xs<4, 4>, sm0 + pad));
+                RUN(nm, (k_pass_xs<4, 4><<<dim3((I + 31) / 32, TOPK), 256, sm0 + pad, st>>>(P_r(r))));
             }
             RUN("pass rows4 as 4x1 x smem (3/SM)", (k_pass_xs<4, 1><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
             RUN("pass rows4 as 2x2 x smem (3/SM)", (k_pass_xs<4, 2><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
-            RUN("pass rows4 as 1x4 x smem (3/SM)", (k_pass_xs<4, 4><<<dim3((I + 31) / 32, TOPK), 256, H * 4 + pad, st>>>(P_r(r))));
 #define SEQ(R_, NP_, MB_)                                                                                                 \
     do {                                                                                                               \
         char nm_[64];                                                                                                  \
