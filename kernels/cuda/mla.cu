@@ -1408,7 +1408,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
     absorbed_call ac = {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
-        .min_chunk = 0, .first_kernels = c->mla_first_kernels,
+        .min_chunk = 0, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0, .cmb_slow = 0,
         .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
         .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
@@ -1444,9 +1444,9 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
     absorbed_call ac = {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
-        .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels,
-        .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens, .q_boff = a->block_off,
-        .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
+        .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0,
+        .cmb_slow = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens,
+        .q_boff = a->block_off, .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     const pd_mla_prep_args *p = a->prep;
     if (p) { /* the prologue: folded into the q_lat kernel where it takes these rows, else mla_prep first */
