@@ -29,10 +29,12 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     stopper *st = arg;
     pd_err err = {{0}};
-    if (st->n_signals++ == 0 && st->shutdown_timeout > 0 &&
-        pd_gw_server_drain(st->gw, st->shutdown_timeout, on_drained, st->base, &err) == PD_OK) {
+    if (st->n_signals++ == 0 && st->shutdown_timeout > 0) {
+        /* logged first: the drain's own lines follow it */
         PD_LOGI("gateway", "signal %d: draining (again to stop at once)", (int)sig);
-        return;
+        if (pd_gw_server_drain(st->gw, st->shutdown_timeout, on_drained, st->base, &err) == PD_OK)
+            return;
+        PD_LOGW("gateway", "cannot drain (%s): stopping at once", err.msg);
     }
     event_base_loopbreak(st->base);
 }
