@@ -9,8 +9,9 @@ output (run on a GPU host: the development VM has no cuobjdump), finds the
 backward branches, and prints each loop body that has both loads and FMAs
 as a string: L a global load (LDG), g a global-to-shared copy (LDGSTS,
 cp.async), T a bulk copy (UBLKCP, cp.async.bulk), s a shared-memory load
-(LDS), fN a run of N FFMA/FMUL. Loads count L, g and T. `LLLf8Lf8...` means three loads go out before the first
-FMAs, then one a time: about three loads in flight a warp.
+(LDS), fN a run of N FFMA/FMUL. Loads count L, g and T. `LLLf8Lf8...`
+means three loads go out before the first FMAs, then one a time: about
+three loads in flight a warp.
 
 Usage: sass_loops.py kernel.sass [--min-loads 4]
 (docs/benchmarks.md, session 16, call F.)
