@@ -538,6 +538,10 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_dn1_cmb_off = dc && !strcmp(dc, "0");
         const char *mmf = getenv("PD_MLA_MERGE_FAST");
         c->mla_merge_slow = mmf && !strcmp(mmf, "0");
+        const char *mtp = getenv("PD_MLA_TILE_PRE");
+        c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
+        const char *qpr = getenv("PD_QLAT_PRE");
+        c->mla_qlat_pre1 = qpr && !strcmp(qpr, "1");
         const char *nv = getenv("PD_NORM_V");
         c->norm_v_off = nv && !strcmp(nv, "0");
         const char *orr = getenv("PD_MOE_OROUTE");

@@ -133,6 +133,10 @@ typedef struct {
     bool moe_oroute_off; /* PD_MOE_OROUTE=0: moe_block's o_proj as its own GEMV and the gate kernel after it, not
                             k_oproj_route with the router's logits beside it (A/B runs) */
     bool mla_merge_slow; /* PD_MLA_MERGE_FAST=0: the decode merge without its one-round-trip path (A/B runs) */
+    bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
+                            row of this step's, not the old rows of its first two tiles (A/B runs) */
+    bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs
+                            after its wait, not the weights, slots and rope factors before it (A/B runs) */
     bool norm_v_off;     /* PD_NORM_V=0: rmsnorm as the first kernel (k_rmsnorm), not k_rmsnorm_v (A/B runs) */
     bool moe_cmb1_plain; /* PD_MOE_COMBINE1_PDL=0: the batch-1 combine after k_moe_down1 as a plain launch, not by PDL
                             with x read before the wait (A/B runs) */

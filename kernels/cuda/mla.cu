@@ -304,6 +304,75 @@ __device__ static void qlat_kv_prep(const qlat_prep &p, int kvr, int dr, int i0,
     }
 }
 
+/* What qlat_kv_prep2 needs that no kernel of the step writes (weights, the
+ * rows' slots and positions: the host's, before the graph), read before
+ * the PDL wait: kv_norm at columns tid + QL_THREADS k, each row's cache
+ * slot, and thread i < dr / 2's rope factors for each row. */
+#define QLP_K 4 /* kvr <= QLP_K · QL_THREADS (absorbed_shape_ok: kvr <= 1024) */
+struct qlat_prep_pre {
+    float kvn[QLP_K];
+    size_t dst[QL_QB];
+    float cs[QL_QB], sn[QL_QB];
+};
+
+__device__ __forceinline__ void qlat_kv_prep_load(const qlat_prep &p, int kvr, int dr, int i0, int nq,
+                                                  qlat_prep_pre &pp) {
+    const int tid = threadIdx.x, D = kvr + dr;
+#pragma unroll
+    for (int k = 0; k < QLP_K; k++)
+        pp.kvn[k] = tid + k * QL_THREADS < kvr ? p.kv_norm[tid + k * QL_THREADS] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < QL_QB; j++) {
+        pp.dst[j] = j < nq ? ((size_t)p.slots[i0 + j] + p.slot_offset) * D : 0;
+        pp.cs[j] = pp.sn[j] = 0.0f;
+        if (j < nq && tid < dr / 2) {
+            const float ang = (float)p.pos[i0 + j] * p.inv_freq[tid];
+            pp.cs[j] = cosf(ang) * p.mscale;
+            pp.sn[j] = sinf(ang) * p.mscale;
+        }
+    }
+}
+
+/* qlat_kv_prep's arithmetic (the same sum of squares, norm and rope) with
+ * pp read before the wait: after it, one round trip for each row's c_KV
+ * and k_pe, then the block's sum and the stores. */
+__device__ static void qlat_kv_prep2(const qlat_prep &p, int kvr, int dr, int i0, int nq, const qlat_prep_pre &pp) {
+    __shared__ double part[QL_THREADS / 32];
+    const int tid = threadIdx.x, D = kvr + dr;
+#pragma unroll
+    for (int j = 0; j < QL_QB; j++) {
+        if (j >= nq)
+            break;
+        float *c = p.ckv + (size_t)(i0 + j) * D;
+        float v[QLP_K];
+        double ss = 0.0;
+#pragma unroll
+        for (int k = 0; k < QLP_K; k++) {
+            v[k] = tid + k * QL_THREADS < kvr ? c[tid + k * QL_THREADS] : 0.0f;
+            ss += (double)v[k] * v[k];
+        }
+        const bool pe = tid < dr / 2;
+        const float x0 = pe ? c[kvr + 2 * tid] : 0.0f, x1 = pe ? c[kvr + 2 * tid + 1] : 0.0f;
+        const float inv = cu_block_inv_rms_of<QL_THREADS>(ss, kvr, p.eps, part);
+        float *dst = p.cache + pp.dst[j];
+#pragma unroll
+        for (int k = 0; k < QLP_K; k++)
+            if (tid + k * QL_THREADS < kvr) {
+                const float y = v[k] * inv * pp.kvn[k];
+                c[tid + k * QL_THREADS] = y;
+                dst[tid + k * QL_THREADS] = y;
+            }
+        if (pe) {
+            const float y0 = x0 * pp.cs[j] - x1 * pp.sn[j], y1 = x1 * pp.cs[j] + x0 * pp.sn[j];
+            c[kvr + 2 * tid] = y0;
+            c[kvr + 2 * tid + 1] = y1;
+            dst[kvr + 2 * tid] = y0;
+            dst[kvr + 2 * tid + 1] = y1;
+        }
+        __syncthreads(); /* part is rewritten by the next row */
+    }
+}
+
 /* acc[j][0..7] += q[j][d] · W_UK[d][the thread's 8 columns], for the QL_QB queries (k_mla_qlat8). */
 __device__ __forceinline__ void qlat_acc(float (&acc)[QL_QB][8], const float (&qs)[QL_QB][QL_DN_MAX], int d,
                                          const float *w) {
@@ -316,7 +385,12 @@ __device__ __forceinline__ void qlat_acc(float (&acc)[QL_QB][8], const float (&q
     }
 }
 
-template <typename W, int COLS, bool PRE = false>
+/* PRE (launched by PDL, bf16): 1, W_UK before the wait; 2, also what the
+ * prologue needs that the step does not write (qlat_kv_prep_load) and the
+ * q_pe rope's factors, so that after the wait each block has one round trip
+ * to L2 before its sums (needs dr <= 2 QL_THREADS and, for the q_pe rope
+ * before the sums, QL_QB · dr / 2 <= QL_THREADS) */
+template <typename W, int COLS, int PRE = 0>
 static __global__ void __launch_bounds__(QL_THREADS)
     k_mla_qlat8(int n_q, int nh, int dn, int dr, int dv, int kvr, float *__restrict__ q,
                 const W *__restrict__ kvb, float *__restrict__ ql, qlat_prep prep) {
@@ -334,6 +408,10 @@ static __global__ void __launch_bounds__(QL_THREADS)
      * the wait (weights: nothing earlier writes them), and the next kernel
      * let launch only after it, so that at most one kernel waits early */
     uint4 wpre[NPRE];
+    qlat_prep_pre pp;
+    /* PRE 2: block (h < nh, 0, z)'s thread k < nq dr / 2 ropes pair k % (dr / 2) of query k / (dr / 2) */
+    const bool rope_pre = PRE == 2 && prep.on && blockIdx.y == 0 && h < nh && nq * (dr / 2) <= QL_THREADS;
+    float rcs = 0.0f, rsn = 0.0f;
     if constexpr (PRE) {
         const int c = c0 + cg * 8;
         if (h < nh && c < kvr) {
@@ -343,13 +421,36 @@ static __global__ void __launch_bounds__(QL_THREADS)
                 if (slice + k * SLICES < dn)
                     wpre[k] = __ldg((const uint4 *)(wuk + (size_t)(slice + k * SLICES) * kvr));
         }
+        if (PRE == 2 && h == nh && blockIdx.y == 0)
+            qlat_kv_prep_load(prep, kvr, dr, i0, nq, pp);
+        if (rope_pre && tid < nq * (dr / 2)) {
+            const int j = tid / (dr / 2), i = tid - j * (dr / 2);
+            const float ang = (float)prep.pos[i0 + j] * prep.inv_freq[i];
+            rcs = cosf(ang) * prep.mscale;
+            rsn = sinf(ang) * prep.mscale;
+        }
         cu_pdl_wait();
         cu_pdl_launch_dependents();
     }
     if (h == nh) { /* the prologue's block (grid.x is nh + 1 only with prep.on) */
-        if (blockIdx.y == 0)
-            qlat_kv_prep(prep, kvr, dr, i0, nq);
+        if (blockIdx.y == 0) {
+            if (PRE == 2)
+                qlat_kv_prep2(prep, kvr, dr, i0, nq, pp);
+            else
+                qlat_kv_prep(prep, kvr, dr, i0, nq);
+        }
         return;
+    }
+    if (rope_pre && tid < nq * (dr / 2)) { /* k_mla_prep's arithmetic, as below */
+        const int j = tid / (dr / 2), i = tid - j * (dr / 2), r = i0 + j;
+        float *v = q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i;
+        const float x0 = v[0], x1 = v[1];
+        const float y0 = x0 * rcs - x1 * rsn, y1 = x1 * rcs + x0 * rsn;
+        v[0] = y0;
+        v[1] = y1;
+        float *o = ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i;
+        o[0] = y0;
+        o[1] = y1;
     }
     for (int k = tid; k < QL_QB * dn; k += QL_THREADS) {
         const int j = k / dn, d = k - j * dn;
@@ -403,7 +504,7 @@ static __global__ void __launch_bounds__(QL_THREADS)
             const int j = k / dr, d = k - j * dr;
             ql[((size_t)(i0 + j) * nh + h) * (kvr + dr) + kvr + d] = q[((size_t)(i0 + j) * nh + h) * (dn + dr) + dn + d];
         }
-    if (blockIdx.y == 0 && prep.on) /* rope on q_pe, k_mla_prep's arithmetic */
+    if (blockIdx.y == 0 && prep.on && !rope_pre) /* rope on q_pe, k_mla_prep's arithmetic */
         for (int k = tid; k < nq * (dr / 2); k += QL_THREADS) {
             const int j = k / (dr / 2), i = k - j * (dr / 2), r = i0 + j;
             float *v = q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i;
@@ -644,8 +745,12 @@ static size_t decode_tc_smem(int D) {
     return ((size_t)2 * DEC_TT * (D + 4) + 8 * DEC_HG * DTC_SRP + DEC_HG * DTC_PSP + 3 * DEC_HG) * sizeof(float);
 }
 
-/* k_mla_decode's arguments and partials (see there), D = 64 KQ, kvr = 64 NT. */
-template <int KQ, int NT, bool PRE = false>
+/* k_mla_decode's arguments and partials (see there), D = 64 KQ, kvr = 64 NT.
+ * PRE (launched by PDL): 1, the first tile loaded before the wait when
+ * none of its rows is this step's; 2, the rows of the first two tiles that
+ * are not this step's loaded before the wait, wherever they are, and the
+ * rest after it. */
+template <int KQ, int NT, int PRE = 0>
 static __global__ void __launch_bounds__(DEC_THREADS, 1)
     k_mla_decode_tc(int nh, float scale, int start_pos, const int *__restrict__ q_len, const int *__restrict__ q_boff,
                     int n_splits, int min_chunk, int zero_empty, const float *__restrict__ ql,
@@ -683,8 +788,8 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
      * q_lat kernel; q_len NULL: rows from start_pos on): the rest of the
      * cache was written by earlier steps, and the lengths and block table
      * by the host before the graph. The next kernel launches after the wait. */
-    bool first_loaded = false;
-    if constexpr (PRE) {
+    bool first_loaded = false, second_loaded = false;
+    if constexpr (PRE == 1) {
         const int old_rows = q_len ? n_vis - 1 : start_pos;
         if (t_begin < t_end && min(t_end, t_begin + DEC_TT) <= old_rows) {
             load_tile(tiles, t_begin);
@@ -692,6 +797,37 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         }
         cu_pdl_wait();
         cu_pdl_launch_dependents();
+    } else if constexpr (PRE == 2) {
+        /* the split that holds this step's row (the critical one: every
+         * other split's rows are old) no longer loads its whole first tile
+         * after the wait, only that row; a split of two tiles or more has
+         * its second tile in flight too (the double buffer's other half) */
+        const int old_rows = q_len ? n_vis - 1 : start_pos;
+        const int n0 = max(0, min(DEC_TT, t_end - t_begin));
+        const int n1 = n0 == DEC_TT ? max(0, min(DEC_TT, t_end - t_begin - DEC_TT)) : 0;
+        const int o0 = min(n0, max(0, old_rows - t_begin)), o1 = min(n1, max(0, old_rows - t_begin - DEC_TT));
+        float *tile1 = tiles + DEC_TT * DP;
+        if (n0) {
+            dec_tile_load(tiles, cache, btab, t_begin, o0, D4, DP, n_layers, layer, bs, tid);
+            dec_tile_load(tile1, cache, btab, t_begin + DEC_TT, o1, D4, DP, n_layers, layer, bs, tid);
+            __pipeline_commit();
+            /* rows past the split's end are zero (see load_tile) */
+            for (int k = n0 * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS)
+                ((float4 *)(tiles + (k / D4) * DP))[k % D4] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (n1)
+                for (int k = n1 * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS)
+                    ((float4 *)(tile1 + (k / D4) * DP))[k % D4] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        cu_pdl_wait();
+        cu_pdl_launch_dependents();
+        if (n0) {
+            dec_tile_load(tiles + o0 * DP, cache, btab, t_begin + o0, n0 - o0, D4, DP, n_layers, layer, bs, tid);
+            dec_tile_load(tile1 + o1 * DP, cache, btab, t_begin + DEC_TT + o1, n1 - o1, D4, DP, n_layers, layer, bs,
+                          tid);
+            __pipeline_commit();
+            first_loaded = true;
+            second_loaded = n1 > 0;
+        }
     }
 
     if (t_begin >= t_end) { /* past the end: l = 0 (and o = 0 for the merge that reads every split) */
@@ -738,7 +874,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     int buf = 0;
     for (int t0 = t_begin; t0 < t_end; t0 += DEC_TT, buf ^= 1) {
         const int nt = min(DEC_TT, t_end - t0);
-        if (t0 + DEC_TT < t_end) {
+        if (t0 + DEC_TT < t_end && !(second_loaded && t0 == t_begin)) {
             load_tile(tiles + (buf ^ 1) * DEC_TT * DP, t0 + DEC_TT);
             __pipeline_wait_prior(1);
         } else {
@@ -1158,6 +1294,8 @@ typedef struct {
     int qlat_cols;     /* k_mla_qlat8's latent columns a block (PD_QLAT_COLS=256, A/B runs; else QL_COLS) */
     int pdl;           /* bf16: the q_lat, split and merge kernels by PDL, loading weights / a tile before the wait */
     int cmb_slow;      /* PD_MLA_MERGE_FAST=0: k_mla_combine8 without its one-round-trip path (A/B runs) */
+    int tile_pre1;     /* PD_MLA_TILE_PRE=1: k_mla_decode_tc loads before its wait only a first tile of old rows */
+    int qlat_pre1;     /* PD_QLAT_PRE=1: k_mla_qlat8's prologue reads and ropes all after its wait */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -1188,7 +1326,9 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
         bool pdl = false;
         if constexpr (BF)
             if (a->pdl && cols == QL_COLS && a->dn <= 4 * (QL_THREADS / (QL_COLS / 8))) {
-                kern = k_mla_qlat8<W, QL_COLS, true>;
+                kern = !a->qlat_pre1 && a->dr <= 2 * QL_THREADS && a->kvr <= QLP_K * QL_THREADS
+                           ? k_mla_qlat8<W, QL_COLS, 2>
+                           : k_mla_qlat8<W, QL_COLS, 1>;
                 pdl = true;
             }
         cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(QL_THREADS), 0, s, pdl, &at);
@@ -1206,10 +1346,11 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
     if (a->tc) { /* absorbed_tc: kvr 512, dr 64; by PDL with its first tile loaded before the wait */
         smem = decode_tc_smem(kvr + a->dr);
-        auto kern = a->pdl ? k_mla_decode_tc<9, 8, true> : k_mla_decode_tc<9, 8>;
+        auto kern = !a->pdl ? k_mla_decode_tc<9, 8, 0> : a->tile_pre1 ? k_mla_decode_tc<9, 8, 1> : k_mla_decode_tc<9, 8, 2>;
         /* CU_SMEM_OPTIN remembers per call site: one for each kernel */
-        if ((e = a->pdl ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, true>), smem)
-                        : CU_SMEM_OPTIN((k_mla_decode_tc<9, 8>), smem)) != cudaSuccess)
+        if ((e = !a->pdl         ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 0>), smem)
+                 : a->tile_pre1 ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 1>), smem)
+                                : CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 2>), smem)) != cudaSuccess)
             return e;
         cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(DEC_THREADS), smem, s, a->pdl, &at);
         e = cudaLaunchKernelEx(&cfg, kern, nh, a->scale, a->start_pos, a->q_len, a->q_boff, n_splits, a->min_chunk,
@@ -1276,6 +1417,8 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
              decode_tc_smem(ac->kvr + ac->dr) <= c->smem_optin;
     ac->pdl = c->pdl && !c->mla_pdl_off && c->wfmt == PD_CUDA_WEIGHTS_BF16;
     ac->cmb_slow = c->mla_merge_slow;
+    ac->tile_pre1 = c->mla_tile_pre1;
+    ac->qlat_pre1 = c->mla_qlat_pre1;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
                         : absorbed_launch<float>(ac, (const float *)kv_b->data, c->stream);
@@ -1409,7 +1552,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = 0, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0, .cmb_slow = 0,
-        .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
+        .tile_pre1 = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
         .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     absorbed_run(c, &ac, a->kv_b);
@@ -1445,7 +1588,8 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0,
-        .cmb_slow = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = a->seq_lens,
+        .cmb_slow = 0, .tile_pre1 = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache,
+        .q_len = a->seq_lens,
         .q_boff = a->block_off, .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     const pd_mla_prep_args *p = a->prep;
