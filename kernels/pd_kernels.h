@@ -359,6 +359,16 @@ typedef struct {
      * memory is host memory, so nothing needs staging). NULL on failure. */
     void *(*host_alloc)(pd_backend *be, size_t bytes);
     void (*host_free)(pd_backend *be, void *p);
+    /** upload queued without waiting for it (upload waits: its source may
+     * be reused on return): src_host, page-locked (host_alloc), must stay
+     * unchanged until upload_wait returns, which waits for the last
+     * upload_async's copy (at once when it is done, as it is after any
+     * download). Both or neither; NULL: use upload. The CUDA backend's
+     * upload waits ~5 µs on the host for a step's few KB of arguments
+     * (session 18's timeline); a step's arguments go up this way and the
+     * next step waits before it rewrites them (model/forward.c). */
+    void (*upload_async)(pd_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*upload_wait)(pd_backend *be);
     /** Page-locks host memory the caller allocated (CUDA: cudaHostRegister,
      * portable to every device), so copies from and into it run as fast as
      * from host_alloc's; host_unregister undoes it before the memory goes.

@@ -90,6 +90,8 @@ static void ws_release(pd_model_rank *rk) {
     if (w->args)
         be->ops->free(be, w->args);
     if (w->hargs) {
+        if (be->ops->upload_wait) /* an async copy from hargs may be in flight */
+            be->ops->upload_wait(be);
         if (be->ops->host_alloc)
             be->ops->host_free(be, w->hargs);
         else
@@ -446,7 +448,10 @@ static void step_on_rank(void *arg, int rank) {
     int n_seqs = j->n_seqs;
     pd_fwd_ws *w = &rk->ws;
 
-    /* host arguments, in the layout of w->args */
+    /* host arguments, in the layout of w->args (rewritten only once the
+     * last step's copy of them is done) */
+    if (m->args_async)
+        be->ops->upload_wait(be);
     int32_t *ids = w->hargs, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;
     int32_t *boff = lens + w->cap_seqs, *blocks = boff + w->cap_seqs;
     int nb = 0;
@@ -466,7 +471,12 @@ static void step_on_rank(void *arg, int rank) {
             nb += nblk;
         }
     }
-    be->ops->upload(be, w->args, w->hargs, (size_t)(blocks + nb - w->hargs) * sizeof(int32_t));
+    /* queued without a wait where the backend can (hargs is page-locked) */
+    const size_t arg_bytes = (size_t)(blocks + nb - w->hargs) * sizeof(int32_t);
+    if (m->args_async)
+        be->ops->upload_async(be, w->args, w->hargs, arg_bytes);
+    else
+        be->ops->upload(be, w->args, w->hargs, arg_bytes);
 
     bool replayed = j->decode_only && graph_replay(rk, kv, n_seqs);
     if (!replayed)
@@ -482,6 +492,8 @@ void pd_model_read_switches(pd_model *m) {
     const char *f = getenv("PD_FUSED_OPS"), *d = getenv("PD_SAMPLE_ON_DEVICE"), *np = getenv("PD_NORM_PAIR");
     m->fused_ops = !(f && strcmp(f, "0") == 0);
     m->norm_pair = !(np && strcmp(np, "0") == 0);
+    const char *aa = getenv("PD_ARGS_ASYNC");
+    m->args_async = !(aa && strcmp(aa, "0") == 0) && ops->upload_async && ops->upload_wait && ops->host_alloc;
     if (d && strcmp(d, "0") == 0)
         m->sample_on_device = false;
     else if (d && strcmp(d, "1") == 0)

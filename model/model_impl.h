@@ -127,8 +127,10 @@ struct pd_model {
      * ops (PD_FUSED_OPS, default on), among them rmsnorm_gemm_pair
      * (PD_NORM_PAIR=0 alone off: A/B runs), and sampling where the logits
      * are (PD_SAMPLE_ON_DEVICE: 0 never, 1 wherever the backend has
-     * sample_rows, else where its memory is not host memory) */
-    bool fused_ops, norm_pair, sample_on_device;
+     * sample_rows, else where its memory is not host memory), and a
+     * step's arguments uploaded without a wait where the backend has
+     * upload_async (PD_ARGS_ASYNC=0: the waiting upload, A/B runs) */
+    bool fused_ops, norm_pair, sample_on_device, args_async;
 };
 
 /** Sets m->fused_ops, m->norm_pair and m->sample_on_device from rank 0's backend and the

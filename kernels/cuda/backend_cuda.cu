@@ -316,6 +316,8 @@ static void cu_destroy(pd_backend *be) {
     cublasLtMatmulDescDestroy(c->mm_desc);
     cublasLtDestroy(c->lt);
     cublasDestroy(c->blas);
+    if (c->upload_ev)
+        cudaEventDestroy(c->upload_ev);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -338,6 +340,8 @@ CU_OP(void *, alloc, (pd_backend * be, size_t bytes), (be, bytes))
 CU_OP(void, free, (pd_backend * be, void *p), (be, p))
 CU_OP(void, upload, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
 CU_OP(void, download, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+CU_OP(void, upload_async, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+CU_OP(void, upload_wait, (pd_backend * be), (be))
 CU_OP(void, copy, (pd_backend * be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
 CU_OP(pd_status, weight_from_f32, (pd_backend * be, const float *host, int rows, int cols, pd_weight *w_p),
       (be, host, rows, cols, w_p))
@@ -441,6 +445,8 @@ static const pd_backend_i cu_ops = {
     .all_reduce_sum = op_all_reduce_sum,
     .host_alloc = op_host_alloc,
     .host_free = op_host_free,
+    .upload_async = op_upload_async,
+    .upload_wait = op_upload_wait,
     .host_register = op_host_register,
     .host_unregister = op_host_unregister,
     .weight_alloc = op_weight_alloc,

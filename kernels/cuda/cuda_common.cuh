@@ -73,6 +73,8 @@ typedef struct {
     size_t smem_per_sm, smem_reserved; /* a SM's shared memory, and what the system reserves of it a block */
     pd_cuda_weights wfmt;
     cudaStream_t stream;
+    cudaEvent_t upload_ev; /* recorded after the last upload_async's copy (memory.cu); 0 until the first */
+    bool upload_pending;   /* upload_ev recorded and not waited for */
     cublasHandle_t blas;
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t mm_desc; /* W^T · x, bf16 in, fp32 out, fp32 compute */
@@ -450,6 +452,9 @@ void *cu_alloc(pd_backend *be, size_t bytes);
 void cu_free(pd_backend *be, void *p);
 void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes);
 void cu_download(pd_backend *be, void *dst_host, const void *src, size_t bytes);
+/* upload_async / upload_wait (pd_kernels.h): the copy, then c->upload_ev recorded after it */
+void cu_upload_async(pd_backend *be, void *dst, const void *src_host, size_t bytes);
+void cu_upload_wait(pd_backend *be);
 void cu_copy(pd_backend *be, void *dst, const void *src, size_t bytes);
 pd_status cu_weight_from_f32(pd_backend *be, const float *host, int rows, int cols, pd_weight *w_p);
 void cu_weight_free(pd_backend *be, pd_weight *w);

@@ -81,6 +81,26 @@ void cu_upload(pd_backend *be, void *dst, const void *src_host, size_t bytes) {
         CU_OK(c, cudaStreamSynchronize(c->stream)); /* pinned sources too may be reused on return */
 }
 
+void cu_upload_async(pd_backend *be, void *dst, const void *src_host, size_t bytes) {
+    cu_ctx *c = cu_of(be);
+    if (c->status != PD_OK || !bytes)
+        return;
+    if (!c->upload_ev && !CU_OK(c, cudaEventCreateWithFlags(&c->upload_ev, cudaEventDisableTiming)))
+        return;
+    if (CU_OK(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream)) &&
+        CU_OK(c, cudaEventRecord(c->upload_ev, c->stream)))
+        c->upload_pending = true;
+}
+
+void cu_upload_wait(pd_backend *be) {
+    cu_ctx *c = cu_of(be);
+    if (!c->upload_pending)
+        return;
+    c->upload_pending = false;
+    if (cudaEventSynchronize(c->upload_ev) != cudaSuccess) /* a failed copy: the stream's error says why */
+        CU_OK(c, cudaStreamSynchronize(c->stream));
+}
+
 void cu_download(pd_backend *be, void *dst_host, const void *src, size_t bytes) {
     cu_ctx *c = cu_of(be);
     if (!bytes)
