@@ -489,6 +489,7 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
     c->smem_optin = prop.sharedMemPerBlockOptin;
     c->smem_per_sm = prop.sharedMemPerMultiprocessor;
     c->smem_reserved = prop.reservedSharedMemPerBlock;
+    c->uva = prop.unifiedAddressing != 0;
     c->wfmt = weights;
     {
         const char *g = getenv("PD_CUDA_GRAPHS");
@@ -544,6 +545,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->moe_dn1_cmb_off = dc && !strcmp(dc, "0");
         const char *mmf = getenv("PD_MLA_MERGE_FAST");
         c->mla_merge_slow = mmf && !strcmp(mmf, "0");
+        const char *sgf = getenv("PD_SAMPLE_GREEDY_FAST");
+        c->sample_generic = sgf && !strcmp(sgf, "0");
         const char *mtp = getenv("PD_MLA_TILE_PRE");
         c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
         const char *qpr = getenv("PD_QLAT_PRE");

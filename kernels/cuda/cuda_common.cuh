@@ -47,6 +47,7 @@ enum {
 enum {
     CU_HSCR_MOE_IDS,  /* prefill MoE: route ids and weights downloaded [n] + [n], or the plan's counts [E + 2] */
     CU_HSCR_MOE_PLAN, /* prefill MoE: the host plan, uploaded (moe.cu moe_plan) */
+    CU_HSCR_SAMPLE,   /* sample_rows: its rows and listed tokens uploaded, its results downloaded (sample.cu) */
     CU_HSCR_COUNT
 };
 
@@ -135,6 +136,9 @@ typedef struct {
     bool moe_oroute_off; /* PD_MOE_OROUTE=0: moe_block's o_proj as its own GEMV and the gate kernel after it, not
                             k_oproj_route with the router's logits beside it (A/B runs) */
     bool mla_merge_slow; /* PD_MLA_MERGE_FAST=0: the decode merge without its one-round-trip path (A/B runs) */
+    bool uva; /* unified addressing: kernels may store to cudaHostAlloc's memory through its pointer */
+    bool sample_generic; /* PD_SAMPLE_GREEDY_FAST=0: greedy rows with nothing else asked through k_sample too, not
+                            the many-block argmax (sample.cu; A/B runs) */
     bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
                             row of this step's, not the old rows of its first two tiles (A/B runs) */
     bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs

@@ -609,6 +609,91 @@ static __global__ void __launch_bounds__(SP_THREADS)
         o->token = token;
 }
 
+/* ---- greedy rows with nothing else asked: the argmax over many blocks ----
+ *
+ * k_sample gives a row one block: its greedy pass alone reads a V2-Lite row
+ * (129280 logits, 517 KB) through one SM, and a decode step at batch 1 that
+ * samples on the device took ~20 µs longer than one that downloaded the
+ * whole row instead (session 18, bench_step --outputs). Here block (s, r)
+ * takes slice s of row r's ids below its end (n_vocab, else vocab), eight
+ * loads in flight a thread, and writes its best (value, id); the host adds
+ * up the slices. The same token as k_sample's step 5: the largest logit,
+ * ties to the lower id, NaN never taken, id 0 when every logit is -inf or
+ * NaN; and the ids from the end on are set to -inf, as step 4b does. The
+ * rows come in the launch's parameters and the slices' bests go straight
+ * into page-locked host memory (with unified addressing a kernel may store
+ * to cudaHostAlloc's memory through the same pointer), so nothing waits
+ * on a copy engine: an upload after the graph and a download after the
+ * kernel each cost 3-7 µs of the step (session 18's timeline). */
+#define SPG_THREADS 256
+#define SPG_U 8          /* loads in flight a thread */
+#define SPG_MAX_SLICES 128
+#define SPG_ROWS 128 /* rows a launch (in its parameters: 1 KB) */
+
+typedef struct {
+    int2 re[SPG_ROWS]; /* {logits row, end} */
+} spg_rows;
+
+typedef struct {
+    float v;
+    int id; /* -1: the slice saw nothing larger than -inf */
+} spg_best;
+
+__device__ __forceinline__ bool spg_better(float ov, int oi, float bv, int bi) {
+    return oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi));
+}
+
+/* rows.re[r] = {logits row, end}; best[r · S + s], host memory */
+static __global__ void __launch_bounds__(SPG_THREADS)
+    k_argmax_slices(int vocab, float *logits, const __grid_constant__ spg_rows rows, spg_best *best) {
+    __shared__ float sv[SPG_THREADS / 32];
+    __shared__ int si[SPG_THREADS / 32];
+    const int S = gridDim.x, s = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
+    const int2 q = rows.re[r];
+    float *l = logits + (size_t)q.x * vocab;
+    const int per = (q.y + S - 1) / S, i0 = s * per, i1 = min(q.y, i0 + per);
+    const int tper = (vocab - q.y + S - 1) / S; /* step 4b: this block's share of the ids from the end on */
+    for (int i = q.y + s * tper + tid; i < min(vocab, q.y + (s + 1) * tper); i += SPG_THREADS)
+        l[i] = -INFINITY;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int base = i0; base < i1; base += SPG_THREADS * SPG_U) {
+        float v[SPG_U];
+#pragma unroll
+        for (int u = 0; u < SPG_U; u++) {
+            const int i = base + u * SPG_THREADS + tid;
+            v[u] = i < i1 ? l[i] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < SPG_U; u++) /* ids rising: > keeps the lower id of equals */
+            if (v[u] > bv) {
+                bv = v[u];
+                bi = base + u * SPG_THREADS + tid;
+            }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (spg_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if ((tid & 31) == 0) {
+        sv[tid >> 5] = bv;
+        si[tid >> 5] = bi;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < SPG_THREADS / 32; w++)
+            if (spg_better(sv[w], si[w], bv, bi)) {
+                bv = sv[w];
+                bi = si[w];
+            }
+        best[(size_t)r * S + s] = spg_best{bv, bi};
+    }
+}
+
 /* Section sizes in the one scratch buffer, 256-byte aligned. */
 static size_t sp_round(size_t b) {
     return (b + 255) & ~(size_t)255;
@@ -642,6 +727,46 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
     }
     if (c->capturing) {
         cu_fail(c, PD_ERR_UNSUPPORTED, "sample_rows: not while recording a graph (it waits for its results)");
+        return;
+    }
+    bool plain_greedy = !c->sample_generic && c->uva;
+    for (int r = 0; r < n && plain_greedy; r++)
+        plain_greedy = rows[r].temperature < SP_EPS && rows[r].n_top == 0 && !rows[r].want_logprob &&
+                       rows[r].n_tok == 0;
+    if (plain_greedy) {
+        int S = (vocab + SPG_THREADS * SPG_U - 1) / (SPG_THREADS * SPG_U);
+        S = S < 1 ? 1 : S > SPG_MAX_SLICES ? SPG_MAX_SLICES : S;
+        spg_best *h_best = (spg_best *)cu_host_scratch(c, CU_HSCR_SAMPLE, (size_t)n * S * sizeof(spg_best));
+        if (!h_best)
+            return;
+        for (int r0 = 0; r0 < n; r0 += SPG_ROWS) {
+            const int nr = n - r0 < SPG_ROWS ? n - r0 : SPG_ROWS;
+            spg_rows q;
+            for (int r = 0; r < nr; r++) {
+                const pd_sample_row *R = &rows[r0 + r];
+                q.re[r] = make_int2(R->row, R->n_vocab > 0 && R->n_vocab < vocab ? R->n_vocab : vocab);
+            }
+            k_argmax_slices<<<dim3((unsigned)S, (unsigned)nr), SPG_THREADS, 0, c->stream>>>(vocab, logits, q,
+                                                                                          h_best + (size_t)r0 * S);
+            if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows (greedy)"))
+                return;
+        }
+        if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
+            return;
+        for (int r = 0; r < n; r++) {
+            float bv = -INFINITY;
+            int bi = -1;
+            for (int s = 0; s < S; s++) { /* slices in id order: > keeps the lower id of equals */
+                const spg_best b = h_best[(size_t)r * S + s];
+                if (b.id >= 0 && (bi < 0 || b.v > bv)) {
+                    bv = b.v;
+                    bi = b.id;
+                }
+            }
+            out[r].token = bi < 0 ? 0 : bi;
+            out[r].logprob = 0.0f;
+            out[r].n_top = 0;
+        }
         return;
     }
     const size_t b_rows = sp_round((size_t)n * sizeof *rows), b_toks = sp_round((size_t)n_toks * sizeof *toks);

@@ -2485,6 +2485,38 @@ static void sample_batch_special(suite *s, sample_batch *b) {
     free(row);
 }
 
+/* Greedy rows with nothing else asked (no top logprobs, no logprob, no
+ * listed tokens): the CUDA backend takes its many-block argmax for a call
+ * of only such rows (sample.cu). Random rows; the best ids past n_vocab;
+ * the max tied at two ids far apart, at two neighbours, at the last id;
+ * every logit -inf; every logit equal. */
+static void sample_batch_greedy(suite *s, sample_batch *b, int V) {
+    const pd_sample_row g = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    for (int kind = 0; kind < 10; kind++) {
+        float *row = rnd(s, (size_t)V, 2.0);
+        pd_sample_row r = g;
+        if (kind == 4) {
+            r.n_vocab = V - V / 8;
+            for (int t = r.n_vocab; t < V; t++)
+                row[t] += 6.0f;
+        } else if (kind == 5) {
+            row[3] = row[V - 2] = 50.0f;
+        } else if (kind == 6) {
+            row[V / 2] = row[V / 2 + 1] = 50.0f;
+        } else if (kind == 7) {
+            row[V - 1] = 50.0f;
+        } else if (kind == 8) {
+            for (int t = 0; t < V; t++)
+                row[t] = -INFINITY;
+        } else if (kind == 9) {
+            for (int t = 0; t < V; t++)
+                row[t] = 0.25f;
+        }
+        batch_add(b, row, r, NULL, 0);
+        free(row);
+    }
+}
+
 /* Runs one batch on s->be: the properties on every row, and where there is a
  * reference backend, the same tokens and top ids and logprobs within 1e-5. */
 static void sample_check_batch(suite *s, const char *shape, const sample_batch *in) {
@@ -2575,6 +2607,16 @@ static void test_sample_rows(void **state) {
         sample_batch_random(s, &b, vocabs[v]);
         char shape[64];
         snprintf(shape, sizeof shape, "vocab %d, %d rows", b.vocab, b.n);
+        sample_check_batch(s, shape, &b);
+        batch_free(&b);
+    }
+    static const int greedy_vocabs[] = {64, 1000, 129280}; /* 129280: V3's vocabulary, 64 slices */
+    for (size_t v = 0; v < sizeof greedy_vocabs / sizeof greedy_vocabs[0]; v++) {
+        sample_batch b;
+        batch_init(&b, greedy_vocabs[v]);
+        sample_batch_greedy(s, &b, greedy_vocabs[v]);
+        char shape[64];
+        snprintf(shape, sizeof shape, "greedy only, vocab %d, %d rows", b.vocab, b.n);
         sample_check_batch(s, shape, &b);
         batch_free(&b);
     }
