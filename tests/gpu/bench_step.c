@@ -2,7 +2,7 @@
  * ceiling measured in the same run.
  *
  *   bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 10] [--variants
- * all|fast] [--tp N [--ep]]
+ * all|fast] [--outputs pageable,pinned,sampled] [--tp N [--ep]]
  *
  * For every context L and batch B: B sequences whose first L tokens are in
  * the KV cache (random latents written straight into the cache: a decode
@@ -11,6 +11,15 @@
  * the host around the call (it returns after the logits have arrived), the
  * median of --steps after three warm-up steps. The context grows by one
  * token per step.
+ *
+ * --outputs says where a step's output goes, one table row each (default
+ * pageable, the figures of every session before 18): pageable, every
+ * row's logits downloaded into malloc'd memory (the driver stages them
+ * through its own page-locked buffer and copies them on the CPU: ~40 µs for
+ * V2-Lite's 517 KB row on the H200 host); pinned, into page-locked memory
+ * (the backend's host_alloc), one DMA; sampled, every row sampled greedily
+ * on the device and only the tokens downloaded (pd_model_forward_ex, as the
+ * decode replica runs a step: decode/scheduler.c).
  *
  * Bytes a step must read (bf16 weights, fp32 cache): every attention and
  * norm weight, the dense MLPs, per MoE layer the router, the shared experts
@@ -86,6 +95,10 @@ int main(int argc, char **argv) {
     const char *dir = NULL;
     int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10, tp = 1;
     bool all_variants = true, ep = false;
+    enum { OUT_PAGEABLE, OUT_PINNED, OUT_SAMPLED };
+    static const char *const out_names[] = {"logits to pageable memory", "logits to pinned memory",
+                                            "sampled on the device"};
+    int outs[3] = {OUT_PAGEABLE}, n_outs = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc)
             n_b = parse_list(argv[++i], batches, 16);
@@ -99,13 +112,28 @@ int main(int argc, char **argv) {
             tp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ep"))
             ep = true;
+        else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) {
+            n_outs = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && n_outs < 3; tok = strtok(NULL, ",")) {
+                if (!strcmp(tok, "pageable"))
+                    outs[n_outs++] = OUT_PAGEABLE;
+                else if (!strcmp(tok, "pinned"))
+                    outs[n_outs++] = OUT_PINNED;
+                else if (!strcmp(tok, "sampled"))
+                    outs[n_outs++] = OUT_SAMPLED;
+                else {
+                    fprintf(stderr, "bench_step: --outputs: '%s' is not pageable, pinned or sampled\n", tok);
+                    return 2;
+                }
+            }
+        }
         else
             dir = argv[i];
     }
     if (!dir || steps < 1 || steps > 200 || tp < 1 || tp > PD_TP_MAX_RANKS) {
         fprintf(stderr,
                 "usage: bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps N] "
-                "[--variants all|fast] [--tp N [--ep]]\n");
+                "[--variants all|fast] [--outputs pageable,pinned,sampled] [--tp N [--ep]]\n");
         return 2;
     }
     pd_err err = {{0}};
@@ -186,6 +214,24 @@ int main(int argc, char **argv) {
         if (batches[i] > max_b)
             max_b = batches[i];
     logits = realloc(logits, (size_t)max_b * V * sizeof(float));
+    float *logits_pinned = NULL;
+    pd_sample_row *srows = calloc((size_t)max_b, sizeof *srows);
+    pd_sample_out *sout = calloc((size_t)max_b, sizeof *sout);
+    uint8_t *no_rows = calloc((size_t)max_b, 1); /* sampled: no row downloaded */
+    for (int i = 0; i < n_outs; i++) {
+        if (outs[i] == OUT_PINNED && !logits_pinned &&
+            !(be->ops->host_alloc && (logits_pinned = be->ops->host_alloc(be, (size_t)max_b * V * sizeof(float))))) {
+            fprintf(stderr, "bench_step: --outputs pinned: no page-locked memory\n");
+            return 1;
+        }
+        if (outs[i] == OUT_SAMPLED && !pd_model_samples_on_device(m)) {
+            fprintf(stderr, "bench_step: --outputs sampled: this model does not sample on the device\n");
+            return 1;
+        }
+    }
+    for (int r = 0; r < max_b; r++) /* greedy, nothing else on (sample_rows' meanings: pd_kernels.h) */
+        srows[r] = (pd_sample_row){.row = r, .temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                   .u = 0.5};
     size_t chunk_bytes = (size_t)64 << 20;
     float *fill = malloc(chunk_bytes);
     for (size_t i = 0; i < chunk_bytes / 4;
@@ -198,7 +244,7 @@ int main(int argc, char **argv) {
     for (int ci = 0; ci < n_c; ci++)
         for (int bi = 0; bi < n_b; bi++) {
             int L = ctxs[ci], B = batches[bi];
-            int per_seq = (L + n_var * (steps + 3) + bs) / bs + 1;
+            int per_seq = (L + n_var * n_outs * (steps + 3) + bs) / bs + 1;
             pd_kv_cache *kv = NULL;
             if (pd_kv_cache_init(m, bs, B * per_seq, &kv, &err) != PD_OK) {
                 printf("| %d | %d | - | %s |\n", L, B, err.msg);
@@ -220,9 +266,17 @@ int main(int argc, char **argv) {
                 seqs[s].num_tokens = L; /* as if prefilled: the cache holds random latents */
             }
             double wbytes, kvbytes;
-            for (int vi = 0; vi < n_var; vi++) {
+            for (int vo = 0; vo < n_var * n_outs; vo++) {
+                const int vi = vo / n_outs, om = outs[vo % n_outs];
                 for (int r = 0; r < tp; r++)
                     pd_backend_cuda_set_features(bes[r], &vars[vi].f);
+                float *lg = om == OUT_PINNED ? logits_pinned : logits;
+                pd_fwd_out fo = {.logits = lg};
+                if (om == OUT_SAMPLED)
+                    fo = (pd_fwd_out){.logits = lg, .download_row = NULL, .n_sample = B, .sample = srows,
+                                      .toks = NULL, .n_toks = 0, .sampled = sout};
+                if (om == OUT_SAMPLED)
+                    fo.download_row = no_rows;
                 double t[256];
                 for (int it = 0; it < steps + 3; it++) {
                     for (int s = 0; s < B; s++) {
@@ -237,7 +291,7 @@ int main(int argc, char **argv) {
                     if (it == steps + 2)
                         cudaProfilerStart();
                     double a = now_s();
-                    if (pd_model_forward(m, kv, batch, B, logits, &err) != PD_OK) {
+                    if (pd_model_forward_ex(m, kv, batch, B, &fo, &err) != PD_OK) {
                         fprintf(stderr, "forward: %s\n", err.msg);
                         return 1;
                     }
@@ -252,16 +306,19 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench_step: backend error, rank %d: %s\n", r, e2.msg);
                         return 1;
                     }
-                bool finite = true;
-                for (int i = 0; i < V && finite; i++)
-                    finite = isfinite(logits[i]);
+                bool finite = true; /* sampled: every token a vocabulary id */
+                for (int i = 0; i < (om == OUT_SAMPLED ? B : V) && finite; i++)
+                    finite = om == OUT_SAMPLED ? sout[i].token >= 0 && sout[i].token < V : isfinite(lg[i]);
                 qsort(t, steps, sizeof t[0], cmp_d);
                 double med = t[steps / 2];
+                char vname[160];
+                snprintf(vname, sizeof vname, "%s%s%s", vars[vi].name, n_outs > 1 || om != OUT_PAGEABLE ? "; " : "",
+                         n_outs > 1 || om != OUT_PAGEABLE ? out_names[om] : "");
                 double bytes = step_bytes(c, B, L + steps / 2, &wbytes, &kvbytes);
                 printf("| %d | %d | %s | %.3f | %.3f | %.0f | %.2f + %.2f | %.0f | %.1f%% |%s\n", L,
-                       B, vars[vi].name, med * 1e3, t[0] * 1e3, B / med, wbytes / 1e9,
+                       B, vname, med * 1e3, t[0] * 1e3, B / med, wbytes / 1e9,
                        kvbytes / 1e9, bytes / med / 1e9, 100.0 * bytes / med / bw,
-                       finite ? "" : " (logits not finite!)");
+                       finite ? "" : om == OUT_SAMPLED ? " (a token out of range!)" : " (logits not finite!)");
                 fflush(stdout);
             }
             for (int s = 0; s < B; s++) {
@@ -278,6 +335,11 @@ int main(int argc, char **argv) {
         pd_backend_cuda_set_features(bes[r], &on);
     free(fill);
     free(logits);
+    if (logits_pinned)
+        be->ops->host_free(be, logits_pinned);
+    free(srows);
+    free(sout);
+    free(no_rows);
     pd_model_free(&m);
     for (int r = 0; r < tp; r++)
         pd_backend_free(&bes[r]);
