@@ -363,7 +363,8 @@ typedef struct {
      * be reused on return): src_host, page-locked (host_alloc), must stay
      * unchanged until upload_wait returns, which waits for the last
      * upload_async's copy (at once when it is done, as it is after any
-     * download). Both or neither; NULL: use upload. The CUDA backend's
+     * download). Both or neither; NULL: use upload. Not while recording a
+     * graph (CUDA: PD_ERR_UNSUPPORTED). The CUDA backend's
      * upload waits ~5 µs on the host for a step's few KB of arguments
      * (session 18's timeline); a step's arguments go up this way and the
      * next step waits before it rewrites them (model/forward.c). */

@@ -449,7 +449,11 @@ static void step_on_rank(void *arg, int rank) {
     pd_fwd_ws *w = &rk->ws;
 
     /* host arguments, in the layout of w->args (rewritten only once the
-     * last step's copy of them is done) */
+     * last step's copy of them is done). With args_async nothing else here
+     * waits for the last step: a rank above 0, or a step with no output
+     * downloaded or sampled, returns with its work queued, and a device
+     * error of it shows in the next call that waits (the next step's
+     * outputs, or a later upload_wait) */
     if (m->args_async)
         be->ops->upload_wait(be);
     int32_t *ids = w->hargs, *pos = ids + w->cap_t, *slots = pos + w->cap_t, *lens = slots + w->cap_t;

@@ -85,17 +85,28 @@ void cu_upload_async(pd_backend *be, void *dst, const void *src_host, size_t byt
     cu_ctx *c = cu_of(be);
     if (c->status != PD_OK || !bytes)
         return;
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "upload_async: not while recording a graph");
+        return;
+    }
     if (!c->upload_ev && !CU_OK(c, cudaEventCreateWithFlags(&c->upload_ev, cudaEventDisableTiming)))
         return;
-    if (CU_OK(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream)) &&
-        CU_OK(c, cudaEventRecord(c->upload_ev, c->stream)))
+    if (!CU_OK(c, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream)))
+        return;
+    if (CU_OK(c, cudaEventRecord(c->upload_ev, c->stream)))
         c->upload_pending = true;
+    else
+        cudaStreamSynchronize(c->stream); /* no event to wait on: the copy must not outlive the call */
 }
 
 void cu_upload_wait(pd_backend *be) {
     cu_ctx *c = cu_of(be);
     if (!c->upload_pending)
         return;
+    if (c->capturing) {
+        cu_fail(c, PD_ERR_UNSUPPORTED, "upload_wait: not while recording a graph");
+        return;
+    }
     c->upload_pending = false;
     if (cudaEventSynchronize(c->upload_ev) != cudaSuccess) /* a failed copy: the stream's error says why */
         CU_OK(c, cudaStreamSynchronize(c->stream));
