@@ -47,7 +47,8 @@ enum {
 enum {
     CU_HSCR_MOE_IDS,  /* prefill MoE: route ids and weights downloaded [n] + [n], or the plan's counts [E + 2] */
     CU_HSCR_MOE_PLAN, /* prefill MoE: the host plan, uploaded (moe.cu moe_plan) */
-    CU_HSCR_SAMPLE,   /* sample_rows: its rows and listed tokens uploaded, its results downloaded (sample.cu) */
+    CU_HSCR_SAMPLE,   /* sample_rows: rows and listed tokens uploaded from it, results stored into it by the kernels
+                         (sample.cu) */
     CU_HSCR_COUNT
 };
 

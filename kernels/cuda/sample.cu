@@ -20,6 +20,7 @@
 #include "cuda_common.cuh"
 
 #include <math.h>
+#include <string.h>
 
 #define SP_THREADS 1024
 #define SP_WARPS (SP_THREADS / 32)
@@ -748,8 +749,10 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
             }
             k_argmax_slices<<<dim3((unsigned)S, (unsigned)nr), SPG_THREADS, 0, c->stream>>>(vocab, logits, q,
                                                                                           h_best + (size_t)r0 * S);
-            if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows (greedy)"))
+            if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows (greedy)")) {
+                cudaStreamSynchronize(c->stream); /* the chunks launched must not write h_best after the call */
                 return;
+            }
         }
         if (!CU_OK(c, cudaStreamSynchronize(c->stream)))
             return;
@@ -778,14 +781,42 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
     pd_sample_tok *d_toks = (pd_sample_tok *)(d + b_rows);
     float *d_raw = (float *)(d + b_rows + b_toks);
     pd_sample_out *d_out = (pd_sample_out *)(d + b_rows + b_toks + b_raw);
+    /* with unified addressing (c->uva; PD_SAMPLE_GREEDY_FAST=0 keeps the
+     * first version's copies, for A/B runs): rows and tokens go up from
+     * page-locked staging (no wait on the host's side) and k_sample stores
+     * its results straight into page-locked memory (no copy engine after
+     * it), as k_argmax_slices does */
+    char *hs = NULL;
+    if (c->uva && !c->sample_generic &&
+        (hs = (char *)cu_host_scratch(c, CU_HSCR_SAMPLE, b_rows + b_toks + b_out)) != NULL) {
+        memcpy(hs, rows, (size_t)n * sizeof *rows);
+        if (n_toks > 0)
+            memcpy(hs + b_rows, toks, (size_t)n_toks * sizeof *toks);
+        rows = (const pd_sample_row *)hs;
+        toks = (const pd_sample_tok *)(hs + b_rows);
+    } else if (c->status != PD_OK) {
+        return; /* cu_host_scratch failed */
+    }
+    /* on a failure after a copy from hs is queued: the stream drained before
+     * returning, so that the next call may rewrite hs */
     if (!CU_OK(c, cudaMemcpyAsync(d_rows, rows, (size_t)n * sizeof *rows, cudaMemcpyHostToDevice, c->stream)))
         return;
     if (n_toks > 0 &&
-        !CU_OK(c, cudaMemcpyAsync(d_toks, toks, (size_t)n_toks * sizeof *toks, cudaMemcpyHostToDevice, c->stream)))
+        !CU_OK(c, cudaMemcpyAsync(d_toks, toks, (size_t)n_toks * sizeof *toks, cudaMemcpyHostToDevice, c->stream))) {
+        cudaStreamSynchronize(c->stream);
         return;
-    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, d_out);
-    if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows"))
+    }
+    pd_sample_out *h_out = hs ? (pd_sample_out *)(hs + b_rows + b_toks) : NULL;
+    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, h_out ? h_out : d_out);
+    if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows")) {
+        cudaStreamSynchronize(c->stream);
         return;
+    }
+    if (h_out) {
+        if (CU_OK(c, cudaStreamSynchronize(c->stream)))
+            memcpy(out, h_out, (size_t)n * sizeof *out);
+        return;
+    }
     if (CU_OK(c, cudaMemcpyAsync(out, d_out, (size_t)n * sizeof *out, cudaMemcpyDeviceToHost, c->stream)))
         CU_OK(c, cudaStreamSynchronize(c->stream));
 }
