@@ -2,7 +2,7 @@
  * ceiling measured in the same run.
  *
  *   bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps 10] [--variants
- * all|fast] [--outputs pageable,pinned,sampled] [--tp N [--ep]]
+ * all|fast] [--outputs pageable,pinned,sampled,top_p] [--tp N [--ep]]
  *
  * For every context L and batch B: B sequences whose first L tokens are in
  * the KV cache (random latents written straight into the cache: a decode
@@ -10,7 +10,7 @@
  * steps of one new token per sequence through pd_model_forward, timed on
  * the host around the call (it returns after the logits have arrived), the
  * median of --steps after three warm-up steps. The context grows by one
- * token per step.
+ * token per step, from L again for each table row.
  *
  * --outputs says where a step's output goes, one table row each (default
  * pageable, the figures of every session before 18): pageable, every
@@ -19,7 +19,9 @@
  * V2-Lite's 517 KB row on the H200 host); pinned, into page-locked memory
  * (the backend's host_alloc), one DMA; sampled, every row sampled greedily
  * on the device and only the tokens downloaded (pd_model_forward_ex, as the
- * decode replica runs a step: decode/scheduler.c).
+ * decode replica runs a step: decode/scheduler.c); top_p, the same at
+ * temperature 0.7 and top-p 0.9 (a chat client's usual setting: the
+ * general sampling kernel instead of the greedy one).
  *
  * Bytes a step must read (bf16 weights, fp32 cache): every attention and
  * norm weight, the dense MLPs, per MoE layer the router, the shared experts
@@ -95,10 +97,10 @@ int main(int argc, char **argv) {
     const char *dir = NULL;
     int batches[16] = {1, 8, 32}, n_b = 3, ctxs[16] = {1024, 8192}, n_c = 2, steps = 10, tp = 1;
     bool all_variants = true, ep = false;
-    enum { OUT_PAGEABLE, OUT_PINNED, OUT_SAMPLED };
+    enum { OUT_PAGEABLE, OUT_PINNED, OUT_SAMPLED, OUT_TOP_P };
     static const char *const out_names[] = {"logits to pageable memory", "logits to pinned memory",
-                                            "sampled on the device"};
-    int outs[3] = {OUT_PAGEABLE}, n_outs = 1;
+                                            "sampled on the device", "sampled on the device, T 0.7, top-p 0.9"};
+    int outs[4] = {OUT_PAGEABLE}, n_outs = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--batches") && i + 1 < argc)
             n_b = parse_list(argv[++i], batches, 16);
@@ -114,15 +116,21 @@ int main(int argc, char **argv) {
             ep = true;
         else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) {
             n_outs = 0;
-            for (char *tok = strtok(argv[++i], ","); tok && n_outs < 3; tok = strtok(NULL, ",")) {
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ",")) {
+                if (n_outs == 4) {
+                    fprintf(stderr, "bench_step: --outputs: at most 4 entries\n");
+                    return 2;
+                }
                 if (!strcmp(tok, "pageable"))
                     outs[n_outs++] = OUT_PAGEABLE;
                 else if (!strcmp(tok, "pinned"))
                     outs[n_outs++] = OUT_PINNED;
                 else if (!strcmp(tok, "sampled"))
                     outs[n_outs++] = OUT_SAMPLED;
+                else if (!strcmp(tok, "top_p"))
+                    outs[n_outs++] = OUT_TOP_P;
                 else {
-                    fprintf(stderr, "bench_step: --outputs: '%s' is not pageable, pinned or sampled\n", tok);
+                    fprintf(stderr, "bench_step: --outputs: '%s' is not pageable, pinned, sampled or top_p\n", tok);
                     return 2;
                 }
             }
@@ -130,10 +138,10 @@ int main(int argc, char **argv) {
         else
             dir = argv[i];
     }
-    if (!dir || steps < 1 || steps > 200 || tp < 1 || tp > PD_TP_MAX_RANKS) {
+    if (!dir || steps < 1 || steps > 200 || tp < 1 || tp > PD_TP_MAX_RANKS || n_outs < 1) {
         fprintf(stderr,
                 "usage: bench_step MODEL_DIR [--batches 1,8,32] [--contexts 1024,8192] [--steps N] "
-                "[--variants all|fast] [--outputs pageable,pinned,sampled] [--tp N [--ep]]\n");
+                "[--variants all|fast] [--outputs pageable,pinned,sampled,top_p] [--tp N [--ep]]\n");
         return 2;
     }
     pd_err err = {{0}};
@@ -215,7 +223,7 @@ int main(int argc, char **argv) {
             max_b = batches[i];
     logits = realloc(logits, (size_t)max_b * V * sizeof(float));
     float *logits_pinned = NULL;
-    pd_sample_row *srows = calloc((size_t)max_b, sizeof *srows);
+    pd_sample_row *srows = calloc((size_t)max_b, sizeof *srows), *trows = calloc((size_t)max_b, sizeof *trows);
     pd_sample_out *sout = calloc((size_t)max_b, sizeof *sout);
     uint8_t *no_rows = calloc((size_t)max_b, 1); /* sampled: no row downloaded */
     for (int i = 0; i < n_outs; i++) {
@@ -224,14 +232,17 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_step: --outputs pinned: no page-locked memory\n");
             return 1;
         }
-        if (outs[i] == OUT_SAMPLED && !pd_model_samples_on_device(m)) {
-            fprintf(stderr, "bench_step: --outputs sampled: this model does not sample on the device\n");
+        if ((outs[i] == OUT_SAMPLED || outs[i] == OUT_TOP_P) && !pd_model_samples_on_device(m)) {
+            fprintf(stderr, "bench_step: --outputs sampled / top_p: this model does not sample on the device\n");
             return 1;
         }
     }
     for (int r = 0; r < max_b; r++) /* greedy, nothing else on (sample_rows' meanings: pd_kernels.h) */
         srows[r] = (pd_sample_row){.row = r, .temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
                                    .u = 0.5};
+    for (int r = 0; r < max_b; r++)
+        trows[r] = (pd_sample_row){.row = r, .temperature = 0.7f, .top_p = 0.9f, .repetition_penalty = 1.0f,
+                                   .u = (r + 0.5) / max_b};
     size_t chunk_bytes = (size_t)64 << 20;
     float *fill = malloc(chunk_bytes);
     for (size_t i = 0; i < chunk_bytes / 4;
@@ -268,15 +279,16 @@ int main(int argc, char **argv) {
             double wbytes, kvbytes;
             for (int vo = 0; vo < n_var * n_outs; vo++) {
                 const int vi = vo / n_outs, om = outs[vo % n_outs];
+                for (int s = 0; s < B; s++) /* every row from context L (its blocks stay reserved) */
+                    seqs[s].num_tokens = L;
                 for (int r = 0; r < tp; r++)
                     pd_backend_cuda_set_features(bes[r], &vars[vi].f);
                 float *lg = om == OUT_PINNED ? logits_pinned : logits;
                 pd_fwd_out fo = {.logits = lg};
-                if (om == OUT_SAMPLED)
-                    fo = (pd_fwd_out){.logits = lg, .download_row = NULL, .n_sample = B, .sample = srows,
-                                      .toks = NULL, .n_toks = 0, .sampled = sout};
-                if (om == OUT_SAMPLED)
-                    fo.download_row = no_rows;
+                if (om == OUT_SAMPLED || om == OUT_TOP_P) /* no row downloaded */
+                    fo = (pd_fwd_out){.logits = lg, .download_row = no_rows, .n_sample = B,
+                                      .sample = om == OUT_TOP_P ? trows : srows, .toks = NULL, .n_toks = 0,
+                                      .sampled = sout};
                 double t[256];
                 for (int it = 0; it < steps + 3; it++) {
                     for (int s = 0; s < B; s++) {
@@ -307,8 +319,9 @@ int main(int argc, char **argv) {
                         return 1;
                     }
                 bool finite = true; /* sampled: every token a vocabulary id */
-                for (int i = 0; i < (om == OUT_SAMPLED ? B : V) && finite; i++)
-                    finite = om == OUT_SAMPLED ? sout[i].token >= 0 && sout[i].token < V : isfinite(lg[i]);
+                const bool smp = om == OUT_SAMPLED || om == OUT_TOP_P;
+                for (int i = 0; i < (smp ? B : V) && finite; i++)
+                    finite = smp ? sout[i].token >= 0 && sout[i].token < V : isfinite(lg[i]);
                 qsort(t, steps, sizeof t[0], cmp_d);
                 double med = t[steps / 2];
                 char vname[160];
@@ -318,7 +331,7 @@ int main(int argc, char **argv) {
                 printf("| %d | %d | %s | %.3f | %.3f | %.0f | %.2f + %.2f | %.0f | %.1f%% |%s\n", L,
                        B, vname, med * 1e3, t[0] * 1e3, B / med, wbytes / 1e9,
                        kvbytes / 1e9, bytes / med / 1e9, 100.0 * bytes / med / bw,
-                       finite ? "" : om == OUT_SAMPLED ? " (a token out of range!)" : " (logits not finite!)");
+                       finite ? "" : smp ? " (a token out of range!)" : " (logits not finite!)");
                 fflush(stdout);
             }
             for (int s = 0; s < B; s++) {
@@ -338,6 +351,7 @@ int main(int argc, char **argv) {
     if (logits_pinned)
         be->ops->host_free(be, logits_pinned);
     free(srows);
+    free(trows);
     free(sout);
     free(no_rows);
     pd_model_free(&m);
