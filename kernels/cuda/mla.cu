@@ -373,6 +373,17 @@ __device__ static void qlat_kv_prep2(const qlat_prep &p, int kvr, int dr, int i0
     }
 }
 
+/* One pair of q_pe ropes in place (k_mla_prep's arithmetic) and goes into
+ * its place in ql too: v[0..1], o[0..1]; cs, sn with mscale in them. */
+__device__ __forceinline__ void qlat_rope_pair(float *v, float *o, float cs, float sn) {
+    const float x0 = v[0], x1 = v[1];
+    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+    v[0] = y0;
+    v[1] = y1;
+    o[0] = y0;
+    o[1] = y1;
+}
+
 /* acc[j][0..7] += q[j][d] · W_UK[d][the thread's 8 columns], for the QL_QB queries (k_mla_qlat8). */
 __device__ __forceinline__ void qlat_acc(float (&acc)[QL_QB][8], const float (&qs)[QL_QB][QL_DN_MAX], int d,
                                          const float *w) {
@@ -441,16 +452,10 @@ static __global__ void __launch_bounds__(QL_THREADS)
         }
         return;
     }
-    if (rope_pre && tid < nq * (dr / 2)) { /* k_mla_prep's arithmetic, as below */
+    if (rope_pre && tid < nq * (dr / 2)) {
         const int j = tid / (dr / 2), i = tid - j * (dr / 2), r = i0 + j;
-        float *v = q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i;
-        const float x0 = v[0], x1 = v[1];
-        const float y0 = x0 * rcs - x1 * rsn, y1 = x1 * rcs + x0 * rsn;
-        v[0] = y0;
-        v[1] = y1;
-        float *o = ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i;
-        o[0] = y0;
-        o[1] = y1;
+        qlat_rope_pair(q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i, ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i,
+                       rcs, rsn);
     }
     for (int k = tid; k < QL_QB * dn; k += QL_THREADS) {
         const int j = k / dn, d = k - j * dn;
@@ -507,16 +512,10 @@ static __global__ void __launch_bounds__(QL_THREADS)
     if (blockIdx.y == 0 && prep.on && !rope_pre) /* rope on q_pe, k_mla_prep's arithmetic */
         for (int k = tid; k < nq * (dr / 2); k += QL_THREADS) {
             const int j = k / (dr / 2), i = k - j * (dr / 2), r = i0 + j;
-            float *v = q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i;
             const float ang = (float)prep.pos[r] * prep.inv_freq[i];
-            const float cs = cosf(ang) * prep.mscale, sn = sinf(ang) * prep.mscale;
-            const float x0 = v[0], x1 = v[1];
-            const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-            v[0] = y0;
-            v[1] = y1;
-            float *o = ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i;
-            o[0] = y0;
-            o[1] = y1;
+            qlat_rope_pair(q + ((size_t)r * nh + h) * (dn + dr) + dn + 2 * i,
+                           ql + ((size_t)r * nh + h) * (kvr + dr) + kvr + 2 * i, cosf(ang) * prep.mscale,
+                           sinf(ang) * prep.mscale);
         }
 }
 

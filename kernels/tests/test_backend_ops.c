@@ -2600,23 +2600,21 @@ static void test_sample_rows(void **state) {
     BEGIN(s);
     if (!s->be->ops->sample_rows) /* every backend samples (the CPU's is the reference) */
         fail_msg("%s: sample_rows is missing", s->name);
-    static const int vocabs[] = {1000, 50000};
-    for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
+    /* random rows under every setting; greedy rows only (129280: V3's
+     * vocabulary, 64 slices of CUDA's many-block argmax) */
+    static const struct {
+        void (*make)(suite *, sample_batch *, int);
+        int vocab;
+        const char *what;
+    } batches[] = {{sample_batch_random, 1000, "every setting"},   {sample_batch_random, 50000, "every setting"},
+                   {sample_batch_greedy, 64, "greedy only"},       {sample_batch_greedy, 1000, "greedy only"},
+                   {sample_batch_greedy, 129280, "greedy only"}};
+    for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++) {
         sample_batch b;
-        batch_init(&b, vocabs[v]);
-        sample_batch_random(s, &b, vocabs[v]);
-        char shape[64];
-        snprintf(shape, sizeof shape, "vocab %d, %d rows", b.vocab, b.n);
-        sample_check_batch(s, shape, &b);
-        batch_free(&b);
-    }
-    static const int greedy_vocabs[] = {64, 1000, 129280}; /* 129280: V3's vocabulary, 64 slices */
-    for (size_t v = 0; v < sizeof greedy_vocabs / sizeof greedy_vocabs[0]; v++) {
-        sample_batch b;
-        batch_init(&b, greedy_vocabs[v]);
-        sample_batch_greedy(s, &b, greedy_vocabs[v]);
-        char shape[64];
-        snprintf(shape, sizeof shape, "greedy only, vocab %d, %d rows", b.vocab, b.n);
+        batch_init(&b, batches[k].vocab);
+        batches[k].make(s, &b, batches[k].vocab);
+        char shape[80];
+        snprintf(shape, sizeof shape, "%s, vocab %d, %d rows", batches[k].what, b.vocab, b.n);
         sample_check_batch(s, shape, &b);
         batch_free(&b);
     }
