@@ -547,6 +547,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_merge_slow = mmf && !strcmp(mmf, "0");
         const char *sgf = getenv("PD_SAMPLE_GREEDY_FAST");
         c->sample_generic = sgf && !strcmp(sgf, "0");
+        const char *swc = getenv("PD_SAMPLE_WCACHE");
+        c->sample_wc_off = swc && !strcmp(swc, "0");
         const char *mtp = getenv("PD_MLA_TILE_PRE");
         c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
         const char *qpr = getenv("PD_QLAT_PRE");

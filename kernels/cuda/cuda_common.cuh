@@ -140,6 +140,8 @@ typedef struct {
     bool uva; /* unified addressing: kernels may store to cudaHostAlloc's memory through its pointer */
     bool sample_generic; /* PD_SAMPLE_GREEDY_FAST=0: greedy rows with nothing else asked through k_sample too, not
                             the many-block argmax (sample.cu; A/B runs) */
+    bool sample_wc_off; /* PD_SAMPLE_WCACHE=0: k_sample recomputes every pass's weights (l / t, expf) instead of
+                           keeping them from the pass after the max (sample.cu; A/B runs) */
     bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
                             row of this step's, not the old rows of its first two tiles (A/B runs) */
     bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs

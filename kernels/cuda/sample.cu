@@ -25,6 +25,7 @@
 #define SP_THREADS 1024
 #define SP_WARPS (SP_THREADS / 32)
 #define SP_EPS 1e-5f /* vLLM's _SAMPLING_EPS: temperatures below are greedy */
+#define SP_WCACHE_MAX ((size_t)256 << 20) /* sp_view.wc's scratch for a call's rows, bytes; past it: recomputed */
 
 typedef struct {
     double d[SP_WARPS];
@@ -239,6 +240,10 @@ __device__ void sp_select_count(sp_smem *sm, const sp_layout &L, int k, KeyF key
 typedef struct {
     const float *l;
     float t, max; /* l / t, as model/sampler.c divides (not a reciprocal) */
+    /* wc (or NULL): expf(l / t - max) of every id this thread visits, kept
+     * from the pass after the max so that the passes of steps 7-9 read the
+     * weights instead of dividing and calling expf again (the same values) */
+    float *wc;
     /* top-k: key > k_tau, or key == k_tau among the first k_rest such */
     bool k_on;
     unsigned k_tau;
@@ -256,7 +261,7 @@ __device__ __forceinline__ float sp_scaled(const sp_view *v, int i) {
 
 __device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, bool valid, float *w) {
     const unsigned lt = (1u << (threadIdx.x & 31)) - 1u;
-    const float s = valid ? sp_scaled(v, i) : -INFINITY;
+    const float s = valid && (v->k_on || !v->wc) ? sp_scaled(v, i) : -INFINITY;
     bool ok = valid;
     if (v->k_on) {
         const unsigned key = sp_key(s);
@@ -265,7 +270,7 @@ __device__ __forceinline__ bool sp_keep_kp(sp_view *v, int i, bool valid, float 
         ok = ok && (key > v->k_tau || (tie && v->k_seen + __popc(bt & lt) < v->k_rest));
         v->k_seen += __popc(bt);
     }
-    *w = ok ? expf(s - v->max) : 0.0f;
+    *w = !ok ? 0.0f : v->wc ? v->wc[i] : expf(s - v->max);
     if (v->p_on) {
         const unsigned wb = __float_as_uint(*w);
         const bool tie = ok && wb == v->p_tau;
@@ -290,7 +295,7 @@ __device__ __forceinline__ bool sp_draw_step(sp_view *v, const sp_layout &L, flo
 /* One row: steps 1-9 of pd_kernels.h's sample_rows. */
 static __global__ void __launch_bounds__(SP_THREADS)
     k_sample(int vocab, float *logits, const pd_sample_row *__restrict__ rows, const pd_sample_tok *__restrict__ toks,
-             float *raw_e, pd_sample_out *out) {
+             float *raw_e, pd_sample_out *out, float *wcache) {
     __shared__ sp_smem sm;
     const pd_sample_row R = rows[blockIdx.x];
     float *l = logits + (size_t)R.row * vocab;
@@ -422,13 +427,17 @@ static __global__ void __launch_bounds__(SP_THREADS)
         v.max = sp_max_f(&sm, m);
         float bv = -INFINITY; /* the argmax of the scaled logits: steps 5 and 9's fallback */
         int bi = -1;
+        float *wc = wcache ? wcache + (size_t)blockIdx.x * vocab : NULL; /* row r's: each thread its own ids */
         for (int i = L.first(); i < L.end; i += 32) {
             const float sc = sp_scaled(&v, i);
             if (sc > bv) {
                 bv = sc;
                 bi = i;
             }
+            if (wc) /* read only where v.max is finite (below) */
+                wc[i] = expf(sc - v.max);
         }
+        v.wc = wc;
         const int amax = sp_argmax(&sm, bv, bi);
         if (!isfinite(v.max)) {
             token = amax < 0 ? 0 : amax;
@@ -774,7 +783,14 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
     }
     const size_t b_rows = sp_round((size_t)n * sizeof *rows), b_toks = sp_round((size_t)n_toks * sizeof *toks);
     const size_t b_raw = sp_round((size_t)n_toks * sizeof(float)), b_out = sp_round((size_t)n * sizeof *out);
-    char *d = (char *)cu_scratch(c, CU_SCR_SAMPLE, b_rows + b_toks + b_raw + b_out);
+    /* the weights kept between passes (sp_view.wc): rows that draw, up to SP_WCACHE_MAX bytes in all */
+    bool draws = false;
+    for (int r = 0; r < n && !draws; r++)
+        draws = rows[r].temperature >= SP_EPS;
+    const size_t b_wc = draws && !c->sample_wc_off && (size_t)n * vocab * sizeof(float) <= SP_WCACHE_MAX
+                            ? sp_round((size_t)n * vocab * sizeof(float))
+                            : 0;
+    char *d = (char *)cu_scratch(c, CU_SCR_SAMPLE, b_rows + b_toks + b_raw + b_out + b_wc);
     if (!d)
         return;
     pd_sample_row *d_rows = (pd_sample_row *)d;
@@ -807,7 +823,8 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
         return;
     }
     pd_sample_out *h_out = hs ? (pd_sample_out *)(hs + b_rows + b_toks) : NULL;
-    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, h_out ? h_out : d_out);
+    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, h_out ? h_out : d_out,
+                                              b_wc ? (float *)(d + b_rows + b_toks + b_raw + b_out) : NULL);
     if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows")) {
         cudaStreamSynchronize(c->stream);
         return;
