@@ -549,6 +549,9 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->sample_generic = sgf && !strcmp(sgf, "0");
         const char *swc = getenv("PD_SAMPLE_WCACHE");
         c->sample_wc_off = swc && !strcmp(swc, "0");
+        const char *scl = getenv("PD_SAMPLE_CLUSTER");
+        const int scl_n = scl ? atoi(scl) : 0;
+        c->sample_cl_force = scl_n == 1 || scl_n == 2 || scl_n == 4 || scl_n == 8 || scl_n == 16 ? scl_n : 0;
         const char *mtp = getenv("PD_MLA_TILE_PRE");
         c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
         const char *qpr = getenv("PD_QLAT_PRE");

@@ -142,6 +142,9 @@ typedef struct {
                             the many-block argmax (sample.cu; A/B runs) */
     bool sample_wc_off; /* PD_SAMPLE_WCACHE=0: k_sample recomputes every pass's weights (l / t, expf) instead of
                            keeping them from the pass after the max (sample.cu; A/B runs) */
+    int sample_cl_force; /* PD_SAMPLE_CLUSTER=N (1, 2, 4, 8 or 16): k_sample's blocks a row, whatever the batch and
+                            vocabulary (1: one block a row, the first version; A/B runs and tests); 0: chosen */
+    int sample_cl_max;   /* the largest cluster k_sample may launch with on this device (0: not asked yet) */
     bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
                             row of this step's, not the old rows of its first two tiles (A/B runs) */
     bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs

@@ -2,37 +2,66 @@
  * in kernels/pd_kernels.h, the meanings those of model/sampler.c, i.e.
  * vLLM's sampler: vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py).
  *
- * One block of SP_THREADS per row. Warp w owns a contiguous run of ids and
- * its lanes read it 128 bytes a step (sp_layout), so "ties to the lower id"
- * and "the first survivor in id order" come from ballots within a step, a
- * warp's steps in order and one exclusive scan over warps, never from a
- * sort. Nothing of the row is kept between passes: each pass reads it
- * again (from L2: a 100K-token row is 400 KB). (The first version gave each
- * thread a contiguous run of its own: every load of a warp touched 32
- * lines, and a pass over the row took ~25 µs instead of a few.)
+ * A row is sampled by a cluster of G blocks of SP_CL_THREADS, or by one
+ * block of SP_THREADS (G = 1); G follows the batch and the vocabulary (see
+ * sp_cluster_size). The row is cut into G × W contiguous runs of ids (W
+ * warps a block), block r's warp w owning run r · W + w, its lanes reading it 128
+ * bytes a step (sp_layout), so "ties to the lower id" and "the first
+ * survivor in id order" come from ballots within a step, a warp's steps in
+ * order and exclusive scans over warps and then over the cluster's blocks,
+ * never from a sort. Each pass reads the row again (from L2: a 129280-token
+ * row is 517 KB), or the weights kept from the pass after the max (wc).
+ * (The first version gave each thread a contiguous run of its own: every
+ * load of a warp touched 32 lines, and a pass took ~25 µs instead of a few.
+ * The second gave a row one block: top-p's ~10 passes over V3's vocabulary
+ * took ~600 µs on one SM while the others idled, a quarter of a batch-1
+ * decode step; session 18.)
  *
  * Thresholds by radix selection on the bits of a float, 8 bits a pass from
  * the top: top-k and the top logprobs by counts (the k-th largest logit),
  * top-p by mass (the weight at which the heaviest weights first hold
  * top_p of the mass). A selection gives a threshold τ and how many of the
  * ids exactly at τ to keep (the lowest ids among them).
+ *
+ * Across a cluster (CUDA C++ Programming Guide, "Thread Block Clusters" and
+ * "Distributed Shared Memory"): each reduction puts a block's part in its
+ * own shared memory, one barrier.cluster, then every block reads all the
+ * parts through distributed shared memory and adds them up in rank order,
+ * so every block holds the same total and takes the same decisions. The
+ * parts alternate between two slots (sp_grp.par): a block writes slot p
+ * again only two reductions later, past a barrier that every block reaches
+ * after its reads of slot p. The logits themselves are written (steps 1,
+ * 3, 4, 4b) between barriers, whose release and acquire at cluster scope
+ * order global memory too.
  */
 #include "cuda_common.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
 #include <string.h>
+
+namespace cg = cooperative_groups;
 
 #define SP_THREADS 1024
 #define SP_WARPS (SP_THREADS / 32)
 #define SP_EPS 1e-5f /* vLLM's _SAMPLING_EPS: temperatures below are greedy */
 #define SP_WCACHE_MAX ((size_t)256 << 20) /* sp_view.wc's scratch for a call's rows, bytes; past it: recomputed */
+#define SP_CL_THREADS 512 /* a block of a cluster: 128 registers a thread (at 1024 the exchanges' values spilled) */
+#define SP_CL_MAX 16                      /* blocks a row at most (a non-portable cluster size past 8) */
+#define SP_CL_IDS 4096                    /* ids a block at least, when the size is chosen */
 
 typedef struct {
+    pd_sample_row row; /* the row's settings: read from here, not kept in registers */
     double d[SP_WARPS];
     float f[SP_WARPS];
     int i[SP_WARPS];
-    unsigned hist[256];
-    double mass[256];
+    unsigned hist[2][256]; /* this block's counts, by sp_grp.par */
+    double mass[2][256];
+    unsigned hsum[256]; /* the cluster's counts and masses, added up */
+    double msum[256];
+    double xd[2]; /* this block's part of a reduction, by sp_grp.par */
+    float xf[2];
+    int xi[2], xi2[2];
     unsigned sel_prefix;
     int sel_rest;
     double sel_need;
@@ -41,7 +70,31 @@ typedef struct {
     int top_id[PD_SAMPLE_MAX_TOP];
     float top_l[PD_SAMPLE_MAX_TOP];
     int chosen_entry;
+    float lmax; /* step 2's max and log-sum-exp, for the sampled token's logprob */
+    double lse;
+    int amax;  /* the scaled logits' argmax: step 9's fallback */
+    int found; /* the draw's token in this block's runs, -1: none */
 } sp_smem;
+
+/* The cluster that samples a row: this block's rank in it, its size, and
+ * the slot the next reduction writes. */
+struct sp_grp {
+    int rank, n, par;
+    int nw; /* warps a block */
+};
+
+/* Every thread of every block of the cluster here (n == 1: the block). */
+__device__ __forceinline__ void sp_gsync(const sp_grp &g) {
+    if (g.n > 1)
+        cg::this_cluster().sync();
+    else
+        __syncthreads();
+}
+
+/* Block r's copy of *p (its shared memory, through the cluster's). */
+template <typename T> __device__ __forceinline__ T sp_at(T *p, const sp_grp &g, int r) {
+    return g.n > 1 ? *cg::this_cluster().map_shared_rank(p, r) : *p;
+}
 
 /* A float's bits as an unsigned that orders like the float (NaN as -inf). */
 __device__ __forceinline__ unsigned sp_key(float v) {
@@ -51,7 +104,8 @@ __device__ __forceinline__ unsigned sp_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__device__ double sp_sum_d(sp_smem *sm, double v) {
+/* The sum over the cluster of every thread's v (the same in every thread). */
+__device__ double sp_sum_d(sp_smem *sm, sp_grp &g, double v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
@@ -59,12 +113,21 @@ __device__ double sp_sum_d(sp_smem *sm, double v) {
         sm->d[threadIdx.x >> 5] = v;
     __syncthreads();
     double t = 0.0;
-    for (int w = 0; w < SP_WARPS; w++)
+    for (int w = 0; w < g.nw; w++)
         t += sm->d[w];
+    if (g.n > 1) {
+        if (threadIdx.x == 0)
+            sm->xd[g.par] = t;
+        sp_gsync(g);
+        t = 0.0;
+        for (int r = 0; r < g.n; r++)
+            t += sp_at(&sm->xd[g.par], g, r);
+        g.par ^= 1;
+    }
     return t;
 }
 
-__device__ float sp_max_f(sp_smem *sm, float v) {
+__device__ float sp_max_f(sp_smem *sm, sp_grp &g, float v) {
     for (int o = 16; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();
@@ -72,20 +135,34 @@ __device__ float sp_max_f(sp_smem *sm, float v) {
         sm->f[threadIdx.x >> 5] = v;
     __syncthreads();
     float t = -INFINITY;
-    for (int w = 0; w < SP_WARPS; w++)
+    for (int w = 0; w < g.nw; w++)
         t = fmaxf(t, sm->f[w]);
+    if (g.n > 1) {
+        if (threadIdx.x == 0)
+            sm->xf[g.par] = t;
+        sp_gsync(g);
+        for (int r = 0; r < g.n; r++)
+            t = fmaxf(t, sp_at(&sm->xf[g.par], g, r));
+        g.par ^= 1;
+    }
     return t;
 }
 
-/* The lowest id holding the largest value among this thread's candidates
- * (val > -inf... as `>` from -inf: NaN never wins; id -1: none). */
-__device__ int sp_argmax(sp_smem *sm, float v, int id) {
+/* Whether candidate (ov, oi) beats (bv, bi): the larger value, ties to the
+ * lower id (id -1: none; NaN never wins, as `>` from -inf). */
+__device__ __forceinline__ bool sp_better(float ov, int oi, float bv, int bi) {
+    return oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi));
+}
+
+/* The lowest id holding the largest value among the cluster's candidates
+ * (one a thread; id -1: none). */
+__device__ int sp_argmax(sp_smem *sm, sp_grp &g, float v, int id) {
     float bv = v;
     int bi = id;
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        bool take = oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi));
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const bool take = sp_better(ov, oi, bv, bi);
         bv = take ? ov : bv;
         bi = take ? oi : bi;
     }
@@ -97,23 +174,38 @@ __device__ int sp_argmax(sp_smem *sm, float v, int id) {
     __syncthreads();
     float rv = -INFINITY;
     int ri = -1;
-    for (int w = 0; w < SP_WARPS; w++) {
-        float ov = sm->f[w];
-        int oi = sm->i[w];
-        if (oi >= 0 && (ri < 0 || ov > rv || (ov == rv && oi < ri))) {
-            rv = ov;
-            ri = oi;
+    for (int w = 0; w < g.nw; w++)
+        if (sp_better(sm->f[w], sm->i[w], rv, ri)) {
+            rv = sm->f[w];
+            ri = sm->i[w];
         }
+    if (g.n > 1) {
+        if (threadIdx.x == 0) {
+            sm->xf[g.par] = rv;
+            sm->xi[g.par] = ri;
+        }
+        sp_gsync(g);
+        for (int r = 0; r < g.n; r++) {
+            const float ov = sp_at(&sm->xf[g.par], g, r);
+            const int oi = sp_at(&sm->xi[g.par], g, r);
+            if (sp_better(ov, oi, rv, ri)) {
+                rv = ov;
+                ri = oi;
+            }
+        }
+        g.par ^= 1;
     }
     return ri;
 }
 
-/* Which ids a thread visits: warp w owns the run [w·seg, (w+1)·seg) of
- * the row (seg a multiple of 32), lane l its ids w·seg + 32k + l, so each
- * step of a warp reads 128 contiguous bytes; in id order a warp's steps
- * come one after another and the warps in order. Passes that rank ties or
- * walk the row in id order keep their loops warp-uniform (steps, with
- * `valid` for ids past the row) and count within a step by ballot. */
+/* Which ids a thread visits: the row is cut into runs of seg ids (a
+ * multiple of 32), one for each warp of the cluster in rank order; lane l
+ * of the warp with run [base, base + seg) visits base + 32k + l, so each
+ * step of a warp reads 128 contiguous bytes, and in id order a warp's steps
+ * come one after another, then the block's warps in order, then the
+ * blocks in rank order. Passes that rank ties or walk the row in id order
+ * keep their loops warp-uniform (steps, with `valid` for ids past the row)
+ * and count within a step by ballot. */
 struct sp_layout {
     int base, end, steps, lane;
     __device__ __forceinline__ int first() const {
@@ -121,11 +213,12 @@ struct sp_layout {
     }
 };
 
-__device__ __forceinline__ sp_layout sp_layout_of(int vocab) {
-    const int seg = ((vocab + SP_WARPS - 1) / SP_WARPS + 31) / 32 * 32;
+__device__ __forceinline__ sp_layout sp_layout_of(int vocab, const sp_grp &g) {
+    const int runs = g.nw * g.n;
+    const int seg = ((vocab + runs - 1) / runs + 31) / 32 * 32;
     sp_layout L;
     L.lane = threadIdx.x & 31;
-    L.base = min((int)(threadIdx.x >> 5) * seg, vocab);
+    L.base = min((g.rank * g.nw + (int)(threadIdx.x >> 5)) * seg, vocab);
     L.end = min(L.base + seg, vocab);
     L.steps = seg / 32;
     return L;
@@ -142,17 +235,59 @@ __device__ __forceinline__ double sp_warp_scan_d(double v) {
     return v;
 }
 
-/* Exclusive prefix over warps of a warp-uniform count (every thread calls
- * it; lane 0 of each warp publishes). */
-__device__ int sp_warps_before_i(sp_smem *sm, int mine) {
+/* Exclusive prefix in id order of a warp-uniform count: the warps before
+ * this one in its block, and the blocks before this one in the cluster
+ * (every thread calls it; lane 0 of each warp publishes). */
+__device__ int sp_before_i(sp_smem *sm, sp_grp &g, int mine) {
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
         sm->i[threadIdx.x >> 5] = mine;
     __syncthreads();
-    int before = 0;
-    for (int w = 0; w < (int)(threadIdx.x >> 5); w++)
-        before += sm->i[w];
+    int before = 0, block = 0;
+    for (int w = 0; w < g.nw; w++) {
+        before += w < (int)(threadIdx.x >> 5) ? sm->i[w] : 0;
+        block += sm->i[w];
+    }
+    if (g.n > 1) {
+        if (threadIdx.x == 0)
+            sm->xi[g.par] = block;
+        sp_gsync(g);
+        for (int r = 0; r < g.rank; r++)
+            before += sp_at(&sm->xi[g.par], g, r);
+        g.par ^= 1;
+    }
     return before;
+}
+
+/* In id order, the mass of the survivors before this warp's run and the
+ * cluster's whole mass, from each warp's S (warp-uniform): the block's
+ * warps in order, the blocks' totals in rank order. */
+__device__ void sp_scan_d(sp_smem *sm, sp_grp &g, double S, double *before, double *total) {
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sm->d[threadIdx.x >> 5] = S;
+    __syncthreads();
+    double b = 0.0, t = 0.0;
+    for (int w = 0; w < g.nw; w++) {
+        b += w < (int)(threadIdx.x >> 5) ? sm->d[w] : 0.0;
+        t += sm->d[w];
+    }
+    if (g.n > 1) {
+        if (threadIdx.x == 0)
+            sm->xd[g.par] = t;
+        sp_gsync(g);
+        double rb = 0.0;
+        t = 0.0;
+        for (int r = 0; r < g.n; r++) {
+            const double x = sp_at(&sm->xd[g.par], g, r);
+            rb += r < g.rank ? x : 0.0;
+            t += x;
+        }
+        b = rb + b;
+        g.par ^= 1;
+    }
+    *before = b;
+    *total = t;
 }
 
 /* A thread's adds into a shared histogram go through four bins it keeps
@@ -195,30 +330,47 @@ template <typename T> struct sp_bins {
     }
 };
 
+/* The cluster's histogram: each block's (local, slot g.par, complete)
+ * added up bin by bin in rank order into sum. */
+template <typename T> __device__ void sp_hist_total(sp_grp &g, T *local, T *sum) {
+    sp_gsync(g);
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+        T t = T(0);
+        for (int r = 0; r < g.n; r++)
+            t += sp_at(&local[d], g, r);
+        sum[d] = t;
+    }
+    __syncthreads();
+    g.par ^= 1;
+}
+
 /* Radix selection by counts: the key of the k-th largest among the ids for
  * which key_of gives a value (all ids here), and how many ids at that key to
  * keep. KEY(i) is evaluated per id; every thread calls it. */
 template <typename KeyF>
-__device__ void sp_select_count(sp_smem *sm, const sp_layout &L, int k, KeyF key_of, unsigned *tau, int *rest) {
+__device__ void sp_select_count(sp_smem *sm, sp_grp &g, const sp_layout &L, int k, KeyF key_of, unsigned *tau,
+                                int *rest) {
     unsigned prefix = 0, mask = 0;
     int want = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int d = threadIdx.x; d < 256; d += SP_THREADS)
-            sm->hist[d] = 0;
+        unsigned *hist = sm->hist[g.par];
+        for (int d = threadIdx.x; d < 256; d += blockDim.x)
+            hist[d] = 0;
         __syncthreads();
         sp_bins<unsigned> bins;
         bins.init();
         for (int i = L.first(); i < L.end; i += 32) {
             const unsigned key = key_of(i);
             if ((key & mask) == prefix)
-                bins.add(sm->hist, (int)((key >> shift) & 255u), 1u);
+                bins.add(hist, (int)((key >> shift) & 255u), 1u);
         }
-        bins.flush(sm->hist);
+        bins.flush(hist);
         __syncthreads();
+        sp_hist_total(g, hist, sm->hsum);
         if (threadIdx.x == 0) {
             int cum = 0, d = 255;
-            for (; d > 0 && cum + (int)sm->hist[d] < want; d--)
-                cum += (int)sm->hist[d];
+            for (; d > 0 && cum + (int)sm->hsum[d] < want; d--)
+                cum += (int)sm->hsum[d];
             sm->sel_prefix = prefix | ((unsigned)d << shift);
             sm->sel_rest = want - cum;
         }
@@ -292,25 +444,43 @@ __device__ __forceinline__ bool sp_draw_step(sp_view *v, const sp_layout &L, flo
     return ok;
 }
 
-/* One row: steps 1-9 of pd_kernels.h's sample_rows. */
-static __global__ void __launch_bounds__(SP_THREADS)
+/* One row: steps 1-9 of pd_kernels.h's sample_rows, by the cluster of
+ * gridDim.x / n_rows blocks that holds this block (launched without
+ * clusters: one block a row). Rank 0 applies the listed tokens (steps 1, 3,
+ * 4) and writes the row's results. */
+template <bool CLUSTER>
+static __global__ void __launch_bounds__(CLUSTER ? SP_CL_THREADS : SP_THREADS)
     k_sample(int vocab, float *logits, const pd_sample_row *__restrict__ rows, const pd_sample_tok *__restrict__ toks,
              float *raw_e, pd_sample_out *out, float *wcache) {
     __shared__ sp_smem sm;
-    const pd_sample_row R = rows[blockIdx.x];
+    sp_grp g;
+    g.n = CLUSTER ? (int)cg::this_cluster().num_blocks() : 1;
+    g.rank = CLUSTER ? (int)cg::this_cluster().block_rank() : 0;
+    g.par = 0;
+    g.nw = (int)blockDim.x >> 5;
+    const int row = (int)blockIdx.x / g.n;
+    const bool lead = g.rank == 0;
+    if (threadIdx.x == 0)
+        sm.row = rows[row];
+    __syncthreads();
+    const pd_sample_row &R = sm.row;
+    /* what is needed only at the start and the end is recomputed there
+     * (R.tok_off, row) or kept in shared memory (lmax, lse, the argmax),
+     * not held in registers through the passes */
     float *l = logits + (size_t)R.row * vocab;
-    const pd_sample_tok *tk = toks + R.tok_off;
-    float *rawk = raw_e + R.tok_off;
     const int tid = threadIdx.x, lane = tid & 31;
     const unsigned lt = (1u << lane) - 1u;
-    const sp_layout L = sp_layout_of(vocab);
-    pd_sample_out *o = out + blockIdx.x;
+    const sp_layout L = sp_layout_of(vocab, g);
+    const bool past_vocab = R.n_vocab > 0 && R.n_vocab < vocab;
 
     /* 1. masks */
-    for (int e = tid; e < R.n_tok; e += SP_THREADS)
-        if (tk[e].flags & PD_SAMPLE_MASKED)
-            l[tk[e].id] = -INFINITY;
-    __syncthreads();
+    if (lead)
+        for (int e = tid; e < R.n_tok; e += blockDim.x)
+            if (toks[R.tok_off + e].flags & PD_SAMPLE_MASKED)
+                l[toks[R.tok_off + e].id] = -INFINITY;
+    if (lead && tid == 0)
+        sm.n_top = 0;
+    sp_gsync(g);
 
     /* 2. logprobs of l as it stands: the normaliser, then the n_top best */
     float lmax = -INFINITY;
@@ -319,43 +489,48 @@ static __global__ void __launch_bounds__(SP_THREADS)
         float m = -INFINITY;
         for (int i = L.first(); i < L.end; i += 32)
             m = l[i] > m ? l[i] : m;
-        lmax = sp_max_f(&sm, m);
+        lmax = sp_max_f(&sm, g, m);
         double s = 0.0;
         if (lmax != -INFINITY)
             for (int i = L.first(); i < L.end; i += 32)
                 s += exp((double)l[i] - (double)lmax);
-        s = sp_sum_d(&sm, s);
+        s = sp_sum_d(&sm, g, s);
         lse = lmax == -INFINITY ? 0.0 : log(s);
+    }
+    if (tid == 0) {
+        sm.lmax = lmax;
+        sm.lse = lse;
     }
     const int n_top = min(R.n_top, vocab);
     if (n_top > 0) {
         unsigned tau;
         int rest;
-        sp_select_count(&sm, L, n_top, [&](int i) { return sp_key(l[i]); }, &tau, &rest);
-        /* ties at tau before this warp's run, then the picks in id order */
+        sp_select_count(&sm, g, L, n_top, [&](int i) { return sp_key(l[i]); }, &tau, &rest);
+        /* ties at tau before this warp's run, then the picks in id order,
+         * into rank 0's list */
         int mine = 0;
         for (int k = 0; k < L.steps; k++) {
             const int i = L.base + 32 * k + lane;
             mine += __popc(__ballot_sync(0xffffffffu, i < L.end && sp_key(l[i]) == tau));
         }
-        int seen = sp_warps_before_i(&sm, mine);
-        if (tid == 0)
-            sm.n_top = 0;
-        __syncthreads();
+        int seen = sp_before_i(&sm, g, mine);
+        int *n_picked = g.n > 1 ? cg::this_cluster().map_shared_rank(&sm.n_top, 0) : &sm.n_top;
+        int *top_id = g.n > 1 ? cg::this_cluster().map_shared_rank(sm.top_id, 0) : sm.top_id;
+        float *top_l = g.n > 1 ? cg::this_cluster().map_shared_rank(sm.top_l, 0) : sm.top_l;
         for (int k = 0; k < L.steps; k++) {
             const int i = L.base + 32 * k + lane;
             const unsigned key = i < L.end ? sp_key(l[i]) : 0u;
             const bool tie = i < L.end && key == tau;
             const unsigned bt = __ballot_sync(0xffffffffu, tie);
             if (i < L.end && (key > tau || (tie && seen + __popc(bt & lt) < rest))) {
-                int slot = atomicAdd(&sm.n_top, 1);
-                sm.top_id[slot] = i;
-                sm.top_l[slot] = l[i];
+                const int slot = atomicAdd(n_picked, 1);
+                top_id[slot] = i;
+                top_l[slot] = l[i];
             }
             seen += __popc(bt);
         }
-        __syncthreads();
-        if (tid == 0) { /* best first, ties to the lower id */
+        sp_gsync(g);
+        if (lead && tid == 0) { /* best first, ties to the lower id */
             const int n = sm.n_top;
             for (int a = 1; a < n; a++) {
                 int id = sm.top_id[a];
@@ -370,6 +545,7 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 sm.top_id[b] = id;
                 sm.top_l[b] = v;
             }
+            pd_sample_out *o = out + row;
             o->n_top = n;
             for (int a = 0; a < n; a++) {
                 o->top_ids[a] = sm.top_id[a];
@@ -377,33 +553,42 @@ static __global__ void __launch_bounds__(SP_THREADS)
                                                        : (float)((double)sm.top_l[a] - (double)lmax - lse);
             }
         }
-    } else if (tid == 0) {
-        o->n_top = 0;
+    } else if (lead && tid == 0) {
+        out[row].n_top = 0;
     }
-    __syncthreads();
+    /* every block has read l for step 2 before rank 0 rewrites it */
+    if (g.n > 1 && (R.n_tok > 0 || past_vocab))
+        sp_gsync(g);
+    else
+        __syncthreads();
 
     /* 3, 4. logit_bias and penalties on the listed tokens (their raw
      * logits kept for the sampled token's logprob) */
-    for (int e = tid; e < R.n_tok; e += SP_THREADS) {
-        const pd_sample_tok t = tk[e];
-        float v = l[t.id];
-        rawk[e] = v;
-        v += t.bias;
-        if ((t.flags & PD_SAMPLE_SEEN) && R.repetition_penalty != 1.0f)
-            v = v > 0.0f ? v / R.repetition_penalty : v * R.repetition_penalty;
-        if (t.count > 0) {
-            v -= R.frequency_penalty * (float)t.count;
-            v -= R.presence_penalty;
+    if (lead)
+        for (int e = tid; e < R.n_tok; e += blockDim.x) {
+            const pd_sample_tok t = toks[R.tok_off + e];
+            float v = l[t.id];
+            raw_e[R.tok_off + e] = v;
+            v += t.bias;
+            if ((t.flags & PD_SAMPLE_SEEN) && R.repetition_penalty != 1.0f)
+                v = v > 0.0f ? v / R.repetition_penalty : v * R.repetition_penalty;
+            if (t.count > 0) {
+                v -= R.frequency_penalty * (float)t.count;
+                v -= R.presence_penalty;
+            }
+            l[t.id] = v;
         }
-        l[t.id] = v;
-    }
-    __syncthreads();
-    /* 4b. ids past n_vocab (no text) are never drawn */
-    if (R.n_vocab > 0 && R.n_vocab < vocab) {
-        for (int i = R.n_vocab + tid; i < vocab; i += SP_THREADS)
+    /* 4b. ids past n_vocab (no text) are never drawn, whatever steps 3-4
+     * gave them (a cluster's other blocks write them: after rank 0's) */
+    if (g.n > 1 && R.n_tok > 0 && past_vocab)
+        sp_gsync(g);
+    if (past_vocab)
+        for (int i = R.n_vocab + g.rank * (int)blockDim.x + tid; i < vocab; i += g.n * (int)blockDim.x)
             l[i] = -INFINITY;
+    if (g.n > 1 && (R.n_tok > 0 || past_vocab))
+        sp_gsync(g);
+    else
         __syncthreads();
-    }
 
     /* 5. greedy, or the scaled logits' max */
     int token = -1;
@@ -415,7 +600,7 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 bv = l[i];
                 bi = i;
             }
-        token = sp_argmax(&sm, bv, bi);
+        token = sp_argmax(&sm, g, bv, bi);
         token = token < 0 ? 0 : token;
     } else {
         sp_view v = {};
@@ -424,10 +609,10 @@ static __global__ void __launch_bounds__(SP_THREADS)
         float m = -INFINITY;
         for (int i = L.first(); i < L.end; i += 32)
             m = fmaxf(m, sp_scaled(&v, i));
-        v.max = sp_max_f(&sm, m);
+        v.max = sp_max_f(&sm, g, m);
         float bv = -INFINITY; /* the argmax of the scaled logits: steps 5 and 9's fallback */
         int bi = -1;
-        float *wc = wcache ? wcache + (size_t)blockIdx.x * vocab : NULL; /* row r's: each thread its own ids */
+        float *wc = wcache ? wcache + (size_t)row * vocab : NULL; /* row r's: each thread its own ids */
         for (int i = L.first(); i < L.end; i += 32) {
             const float sc = sp_scaled(&v, i);
             if (sc > bv) {
@@ -438,7 +623,9 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 wc[i] = expf(sc - v.max);
         }
         v.wc = wc;
-        const int amax = sp_argmax(&sm, bv, bi);
+        const int amax = sp_argmax(&sm, g, bv, bi);
+        if (tid == 0)
+            sm.amax = amax;
         if (!isfinite(v.max)) {
             token = amax < 0 ? 0 : amax;
         } else {
@@ -446,14 +633,15 @@ static __global__ void __launch_bounds__(SP_THREADS)
             int k_seen0 = 0;
             if (R.top_k > 0 && R.top_k < vocab) {
                 int rest;
-                sp_select_count(&sm, L, R.top_k, [&](int i) { return sp_key(sp_scaled(&v, i)); }, &v.k_tau, &rest);
+                sp_select_count(&sm, g, L, R.top_k, [&](int i) { return sp_key(sp_scaled(&v, i)); }, &v.k_tau,
+                                &rest);
                 v.k_rest = rest;
                 int mine = 0;
                 for (int k = 0; k < L.steps; k++) {
                     const int i = L.base + 32 * k + lane;
                     mine += __popc(__ballot_sync(0xffffffffu, i < L.end && sp_key(sp_scaled(&v, i)) == v.k_tau));
                 }
-                k_seen0 = sp_warps_before_i(&sm, mine);
+                k_seen0 = sp_before_i(&sm, g, mine);
                 v.k_on = true;
             }
             /* 7. top-p over top-k's survivors, by mass */
@@ -467,13 +655,14 @@ static __global__ void __launch_bounds__(SP_THREADS)
                     if (sp_keep_kp(&v, i, i < L.end, &w))
                         s += w;
                 }
-                const double total = sp_sum_d(&sm, s);
+                const double total = sp_sum_d(&sm, g, s);
                 double need = (double)R.top_p * total;
                 unsigned prefix = 0, mask = 0;
                 bool all_kept = false;
                 for (int shift = 24; shift >= 0 && !all_kept; shift -= 8) {
-                    for (int d = tid; d < 256; d += SP_THREADS)
-                        sm.mass[d] = 0.0;
+                    double *mass = sm.mass[g.par];
+                    for (int d = tid; d < 256; d += blockDim.x)
+                        mass[d] = 0.0;
                     __syncthreads();
                     v.k_seen = k_seen0;
                     sp_bins<double> bins;
@@ -484,25 +673,26 @@ static __global__ void __launch_bounds__(SP_THREADS)
                         if (sp_keep_kp(&v, i, i < L.end, &w)) {
                             const unsigned wb = __float_as_uint(w);
                             if ((wb & mask) == prefix)
-                                bins.add(sm.mass, (int)((wb >> shift) & 255u), (double)w);
+                                bins.add(mass, (int)((wb >> shift) & 255u), (double)w);
                         }
                     }
-                    bins.flush(sm.mass);
+                    bins.flush(mass);
                     __syncthreads();
+                    sp_hist_total(g, mass, sm.msum);
                     if (tid == 0) {
                         double cum = 0.0;
                         int d = 255;
-                        for (; d >= 0 && cum + sm.mass[d] < need; d--)
-                            cum += sm.mass[d];
+                        for (; d >= 0 && cum + sm.msum[d] < need; d--)
+                            cum += sm.msum[d];
                         sm.sel_all = 0;
                         if (d < 0 && shift == 24) {
                             sm.sel_all = 1; /* rounding kept need out of reach: keep them all */
                         } else if (d < 0) {
                             /* this pass's sums fell short of the last pass's by
                              * rounding: the lightest digit that has mass, all of it */
-                            for (d = 0; d < 255 && sm.mass[d] == 0.0; d++)
+                            for (d = 0; d < 255 && sm.msum[d] == 0.0; d++)
                                 ;
-                            cum = need - sm.mass[d];
+                            cum = need - sm.msum[d];
                         }
                         sm.sel_prefix = prefix | ((unsigned)max(d, 0) << shift);
                         sm.sel_need = need - cum;
@@ -529,7 +719,7 @@ static __global__ void __launch_bounds__(SP_THREADS)
                         const bool kept = sp_keep_kp(&v, i, i < L.end, &w);
                         mine += __popc(__ballot_sync(0xffffffffu, kept && __float_as_uint(w) == prefix));
                     }
-                    p_seen0 = sp_warps_before_i(&sm, mine);
+                    p_seen0 = sp_before_i(&sm, g, mine);
                     v.p_on = true;
                     v.p_tau = prefix;
                     v.p_rest = rest;
@@ -537,8 +727,9 @@ static __global__ void __launch_bounds__(SP_THREADS)
             }
             /* 8, 9. min-p, then the draw in id order: each warp's mass of
              * survivors summed step by step (a warp scan a step), the
-             * warps' masses in order, and the warp whose run holds u times
-             * the total walks it again with the same additions */
+             * masses before it in id order (warps, then blocks), and the
+             * warp whose run holds u times the total walks it again with
+             * the same additions */
             double S = 0.0;
             int last = -1;
             v.k_seen = k_seen0;
@@ -550,20 +741,12 @@ static __global__ void __launch_bounds__(SP_THREADS)
                 if (ok)
                     last = L.base + 32 * k + lane;
             }
-            __syncthreads();
-            if (lane == 0)
-                sm.d[tid >> 5] = S;
-            __syncthreads();
-            double before = 0.0, total = 0.0;
-            for (int w = 0; w < SP_WARPS; w++) {
-                before += w < (tid >> 5) ? sm.d[w] : 0.0;
-                total += sm.d[w];
-            }
+            double before, total;
+            sp_scan_d(&sm, g, S, &before, &total);
             const double target = R.u * total;
             const double rem = target - before;
-            __syncthreads();
             if (tid == 0)
-                sm.i[0] = -1;
+                sm.found = -1;
             __syncthreads();
             if (rem >= 0.0 && rem < S) { /* warp-uniform */
                 double cum = 0.0;
@@ -575,48 +758,67 @@ static __global__ void __launch_bounds__(SP_THREADS)
                     const unsigned hit = __ballot_sync(0xffffffffu, ok && cum + inc > rem);
                     if (hit) {
                         if (lane == 0)
-                            sm.i[0] = L.base + 32 * k + (__ffs(hit) - 1);
+                            atomicMin((unsigned *)&sm.found, (unsigned)(L.base + 32 * k + (__ffs(hit) - 1)));
                         break;
                     }
                     cum += __shfl_sync(0xffffffffu, inc, 31);
                 }
             }
+            /* the token (-1: none crossed) and the last survivor, over the cluster */
+            for (int o2 = 16; o2 > 0; o2 >>= 1)
+                last = max(last, __shfl_xor_sync(0xffffffffu, last, o2));
             __syncthreads();
-            token = sm.i[0];
-            if (token < 0) { /* none crossed: the last survivor, else the argmax */
-                __syncthreads();
-                int lst = last;
-                for (int o2 = 16; o2 > 0; o2 >>= 1)
-                    lst = max(lst, __shfl_xor_sync(0xffffffffu, lst, o2));
-                if (lane == 0)
-                    sm.i[tid >> 5] = lst;
-                __syncthreads();
-                lst = -1;
-                for (int w = 0; w < SP_WARPS; w++)
-                    lst = max(lst, sm.i[w]);
-                token = lst >= 0 ? lst : (amax < 0 ? 0 : amax);
+            const int found = sm.found; /* -1 as unsigned: the largest, so atomicMin keeps a hit */
+            if (lane == 0)
+                sm.i[tid >> 5] = last;
+            __syncthreads();
+            int lst = -1;
+            for (int w = 0; w < g.nw; w++)
+                lst = max(lst, sm.i[w]);
+            token = found;
+            if (g.n > 1) {
+                if (tid == 0) {
+                    sm.xi[g.par] = found;
+                    sm.xi2[g.par] = lst;
+                }
+                sp_gsync(g);
+                token = -1;
+                for (int r = 0; r < g.n; r++) {
+                    const int f = sp_at(&sm.xi[g.par], g, r);
+                    token = token < 0 ? f : token;
+                    lst = max(lst, sp_at(&sm.xi2[g.par], g, r));
+                }
+                g.par ^= 1;
             }
+            if (token < 0) /* none crossed: the last survivor, else the argmax */
+                token = lst >= 0 ? lst : (sm.amax < 0 ? 0 : sm.amax);
         }
     }
 
     /* the sampled token's logprob, from its logit before steps 3-4 */
-    if (R.want_logprob) {
-        if (tid == 0)
-            sm.chosen_entry = -1;
-        __syncthreads();
-        for (int e = tid; e < R.n_tok; e += SP_THREADS)
-            if (tk[e].id == token)
-                sm.chosen_entry = e;
-        __syncthreads();
-        if (tid == 0) {
-            const float raw = sm.chosen_entry >= 0 ? rawk[sm.chosen_entry] : l[token];
-            o->logprob = lmax == -INFINITY ? -INFINITY : (float)((double)raw - (double)lmax - lse);
+    if (lead) {
+        pd_sample_out *o = out + row;
+        if (R.want_logprob) {
+            if (tid == 0)
+                sm.chosen_entry = -1;
+            __syncthreads();
+            for (int e = tid; e < R.n_tok; e += blockDim.x)
+                if (toks[R.tok_off + e].id == token)
+                    sm.chosen_entry = e;
+            __syncthreads();
+            if (tid == 0) {
+                const float raw = sm.chosen_entry >= 0 ? raw_e[R.tok_off + sm.chosen_entry] : l[token];
+                o->logprob = sm.lmax == -INFINITY ? -INFINITY : (float)((double)raw - (double)sm.lmax - sm.lse);
+            }
+        } else if (tid == 0) {
+            o->logprob = 0.0f;
         }
-    } else if (tid == 0) {
-        o->logprob = 0.0f;
+        if (tid == 0)
+            o->token = token;
     }
-    if (tid == 0)
-        o->token = token;
+    /* no block leaves while another may still read its shared memory */
+    if (g.n > 1)
+        cg::this_cluster().sync();
 }
 
 /* ---- greedy rows with nothing else asked: the argmax over many blocks ----
@@ -649,10 +851,6 @@ typedef struct {
     int id; /* -1: the slice saw nothing larger than -inf */
 } spg_best;
 
-__device__ __forceinline__ bool spg_better(float ov, int oi, float bv, int bi) {
-    return oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi));
-}
-
 /* rows.re[r] = {logits row, end}; best[r · S + s], host memory */
 static __global__ void __launch_bounds__(SPG_THREADS)
     k_argmax_slices(int vocab, float *logits, const __grid_constant__ spg_rows rows, spg_best *best) {
@@ -684,7 +882,7 @@ static __global__ void __launch_bounds__(SPG_THREADS)
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (spg_better(ov, oi, bv, bi)) {
+        if (sp_better(ov, oi, bv, bi)) {
             bv = ov;
             bi = oi;
         }
@@ -696,12 +894,52 @@ static __global__ void __launch_bounds__(SPG_THREADS)
     __syncthreads();
     if (tid == 0) {
         for (int w = 1; w < SPG_THREADS / 32; w++)
-            if (spg_better(sv[w], si[w], bv, bi)) {
+            if (sp_better(sv[w], si[w], bv, bi)) {
                 bv = sv[w];
                 bi = si[w];
             }
         best[(size_t)r * S + s] = spg_best{bv, bi};
     }
+}
+
+/* k_sample's blocks a row (a cluster): the most, up to the device's
+ * largest cluster of such blocks (16 where a GPC holds 16 of them, else 8),
+ * such that the batch's clusters fit on the SMs at once and each block
+ * has SP_CL_IDS ids or more; PD_SAMPLE_CLUSTER's size where set (at most
+ * the device's largest). Sizes the device refuses are skipped, down to 1. */
+static int sp_cluster_size(cu_ctx *c, int n, int vocab) {
+    if (c->sample_cl_max == 0) {
+        int best = 1;
+        for (int cl = SP_CL_MAX; cl > 1 && best == 1; cl /= 2) {
+            if (cl > 8 && cudaFuncSetAttribute(k_sample<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+                              cudaSuccess) {
+                cudaGetLastError();
+                continue;
+            }
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = (unsigned)cl;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.gridDim = dim3((unsigned)cl);
+            cfg.blockDim = dim3(SP_CL_THREADS);
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            int n_cl = 0;
+            if (cudaOccupancyMaxActiveClusters(&n_cl, k_sample<true>, &cfg) == cudaSuccess && n_cl > 0)
+                best = cl;
+            else
+                cudaGetLastError(); /* a size the device refuses: the next smaller one */
+        }
+        c->sample_cl_max = best;
+    }
+    if (c->sample_cl_force)
+        return c->sample_cl_force < c->sample_cl_max ? c->sample_cl_force : c->sample_cl_max;
+    int cl = c->sample_cl_max;
+    while (cl > 1 && ((long)n * cl > c->n_sm || vocab / cl < SP_CL_IDS))
+        cl /= 2;
+    return cl;
 }
 
 /* Section sizes in the one scratch buffer, 256-byte aligned. */
@@ -823,9 +1061,28 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
         return;
     }
     pd_sample_out *h_out = hs ? (pd_sample_out *)(hs + b_rows + b_toks) : NULL;
-    k_sample<<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, h_out ? h_out : d_out,
-                                              b_wc ? (float *)(d + b_rows + b_toks + b_raw + b_out) : NULL);
-    if (!CU_LAUNCHED(c, cudaGetLastError(), "sample_rows")) {
+    const int cl = sp_cluster_size(c, n, vocab);
+    float *wc = b_wc ? (float *)(d + b_rows + b_toks + b_raw + b_out) : NULL;
+    cudaError_t e;
+    if (cl > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)cl;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(n * cl));
+        cfg.blockDim = dim3(SP_CL_THREADS);
+        cfg.stream = c->stream;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        e = cudaLaunchKernelEx(&cfg, k_sample<true>, vocab, logits, (const pd_sample_row *)d_rows,
+                               (const pd_sample_tok *)d_toks, d_raw, h_out ? h_out : d_out, wc);
+    } else {
+        k_sample<false><<<n, SP_THREADS, 0, c->stream>>>(vocab, logits, d_rows, d_toks, d_raw, h_out ? h_out : d_out, wc);
+        e = cudaGetLastError();
+    }
+    if (!CU_LAUNCHED(c, e, "sample_rows")) {
         cudaStreamSynchronize(c->stream);
         return;
     }

@@ -2553,6 +2553,21 @@ static void sample_check_batch(suite *s, const char *shape, const sample_batch *
     free(out);
 }
 
+/* Each row of in sampled in a call of its own: CUDA gives a lone row of a
+ * large vocabulary a cluster of up to 16 blocks (sample.cu's
+ * sp_cluster_size), a batch of them fewer; the same checks as
+ * sample_check_batch. */
+static void sample_check_alone(suite *s, const char *shape, const sample_batch *in) {
+    for (int i = 0; i < in->n; i++) {
+        const pd_sample_row *r = &in->rows[i];
+        sample_batch one;
+        batch_init(&one, in->vocab);
+        batch_add(&one, in->logits + (size_t)r->row * in->vocab, *r, in->toks + r->tok_off, r->n_tok);
+        sample_check_batch(s, shape, &one);
+        batch_free(&one);
+    }
+}
+
 /* The draw's distribution: one fixed row (vocab 8, temperature 1, no
  * filters) sampled with 20000 uniform u; each token's count within 5
  * standard deviations of 20000 * softmax. */
@@ -2606,9 +2621,13 @@ static void test_sample_rows(void **state) {
         void (*make)(suite *, sample_batch *, int);
         int vocab;
         const char *what;
-    } batches[] = {{sample_batch_random, 1000, "every setting"},   {sample_batch_random, 50000, "every setting"},
-                   {sample_batch_greedy, 64, "greedy only"},       {sample_batch_greedy, 1000, "greedy only"},
-                   {sample_batch_greedy, 129280, "greedy only"}};
+        bool alone; /* also each row in a call of its own */
+    } batches[] = {{sample_batch_random, 1000, "every setting", false},
+                   {sample_batch_random, 50000, "every setting", true},
+                   {sample_batch_random, 129280, "every setting", true},
+                   {sample_batch_greedy, 64, "greedy only", false},
+                   {sample_batch_greedy, 1000, "greedy only", false},
+                   {sample_batch_greedy, 129280, "greedy only", false}};
     for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++) {
         sample_batch b;
         batch_init(&b, batches[k].vocab);
@@ -2616,6 +2635,10 @@ static void test_sample_rows(void **state) {
         char shape[80];
         snprintf(shape, sizeof shape, "%s, vocab %d, %d rows", batches[k].what, b.vocab, b.n);
         sample_check_batch(s, shape, &b);
+        if (batches[k].alone) {
+            snprintf(shape, sizeof shape, "%s, vocab %d, a row a call", batches[k].what, b.vocab);
+            sample_check_alone(s, shape, &b);
+        }
         batch_free(&b);
     }
     sample_batch b;
