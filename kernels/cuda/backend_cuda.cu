@@ -554,6 +554,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->sample_cl_force = scl_n == 1 || scl_n == 2 || scl_n == 4 || scl_n == 8 || scl_n == 16 ? scl_n : 0;
         const char *mtp = getenv("PD_MLA_TILE_PRE");
         c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
+        const char *mtb = getenv("PD_MLA_TILE_BULK"); /* cp.async.bulk and its mbarrier: sm_90 */
+        c->mla_tile_bulk = prop.major >= 9 && !(mtb && !strcmp(mtb, "0"));
         const char *qpr = getenv("PD_QLAT_PRE");
         c->mla_qlat_pre1 = qpr && !strcmp(qpr, "1");
         const char *nv = getenv("PD_NORM_V");

@@ -147,6 +147,9 @@ typedef struct {
     int sample_cl_max;   /* the largest cluster k_sample may launch with on this device (0: not asked yet) */
     bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
                             row of this step's, not the old rows of its first two tiles (A/B runs) */
+    bool mla_tile_bulk;  /* sm_90 and later, unless PD_MLA_TILE_BULK=0: the split attention's tiles (k_mla_decode_tc
+                            by PDL, PRE 2) come in by Hopper bulk copies, a cache row each, not every thread's
+                            16-byte cp.async (A/B runs) */
     bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs
                             after its wait, not the weights, slots and rope factors before it (A/B runs) */
     bool norm_v_off;     /* PD_NORM_V=0: rmsnorm as the first kernel (k_rmsnorm), not k_rmsnorm_v (A/B runs) */
@@ -256,6 +259,75 @@ __device__ __forceinline__ void cu_pdl_wait() {
 __device__ __forceinline__ void cu_prefetch_l2(const void *p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+/* Hopper bulk copies (TMA without a tensor map; PTX ISA 8.0, "Data
+ * Movement and Conversion Instructions: cp.async.bulk" and "Parallel
+ * Synchronization and Communication Instructions: mbarrier"): one thread's
+ * instruction moves a whole run of bytes from global into shared memory,
+ * and an mbarrier in shared memory (8 bytes, 8-aligned) counts the bytes
+ * that have landed (its tx-count).
+ *   cu_smem_u32: the shared-window address the instructions take;
+ *   cu_mbar_init: a barrier that expects one arrival a phase;
+ *   cu_mbar_init_fence: makes the init visible to the async proxy and, once
+ *     the threads that use the barrier have synchronised with the one that
+ *     ran it (__syncwarp / __syncthreads), to them;
+ *   cu_bulk_expect: the phase's one arrival, announcing its bytes (it may
+ *     come before or after copies counted on the same phase: the phase
+ *     completes once it has come and every announced byte has landed);
+ *   cu_bulk_g2s: bytes (a multiple of 16; src and dst 16-aligned) from src
+ *     into dst, counted on m;
+ *   cu_mbar_wait: returns once the phase of the given parity (0 for a
+ *     barrier's first phase, 1 for its second, ...) has completed; the
+ *     copied bytes are then visible to the waiting thread;
+ *   cu_fence_proxy_async: orders this thread's (and, through the barriers
+ *     before it, other threads') generic accesses to shared memory before
+ *     its later async-proxy ones ("Memory Consistency Model: Proxies"): a
+ *     bulk copy into a buffer that ordinary loads or stores used. */
+__device__ __forceinline__ unsigned cu_smem_u32(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cu_mbar_init(unsigned long long *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cu_smem_u32(m)) : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_bulk_expect(unsigned long long *m, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cu_smem_u32(m)), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     cu_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(cu_smem_u32(m))
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_mbar_wait(unsigned long long *m, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(cu_smem_u32(m)), "r"(parity)
+                     : "memory");
+    } while (!done);
+#endif
+}
+__device__ __forceinline__ void cu_fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
 

@@ -550,6 +550,23 @@ __device__ __forceinline__ void dec_tile_load(float *tile, const float *__restri
     }
 }
 
+/* The same rows by Hopper bulk copies (cu_bulk_g2s), for warp 0 of the
+ * block: lane r copies row r of the tile (r0 <= r < r1), the whole cache
+ * row of D floats (contiguous; D * 4 a multiple of 16) in one instruction,
+ * counted on mb; the caller has announced the bytes (cu_bulk_expect).
+ * One block-table lookup a row instead of one a 16-byte piece, and the
+ * copy engine, not 256 threads' LDGSTS, keeps the tile in flight. Needs
+ * the cache and the tile 16-byte aligned and DP * 4 a multiple of 16. */
+__device__ __forceinline__ void dec_tile_bulk(float *tile, unsigned long long *mb, const float *__restrict__ cache,
+                                              const int *btab, int t0, int r0, int r1, int D, int DP, int n_layers,
+                                              int layer, int bs, int lane) {
+    if (lane >= r0 && lane < r1) {
+        const int t = t0 + lane;
+        cu_bulk_g2s(tile + lane * DP, cache + (((size_t)btab[t / bs] * n_layers + layer) * bs + t % bs) * D,
+                    (unsigned)D * 4u, mb);
+    }
+}
+
 /* Block (query i, split, head group): tokens [split*chunk, min(n_vis, (split+1)*chunk))
  * of query i against heads h0 .. h0+15, chunk = max(n_vis / n_splits,
  * min_chunk) rounded up to whole tiles (splits past the end stay empty: a
@@ -748,8 +765,15 @@ static size_t decode_tc_smem(int D) {
  * PRE (launched by PDL): 1, the first tile loaded before the wait when
  * none of its rows is this step's; 2, the rows of the first two tiles that
  * are not this step's loaded before the wait, wherever they are, and the
- * rest after it. */
-template <int KQ, int NT, int PRE = 0>
+ * rest after it.
+ * BULK: the tiles come in by Hopper bulk copies, a cache row each
+ * (dec_tile_bulk, issued by warp 0), instead of every thread's 16-byte
+ * cp.async: each tile buffer has an mbarrier that counts its bytes, and
+ * every thread waits on it (the phase's parity flips each time the buffer
+ * is used) where the cp.async form waits for its own groups. The rows past
+ * the split's end are still zeroed by ordinary stores; the shared memory
+ * the arithmetic reads is the same, and so are the partials. */
+template <int KQ, int NT, int PRE = 0, bool BULK = false>
 static __global__ void __launch_bounds__(DEC_THREADS, 1)
     k_mla_decode_tc(int nh, float scale, int start_pos, const int *__restrict__ q_len, const int *__restrict__ q_boff,
                     int n_splits, int min_chunk, int zero_empty, const float *__restrict__ ql,
@@ -771,16 +795,51 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
     const size_t pi = ((size_t)i * nh + h0) * n_splits + split; /* head h0's partial; head h0 + j at + j n_splits */
 
-    /* tile loads: rows past the split's end are zeroed (P is 0 there, and
-     * 0 times whatever shared memory held could be NaN) */
-    auto load_tile = [&](float *tile, int t0) {
+    /* BULK: buffer b's mbarrier (static shared memory: the dynamic part is
+     * decode_tc_smem's, 16-byte aligned like every row of both buffers,
+     * DP * 4 = 2320 bytes a row). Thread 0 makes them; warp 0 issues every
+     * copy, so its __syncwarp publishes them to the copies, and the other
+     * warps see them after a __syncthreads before their first wait (below,
+     * before the tile loop). A barrier's one arrival a phase is warp 0 lane
+     * 0's cu_bulk_expect with the whole tile's bytes. */
+    __shared__ alignas(8) unsigned long long mbar[2];
+    static_assert(!BULK || (D * 4) % 16 == 0 && (DP * 4) % 16 == 0, "bulk copies move 16-byte multiples");
+    static_assert(!BULK || DEC_TT <= 32, "a lane copies a row of the tile");
+    if constexpr (BULK) {
+        if (tid == 0) {
+            cu_mbar_init(mbar);
+            cu_mbar_init(mbar + 1);
+            cu_mbar_init_fence();
+        }
+        __syncwarp();
+    }
+
+    /* tile loads into buffer b: rows past the split's end are zeroed (P is
+     * 0 there, and 0 times whatever shared memory held could be NaN) */
+    auto load_tile = [&](int b, int t0) {
+        float *tile = tiles + b * DEC_TT * DP;
         const int nt = min(DEC_TT, t_end - t0);
-        dec_tile_load(tile, cache, btab, t0, nt, D4, DP, n_layers, layer, bs, tid);
+        if constexpr (BULK) {
+            if (warp == 0) {
+                /* the buffer's last tile was read by generic loads (or it
+                 * is fresh): order those, which the __syncthreads at the end
+                 * of the loop's step put before this point, before the
+                 * copies' async-proxy writes */
+                cu_fence_proxy_async();
+                if (lane == 0)
+                    cu_bulk_expect(mbar + b, (unsigned)(nt * D * 4));
+                __syncwarp();
+                dec_tile_bulk(tile, mbar + b, cache, btab, t0, 0, nt, D, DP, n_layers, layer, bs, lane);
+            }
+        } else {
+            dec_tile_load(tile, cache, btab, t0, nt, D4, DP, n_layers, layer, bs, tid);
+        }
         for (int k = nt * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS) {
             const int row = k / D4, c4 = k - row * D4;
             ((float4 *)(tile + row * DP))[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        __pipeline_commit();
+        if constexpr (!BULK)
+            __pipeline_commit();
     };
     /* PRE (launched by PDL): the first tile is loaded before the wait when
      * none of its rows is this step's (decode: the last row, stored by the
@@ -791,7 +850,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     if constexpr (PRE == 1) {
         const int old_rows = q_len ? n_vis - 1 : start_pos;
         if (t_begin < t_end && min(t_end, t_begin + DEC_TT) <= old_rows) {
-            load_tile(tiles, t_begin);
+            load_tile(0, t_begin);
             first_loaded = true;
         }
         cu_pdl_wait();
@@ -807,9 +866,26 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         const int o0 = min(n0, max(0, old_rows - t_begin)), o1 = min(n1, max(0, old_rows - t_begin - DEC_TT));
         float *tile1 = tiles + DEC_TT * DP;
         if (n0) {
-            dec_tile_load(tiles, cache, btab, t_begin, o0, D4, DP, n_layers, layer, bs, tid);
-            dec_tile_load(tile1, cache, btab, t_begin + DEC_TT, o1, D4, DP, n_layers, layer, bs, tid);
-            __pipeline_commit();
+            if constexpr (BULK) {
+                /* each buffer's one arrival announces all its rows, those
+                 * copied after the wait included: its phase cannot complete
+                 * before they have landed */
+                if (warp == 0) {
+                    if (lane == 0) {
+                        cu_bulk_expect(mbar, (unsigned)(n0 * D * 4));
+                        if (n1)
+                            cu_bulk_expect(mbar + 1, (unsigned)(n1 * D * 4));
+                    }
+                    __syncwarp();
+                    dec_tile_bulk(tiles, mbar, cache, btab, t_begin, 0, o0, D, DP, n_layers, layer, bs, lane);
+                    dec_tile_bulk(tile1, mbar + 1, cache, btab, t_begin + DEC_TT, 0, o1, D, DP, n_layers, layer, bs,
+                                  lane);
+                }
+            } else {
+                dec_tile_load(tiles, cache, btab, t_begin, o0, D4, DP, n_layers, layer, bs, tid);
+                dec_tile_load(tile1, cache, btab, t_begin + DEC_TT, o1, D4, DP, n_layers, layer, bs, tid);
+                __pipeline_commit();
+            }
             /* rows past the split's end are zero (see load_tile) */
             for (int k = n0 * D4 + tid; k < DEC_TT * D4; k += DEC_THREADS)
                 ((float4 *)(tiles + (k / D4) * DP))[k % D4] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -820,10 +896,18 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         cu_pdl_wait();
         cu_pdl_launch_dependents();
         if (n0) {
-            dec_tile_load(tiles + o0 * DP, cache, btab, t_begin + o0, n0 - o0, D4, DP, n_layers, layer, bs, tid);
-            dec_tile_load(tile1 + o1 * DP, cache, btab, t_begin + DEC_TT + o1, n1 - o1, D4, DP, n_layers, layer, bs,
-                          tid);
-            __pipeline_commit();
+            if constexpr (BULK) {
+                if (warp == 0) {
+                    dec_tile_bulk(tiles, mbar, cache, btab, t_begin, o0, n0, D, DP, n_layers, layer, bs, lane);
+                    dec_tile_bulk(tile1, mbar + 1, cache, btab, t_begin + DEC_TT, o1, n1, D, DP, n_layers, layer, bs,
+                                  lane);
+                }
+            } else {
+                dec_tile_load(tiles + o0 * DP, cache, btab, t_begin + o0, n0 - o0, D4, DP, n_layers, layer, bs, tid);
+                dec_tile_load(tile1 + o1 * DP, cache, btab, t_begin + DEC_TT + o1, n1 - o1, D4, DP, n_layers, layer,
+                              bs, tid);
+                __pipeline_commit();
+            }
             first_loaded = true;
             second_loaded = n1 > 0;
         }
@@ -844,7 +928,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     }
 
     if (!first_loaded)
-        load_tile(tiles, t_begin);
+        load_tile(0, t_begin);
 
     /* warp w's q fragments (columns c0 .. c0 + 8 KQ), heads g and g + 8 */
     const int c0 = warp * 8 * KQ;
@@ -870,16 +954,24 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     for (int n = 0; n < NT; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+    if constexpr (BULK)
+        __syncthreads(); /* the mbarriers' init, for the warps other than 0 */
     int buf = 0;
+    unsigned parity = 0; /* BULK: bit b, the phase of buffer b's next wait */
     for (int t0 = t_begin; t0 < t_end; t0 += DEC_TT, buf ^= 1) {
         const int nt = min(DEC_TT, t_end - t0);
         if (t0 + DEC_TT < t_end && !(second_loaded && t0 == t_begin)) {
-            load_tile(tiles + (buf ^ 1) * DEC_TT * DP, t0 + DEC_TT);
-            __pipeline_wait_prior(1);
-        } else {
+            load_tile(buf ^ 1, t0 + DEC_TT);
+            if constexpr (!BULK)
+                __pipeline_wait_prior(1);
+        } else if constexpr (!BULK) {
             __pipeline_wait_prior(0);
         }
-        __syncthreads();
+        if constexpr (BULK) {
+            cu_mbar_wait(mbar + buf, (parity >> buf) & 1u);
+            parity ^= 1u << buf;
+        }
+        __syncthreads(); /* (BULK too: the zeroed rows are other threads' stores) */
         const float *tile = tiles + buf * DEC_TT * DP;
 
         /* S partial over this warp's columns, rows 8j + g of the tile */
@@ -1294,6 +1386,7 @@ typedef struct {
     int pdl;           /* bf16: the q_lat, split and merge kernels by PDL, loading weights / a tile before the wait */
     int cmb_slow;      /* PD_MLA_MERGE_FAST=0: k_mla_combine8 without its one-round-trip path (A/B runs) */
     int tile_pre1;     /* PD_MLA_TILE_PRE=1: k_mla_decode_tc loads before its wait only a first tile of old rows */
+    int tile_bulk;     /* k_mla_decode_tc<PRE 2>'s tiles by bulk copies (BULK; PD_MLA_TILE_BULK=0: by cp.async) */
     int qlat_pre1;     /* PD_QLAT_PRE=1: k_mla_qlat8's prologue reads and ropes all after its wait */
     float scale;
     const float *q, *cache;
@@ -1345,10 +1438,14 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
     if (a->tc) { /* absorbed_tc: kvr 512, dr 64; by PDL with its first tile loaded before the wait */
         smem = decode_tc_smem(kvr + a->dr);
-        auto kern = !a->pdl ? k_mla_decode_tc<9, 8, 0> : a->tile_pre1 ? k_mla_decode_tc<9, 8, 1> : k_mla_decode_tc<9, 8, 2>;
+        auto kern = !a->pdl         ? k_mla_decode_tc<9, 8, 0>
+                    : a->tile_pre1 ? k_mla_decode_tc<9, 8, 1>
+                    : a->tile_bulk ? k_mla_decode_tc<9, 8, 2, true>
+                                   : k_mla_decode_tc<9, 8, 2>;
         /* CU_SMEM_OPTIN remembers per call site: one for each kernel */
         if ((e = !a->pdl         ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 0>), smem)
                  : a->tile_pre1 ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 1>), smem)
+                 : a->tile_bulk ? CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 2, true>), smem)
                                 : CU_SMEM_OPTIN((k_mla_decode_tc<9, 8, 2>), smem)) != cudaSuccess)
             return e;
         cudaLaunchConfig_t cfg = cu_launch_config(grid, dim3(DEC_THREADS), smem, s, a->pdl, &at);
@@ -1417,6 +1514,7 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     ac->pdl = c->pdl && !c->mla_pdl_off && c->wfmt == PD_CUDA_WEIGHTS_BF16;
     ac->cmb_slow = c->mla_merge_slow;
     ac->tile_pre1 = c->mla_tile_pre1;
+    ac->tile_bulk = c->mla_tile_bulk; /* false before sm_90 (backend_cuda.cu) */
     ac->qlat_pre1 = c->mla_qlat_pre1;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
@@ -1551,7 +1649,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = 0, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0, .cmb_slow = 0,
-        .tile_pre1 = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
+        .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
         .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     absorbed_run(c, &ac, a->kv_b);
@@ -1587,7 +1685,7 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0,
-        .cmb_slow = 0, .tile_pre1 = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache,
+        .cmb_slow = 0, .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache,
         .q_len = a->seq_lens,
         .q_boff = a->block_off, .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };

@@ -69,59 +69,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_pers(P p, int nx, int ny) {
 }
 
 /* ---- bulk copies (session 17's gemv_bulk, measured here and in the whole step: slower there) ---- */
-/* Hopper bulk copies (TMA, PTX ISA 8.0 "cp.async.bulk" and "mbarrier"):
- * one thread's instruction moves a whole run of bytes from global into
- * shared memory, and an mbarrier in shared memory (8 bytes, 8-aligned)
- * counts the bytes that have landed. cu_mbar_init: the barrier expects one
- * arrival a phase; cu_mbar_init_fence makes the init visible to the copy
- * engine (then __syncwarp / __syncthreads before others wait on it).
- * cu_bulk_expect: the arrival of a phase, announcing its bytes;
- * cu_bulk_g2s: bytes (a multiple of 16, src and dst 16-aligned) from src
- * into dst, counted on m; cu_mbar_wait: returns once the phase of the
- * given parity (0 for a barrier's first phase, 1 for its second, ...)
- * has completed, after which the copied bytes are visible to the
- * waiting thread. */
-__device__ __forceinline__ unsigned cu_smem_u32(const void *p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cu_mbar_init(unsigned long long *m) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cu_smem_u32(m)) : "memory");
-#endif
-}
-__device__ __forceinline__ void cu_mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cu_bulk_expect(unsigned long long *m, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cu_smem_u32(m)), "r"(bytes)
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void cu_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *m) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     cu_smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(cu_smem_u32(m))
-                 : "memory");
-#endif
-}
-__device__ __forceinline__ void cu_mbar_wait(unsigned long long *m, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(cu_smem_u32(m)), "r"(parity)
-                     : "memory");
-    } while (!done);
-#endif
-}
-
+/* The bulk-copy and mbarrier wrappers (cu_smem_u32, cu_mbar_init,
+ * cu_mbar_init_fence, cu_bulk_expect, cu_bulk_g2s, cu_mbar_wait) are
+ * kernels/cuda/cuda_common.cuh's, included through gemv.cuh. */
 
 /* gemv_block's SwiGLU work at one row with x in shared memory (SWIGLU, bf16
  * W, MT = 1, XS), a warp's 2 GV_ROWS weight rows brought into shared memory
