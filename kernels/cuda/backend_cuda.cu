@@ -301,6 +301,9 @@ static void cu_destroy(pd_backend *be) {
     }
     free(c->wtabs);
     cu_moe_sets_free(c);
+#ifdef PD_CUDA_PROBE
+    cu_mla_probe_dump();
+#endif
     for (int i = 0; i < CU_SCR_COUNT; i++)
         if (c->scr[i].p)
             cudaFree(c->scr[i].p);

@@ -426,6 +426,9 @@ static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
 /* moe_block (moe.cu) and the release of its tables at destroy. */
 bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a);
 void cu_moe_sets_free(cu_ctx *c);
+#ifdef PD_CUDA_PROBE
+void cu_mla_probe_dump(void); /* mla.cu's diagnostic (PD_MLA_PROBE) */
+#endif
 
 /* A launch configuration of grid × block threads with smem bytes of dynamic
  * shared memory on stream s, with programmatic dependent launch when pdl

@@ -25,6 +25,69 @@
 #include <cuda_pipeline.h>
 #include <type_traits>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- a diagnostic: per-block timestamps of the decode attention --------
+ *
+ * As moe.cu's probe (its top; same build switch, -DPD_CUDA_PROBE): with
+ * PD_MLA_PROBE=path in the environment, thread 0 of every block of the
+ * split kernel k_mla_decode_tc (kernel 0) and the merge k_mla_combine8
+ * (kernel 1) writes %globaltimer (ns) at its points. Split: 0 start, 1
+ * past its wait, 2 its first tile in shared memory, 3 that tile's
+ * arithmetic done, 4 the second tile in, 5 every tile done, 6 end. Merge:
+ * 0 start, 1 past its wait, 2 the latent output merged, 6 end. Each launch
+ * overwrites the last; the file (written when the backend is freed) holds
+ * the last layer's. tests/gpu/mla_probe_summary.py reads it. Not for
+ * benchmark figures. */
+#ifdef PD_CUDA_PROBE
+#define MLA_PROBE_BLOCKS 1024
+#define MLA_PROBE_SLOTS 7
+__device__ unsigned long long mla_probe_t[2][MLA_PROBE_BLOCKS][MLA_PROBE_SLOTS];
+__device__ int mla_probe_on;
+__device__ __forceinline__ void mla_probe(int k, int slot) {
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (mla_probe_on && threadIdx.x == 0 && b < MLA_PROBE_BLOCKS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        mla_probe_t[k][b][slot] = t;
+    }
+}
+#define MLA_PROBE(k, slot) mla_probe(k, slot)
+static int mla_probe_host = -1;
+static void mla_probe_enable(void) {
+    if (mla_probe_host < 0) {
+        int on = mla_probe_host = getenv("PD_MLA_PROBE") != NULL;
+        if (on)
+            cudaMemcpyToSymbol(mla_probe_on, &on, sizeof on);
+    }
+}
+void cu_mla_probe_dump(void) {
+    if (mla_probe_host != 1)
+        return;
+    mla_probe_host = 0;
+    static unsigned long long h[2][MLA_PROBE_BLOCKS][MLA_PROBE_SLOTS];
+    FILE *f = fopen(getenv("PD_MLA_PROBE"), "w");
+    if (!f || cudaMemcpyFromSymbol(h, mla_probe_t, sizeof h) != cudaSuccess) {
+        fprintf(stderr, "mla probe: cannot write %s\n", getenv("PD_MLA_PROBE"));
+        if (f)
+            fclose(f);
+        return;
+    }
+    fprintf(f, "kernel,block,t0,t1,t2,t3,t4,t5,t6\n");
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < MLA_PROBE_BLOCKS; b++)
+            if (h[k][b][0]) {
+                fprintf(f, "%d,%d", k, b);
+                for (int j = 0; j < MLA_PROBE_SLOTS; j++)
+                    fprintf(f, ",%llu", h[k][b][j]);
+                fputc('\n', f);
+            }
+    fclose(f);
+}
+#else
+#define MLA_PROBE(k, slot) ((void)0)
+#endif
 
 /* ---- expanded form ---------------------------------------------------- */
 
@@ -779,6 +842,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
                     int n_splits, int min_chunk, int zero_empty, const float *__restrict__ ql,
                     const float *__restrict__ cache, int n_layers, int layer, int bs, const int *__restrict__ btab_all,
                     float *__restrict__ part_m, float *__restrict__ part_l, float *__restrict__ part_o) {
+    MLA_PROBE(0, 0);
     if (!PRE)
         cu_pdl_launch_dependents();
     constexpr int D = 64 * KQ, KVR = 64 * NT, D4 = D / 4, DP = D + 4;
@@ -895,6 +959,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         }
         cu_pdl_wait();
         cu_pdl_launch_dependents();
+        MLA_PROBE(0, 1);
         if (n0) {
             if constexpr (BULK) {
                 if (warp == 0) {
@@ -972,6 +1037,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
             parity ^= 1u << buf;
         }
         __syncthreads(); /* (BULK too: the zeroed rows are other threads' stores) */
+        MLA_PROBE(0, t0 == t_begin ? 2 : t0 == t_begin + DEC_TT ? 4 : 5);
         const float *tile = tiles + buf * DEC_TT * DP;
 
         /* S partial over this warp's columns, rows 8j + g of the tile */
@@ -1040,7 +1106,10 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
                 mma1688(o[n], a, to_tf32(v0[8 * n]), to_tf32(v1[8 * n]));
         }
         __syncthreads(); /* the tile buffer, sred, ps and arow are rewritten next */
+        if (t0 == t_begin)
+            MLA_PROBE(0, 3);
     }
+    MLA_PROBE(0, 5);
 
     /* o[n]: heads g (0, 1) and g + 8 (2, 3), columns warp·8NT + 8n + 2t, +1 */
     const bool va = h0 + g < nh, vb = h0 + g + 8 < nh;
@@ -1057,6 +1126,7 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
         part_m[pi + (size_t)tid * n_splits] = mrow[tid];
         part_l[pi + (size_t)tid * n_splits] = lrow[tid];
     }
+    MLA_PROBE(0, 6);
 }
 
 /* Block (query i, head h): o_lat = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s,
@@ -1147,6 +1217,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                    const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                    float *__restrict__ out, const int *__restrict__ q_len, int min_chunk) {
     static_assert(!PRE || std::is_same<W, __nv_bfloat16>::value, "PRE loads bf16 weights");
+    MLA_PROBE(1, 0);
     if (!PRE)
         cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
@@ -1188,6 +1259,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         }
         cu_pdl_wait();
         cu_pdl_launch_dependents();
+        MLA_PROBE(1, 1);
     }
     /* PRE with at most 2 CMB_FK live splits: each thread's column group of
      * every live split it sums is loaded now, beside warp 0's loads of m and
@@ -1280,6 +1352,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                                            (a.w + b.w) * inv_l);
     }
     __syncthreads();
+    MLA_PROBE(1, 2);
     /* W_UV rows of this block (blockIdx.z of gridDim.z): warp w takes rows
      * w, w + 8, w + 16, w + 24 of a pass, so a lane has four 16-byte loads
      * in flight per column group */
@@ -1314,6 +1387,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
             if (lane == 0 && d < d1)
                 out[((size_t)i * nh + h) * dv + d] = t;
         }
+        MLA_PROBE(1, 6);
         return;
     }
     for (int dd = d0 + warp; dd < d1; dd += 4 * (CMB_THREADS / 32)) {
@@ -1353,6 +1427,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                 out[((size_t)i * nh + h) * dv + d] = t;
         }
     }
+    MLA_PROBE(1, 6);
 }
 
 /* ---- launchers -------------------------------------------------------- */
@@ -1436,6 +1511,9 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     float *part_o = a->part, *part_m = a->part + n_part * kvr, *part_l = part_m + n_part;
     size_t smem = decode_smem(kvr + a->dr);
     dim3 grid((unsigned)(a->n_q * n_splits), (unsigned)((nh + DEC_HG - 1) / DEC_HG));
+#ifdef PD_CUDA_PROBE
+    mla_probe_enable();
+#endif
     if (a->tc) { /* absorbed_tc: kvr 512, dr 64; by PDL with its first tile loaded before the wait */
         smem = decode_tc_smem(kvr + a->dr);
         auto kern = !a->pdl         ? k_mla_decode_tc<9, 8, 0>

@@ -18,7 +18,8 @@
 #
 # usage: [PD_CUDA_PROBE=1] tests/gpu/build.sh [--tree]
 # PD_CUDA_PROBE=1: the diagnostic build with the one-row MoE kernels' per-block timestamps (kernels/cuda/moe.cu;
-# PD_MOE_PROBE=file at run time, tests/gpu/probe_summary.py reads the file); not for benchmark figures.
+# PD_MOE_PROBE=file at run time, tests/gpu/probe_summary.py reads the file) and the decode attention's
+# (kernels/cuda/mla.cu; PD_MLA_PROBE=file, tests/gpu/mla_probe_summary.py); not for benchmark figures.
 # By default it builds HEAD with this checkout's CUDA-path files copied over
 # it (kernels/, the model's forward pass and loader, the replicas' KV
 # staging, tests/gpu), in a scratch directory, so that someone else's
