@@ -145,6 +145,7 @@ typedef struct {
     int sample_cl_force; /* PD_SAMPLE_CLUSTER=N (1, 2, 4, 8 or 16): k_sample's blocks a row, whatever the batch and
                             vocabulary (1: one block a row, the first version; A/B runs and tests); 0: chosen */
     int sample_cl_max;   /* the largest cluster k_sample may launch with on this device (0: not asked yet) */
+    int sample_cl_fit[5]; /* [k], k >= 1: clusters of 2^k blocks of k_sample the device holds at once (0: refused) */
     bool mla_tile_pre1;  /* PD_MLA_TILE_PRE=1: the split attention loads before its wait only a first tile with no
                             row of this step's, not the old rows of its first two tiles (A/B runs) */
     bool mla_tile_bulk;  /* sm_90 and later, unless PD_MLA_TILE_BULK=0: the split attention's tiles (k_mla_decode_tc

@@ -39,6 +39,7 @@
 #include <cooperative_groups.h>
 #include <math.h>
 #include <string.h>
+#include <type_traits>
 
 namespace cg = cooperative_groups;
 
@@ -235,52 +236,37 @@ __device__ __forceinline__ double sp_warp_scan_d(double v) {
     return v;
 }
 
-/* Exclusive prefix in id order of a warp-uniform count: the warps before
- * this one in its block, and the blocks before this one in the cluster
- * (every thread calls it; lane 0 of each warp publishes). */
-__device__ int sp_before_i(sp_smem *sm, sp_grp &g, int mine) {
+/* Exclusive prefix in id order of a warp-uniform value (an int count or a
+ * double mass), and the cluster's total: the warps before this one in its
+ * block in order, then the blocks before this one in rank order (every
+ * thread calls it; lane 0 of each warp publishes). */
+template <typename T> __device__ void sp_scan(sp_smem *sm, sp_grp &g, T mine, T *before, T *total) {
+    T *part, *slot; /* a warp's values, this block's part of the exchange */
+    if constexpr (std::is_same<T, double>::value) {
+        part = sm->d;
+        slot = &sm->xd[g.par];
+    } else {
+        part = sm->i;
+        slot = &sm->xi[g.par];
+    }
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
-        sm->i[threadIdx.x >> 5] = mine;
+        part[threadIdx.x >> 5] = mine;
     __syncthreads();
-    int before = 0, block = 0;
+    T b = T(0), t = T(0);
     for (int w = 0; w < g.nw; w++) {
-        before += w < (int)(threadIdx.x >> 5) ? sm->i[w] : 0;
-        block += sm->i[w];
+        b += w < (int)(threadIdx.x >> 5) ? part[w] : T(0);
+        t += part[w];
     }
     if (g.n > 1) {
         if (threadIdx.x == 0)
-            sm->xi[g.par] = block;
+            *slot = t;
         sp_gsync(g);
-        for (int r = 0; r < g.rank; r++)
-            before += sp_at(&sm->xi[g.par], g, r);
-        g.par ^= 1;
-    }
-    return before;
-}
-
-/* In id order, the mass of the survivors before this warp's run and the
- * cluster's whole mass, from each warp's S (warp-uniform): the block's
- * warps in order, the blocks' totals in rank order. */
-__device__ void sp_scan_d(sp_smem *sm, sp_grp &g, double S, double *before, double *total) {
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0)
-        sm->d[threadIdx.x >> 5] = S;
-    __syncthreads();
-    double b = 0.0, t = 0.0;
-    for (int w = 0; w < g.nw; w++) {
-        b += w < (int)(threadIdx.x >> 5) ? sm->d[w] : 0.0;
-        t += sm->d[w];
-    }
-    if (g.n > 1) {
-        if (threadIdx.x == 0)
-            sm->xd[g.par] = t;
-        sp_gsync(g);
-        double rb = 0.0;
-        t = 0.0;
+        T rb = T(0);
+        t = T(0);
         for (int r = 0; r < g.n; r++) {
-            const double x = sp_at(&sm->xd[g.par], g, r);
-            rb += r < g.rank ? x : 0.0;
+            const T x = sp_at(slot, g, r);
+            rb += r < g.rank ? x : T(0);
             t += x;
         }
         b = rb + b;
@@ -288,6 +274,13 @@ __device__ void sp_scan_d(sp_smem *sm, sp_grp &g, double S, double *before, doub
     }
     *before = b;
     *total = t;
+}
+
+/* The ties (a count) before this warp's run in id order. */
+__device__ int sp_before_i(sp_smem *sm, sp_grp &g, int mine) {
+    int before, total;
+    sp_scan(sm, g, mine, &before, &total);
+    return before;
 }
 
 /* A thread's adds into a shared histogram go through four bins it keeps
@@ -580,7 +573,7 @@ static __global__ void __launch_bounds__(CLUSTER ? SP_CL_THREADS : SP_THREADS)
         }
     /* 4b. ids past n_vocab (no text) are never drawn, whatever steps 3-4
      * gave them (a cluster's other blocks write them: after rank 0's) */
-    if (g.n > 1 && R.n_tok > 0 && past_vocab)
+    if (R.n_tok > 0 && past_vocab) /* (one block: other threads' writes of steps 3-4) */
         sp_gsync(g);
     if (past_vocab)
         for (int i = R.n_vocab + g.rank * (int)blockDim.x + tid; i < vocab; i += g.n * (int)blockDim.x)
@@ -742,7 +735,7 @@ static __global__ void __launch_bounds__(CLUSTER ? SP_CL_THREADS : SP_THREADS)
                     last = L.base + 32 * k + lane;
             }
             double before, total;
-            sp_scan_d(&sm, g, S, &before, &total);
+            sp_scan(&sm, g, S, &before, &total);
             const double target = R.u * total;
             const double rem = target - before;
             if (tid == 0)
@@ -902,42 +895,57 @@ static __global__ void __launch_bounds__(SPG_THREADS)
     }
 }
 
+/* A launch of k_sample<true> over grid blocks in clusters of cl (at: its
+ * one attribute, the caller's). */
+static cudaLaunchConfig_t sp_cluster_config(cudaLaunchAttribute *at, int cl, unsigned grid, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = (unsigned)cl;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(SP_CL_THREADS);
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* k_sample's blocks a row (a cluster): the most, up to the device's
  * largest cluster of such blocks (16 where a GPC holds 16 of them, else 8),
- * such that the batch's clusters fit on the SMs at once and each block
- * has SP_CL_IDS ids or more; PD_SAMPLE_CLUSTER's size where set (at most
- * the device's largest). Sizes the device refuses are skipped, down to 1. */
+ * such that the batch's clusters all run at once (as many as the device
+ * says it can hold of that size, and n · size blocks at most one a SM)
+ * and each block has SP_CL_IDS ids or more; PD_SAMPLE_CLUSTER's size where
+ * set (at most the device's largest). Sizes the device refuses are
+ * skipped, down to 1. */
 static int sp_cluster_size(cu_ctx *c, int n, int vocab) {
     if (c->sample_cl_max == 0) {
         int best = 1;
-        for (int cl = SP_CL_MAX; cl > 1 && best == 1; cl /= 2) {
+        for (int cl = SP_CL_MAX, k = 4; cl > 1; cl /= 2, k--) {
+            c->sample_cl_fit[k] = 0;
             if (cl > 8 && cudaFuncSetAttribute(k_sample<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
                               cudaSuccess) {
                 cudaGetLastError();
                 continue;
             }
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = (unsigned)cl;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = 1;
-            cfg.gridDim = dim3((unsigned)cl);
-            cfg.blockDim = dim3(SP_CL_THREADS);
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
+            cudaLaunchAttribute at;
+            const cudaLaunchConfig_t cfg = sp_cluster_config(&at, cl, (unsigned)cl, 0);
             int n_cl = 0;
-            if (cudaOccupancyMaxActiveClusters(&n_cl, k_sample<true>, &cfg) == cudaSuccess && n_cl > 0)
-                best = cl;
-            else
+            if (cudaOccupancyMaxActiveClusters(&n_cl, k_sample<true>, &cfg) == cudaSuccess && n_cl > 0) {
+                c->sample_cl_fit[k] = n_cl;
+                best = best > cl ? best : cl;
+            } else {
                 cudaGetLastError(); /* a size the device refuses: the next smaller one */
+            }
         }
         c->sample_cl_max = best;
     }
     if (c->sample_cl_force)
         return c->sample_cl_force < c->sample_cl_max ? c->sample_cl_force : c->sample_cl_max;
-    int cl = c->sample_cl_max;
-    while (cl > 1 && ((long)n * cl > c->n_sm || vocab / cl < SP_CL_IDS))
+    int cl = c->sample_cl_max, k = 0;
+    while ((1 << k) < cl)
+        k++;
+    for (; cl > 1 && ((long)n * cl > c->n_sm || n > c->sample_cl_fit[k] || vocab / cl < SP_CL_IDS); k--)
         cl /= 2;
     return cl;
 }
@@ -1065,17 +1073,8 @@ void cu_sample_rows(pd_backend *be, int n, int vocab, float *logits, const pd_sa
     float *wc = b_wc ? (float *)(d + b_rows + b_toks + b_raw + b_out) : NULL;
     cudaError_t e;
     if (cl > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cl;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(n * cl));
-        cfg.blockDim = dim3(SP_CL_THREADS);
-        cfg.stream = c->stream;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = sp_cluster_config(&at, cl, (unsigned)(n * cl), c->stream);
         e = cudaLaunchKernelEx(&cfg, k_sample<true>, vocab, logits, (const pd_sample_row *)d_rows,
                                (const pd_sample_tok *)d_toks, d_raw, h_out ? h_out : d_out, wc);
     } else {
