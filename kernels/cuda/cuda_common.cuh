@@ -428,6 +428,15 @@ static inline unsigned cu_blocks(size_t n, unsigned threads, unsigned cap) {
 bool cu_moe_block(pd_backend *be, const pd_moe_block_args *a);
 void cu_moe_sets_free(cu_ctx *c);
 #ifdef PD_CUDA_PROBE
+/* The diagnostic probes' file (moe.cu, mla.cu; PD_CUDA_PROBE builds only):
+ * the timestamps t[k][b][0 .. n_slots) of n_k kernels by n_b blocks,
+ * written to the file the environment variable env names, one line
+ * "kernel,block,t0,..." per block that recorded a start, after the comment
+ * line note (or none). Prints the failure to stderr. */
+void cu_probe_write(const char *env, const char *note, const unsigned long long *t, int n_k, int n_b, int n_slots);
+void cu_mla_probe_dump(void); /* mla.cu's (PD_MLA_PROBE) */
+#endif
+#ifdef PD_CUDA_PROBE
 void cu_mla_probe_dump(void); /* mla.cu's diagnostic (PD_MLA_PROBE) */
 #endif
 

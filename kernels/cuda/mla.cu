@@ -67,23 +67,10 @@ void cu_mla_probe_dump(void) {
         return;
     mla_probe_host = 0;
     static unsigned long long h[2][MLA_PROBE_BLOCKS][MLA_PROBE_SLOTS];
-    FILE *f = fopen(getenv("PD_MLA_PROBE"), "w");
-    if (!f || cudaMemcpyFromSymbol(h, mla_probe_t, sizeof h) != cudaSuccess) {
-        fprintf(stderr, "mla probe: cannot write %s\n", getenv("PD_MLA_PROBE"));
-        if (f)
-            fclose(f);
-        return;
-    }
-    fprintf(f, "kernel,block,t0,t1,t2,t3,t4,t5,t6\n");
-    for (int k = 0; k < 2; k++)
-        for (int b = 0; b < MLA_PROBE_BLOCKS; b++)
-            if (h[k][b][0]) {
-                fprintf(f, "%d,%d", k, b);
-                for (int j = 0; j < MLA_PROBE_SLOTS; j++)
-                    fprintf(f, ",%llu", h[k][b][j]);
-                fputc('\n', f);
-            }
-    fclose(f);
+    if (cudaMemcpyFromSymbol(h, mla_probe_t, sizeof h) != cudaSuccess)
+        fprintf(stderr, "mla probe: cannot read the timestamps\n");
+    else
+        cu_probe_write("PD_MLA_PROBE", NULL, &h[0][0][0], 2, MLA_PROBE_BLOCKS, MLA_PROBE_SLOTS);
 }
 #else
 #define MLA_PROBE(k, slot) ((void)0)

@@ -1786,23 +1786,37 @@ static void moe_probe_dump(void) {
         return;
     probe_host = 0;
     static unsigned long long h[4][MOE_PROBE_BLOCKS][MOE_PROBE_SLOTS];
-    FILE *f = fopen(getenv("PD_MOE_PROBE"), "w");
-    if (!f || cudaMemcpyFromSymbol(h, moe_probe_t, sizeof h) != cudaSuccess) {
-        fprintf(stderr, "moe probe: cannot write %s\n", getenv("PD_MOE_PROBE"));
-        if (f)
-            fclose(f);
+    char note[96];
+    snprintf(note, sizeof note, "# gate_up_shared_blocks=%d down_shared_blocks=%d\n", probe_gu_shared,
+             probe_dn_shared);
+    if (cudaMemcpyFromSymbol(h, moe_probe_t, sizeof h) != cudaSuccess)
+        fprintf(stderr, "moe probe: cannot read the timestamps\n");
+    else
+        cu_probe_write("PD_MOE_PROBE", note, &h[0][0][0], 4, MOE_PROBE_BLOCKS, MOE_PROBE_SLOTS);
+}
+
+/* cuda_common.cuh's cu_probe_write (here: moe.cu has the first probe). */
+void cu_probe_write(const char *env, const char *note, const unsigned long long *t, int n_k, int n_b, int n_slots) {
+    FILE *f = fopen(getenv(env), "w");
+    if (!f) {
+        fprintf(stderr, "probe: cannot write %s (%s)\n", getenv(env), env);
         return;
     }
-    fprintf(f, "# gate_up_shared_blocks=%d down_shared_blocks=%d\nkernel,block,t0,t1,t2,t3,t4\n", probe_gu_shared,
-            probe_dn_shared);
-    for (int k = 0; k < 4; k++)
-        for (int b = 0; b < MOE_PROBE_BLOCKS; b++)
-            if (h[k][b][0]) {
-                fprintf(f, "%d,%d", k, b);
-                for (int j = 0; j < MOE_PROBE_SLOTS; j++)
-                    fprintf(f, ",%llu", h[k][b][j]);
-                fputc('\n', f);
-            }
+    fputs(note ? note : "", f);
+    fputs("kernel,block", f);
+    for (int j = 0; j < n_slots; j++)
+        fprintf(f, ",t%d", j);
+    fputc('\n', f);
+    for (int k = 0; k < n_k; k++)
+        for (int b = 0; b < n_b; b++) {
+            const unsigned long long *r = t + ((size_t)k * n_b + b) * n_slots;
+            if (!r[0])
+                continue;
+            fprintf(f, "%d,%d", k, b);
+            for (int j = 0; j < n_slots; j++)
+                fprintf(f, ",%llu", r[j]);
+            fputc('\n', f);
+        }
     fclose(f);
 }
 #endif
