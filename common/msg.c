@@ -17,6 +17,24 @@ static const ProtobufCMessageDescriptor *descriptors[PD_MSG_COUNT] = {
     [PD_MSG_ABORT] = &pdserve__abort__descriptor,
 };
 
+/* zmq's calls fail with EINTR when a signal arrives during them (a
+ * replica's SIGTERM handler, libFuzzer's timer: fuzz_msg saw "zmq recv:
+ * Interrupted system call"); each is tried again then, so that a message is
+ * never cut between its frames nor a ready one reported as an error. */
+static int send_part(void *sock, const void *p, size_t n, int flags) {
+    int rc;
+    while ((rc = zmq_send(sock, p, n, flags)) < 0 && errno == EINTR)
+        ;
+    return rc;
+}
+
+static int recv_part(zmq_msg_t *m, void *sock, int flags) {
+    int rc;
+    while ((rc = zmq_msg_recv(m, sock, flags)) < 0 && errno == EINTR)
+        ;
+    return rc;
+}
+
 const char *pd_msg_type_name(pd_msg_type t) {
     static const char *names[PD_MSG_COUNT] = {"none",    "Register", "RegisterReply", "Heartbeat",
                                               "Generate", "Reserve", "ReserveReply",  "Prefill",
@@ -37,11 +55,11 @@ pd_status pd_msg_send(void *sock, const void *envelope, size_t envelope_len, pd_
     unsigned char type = (unsigned char)t;
     int rc = 0;
     if (envelope)
-        rc = zmq_send(sock, envelope, envelope_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        rc = send_part(sock, envelope, envelope_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     if (rc >= 0)
-        rc = zmq_send(sock, &type, 1, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        rc = send_part(sock, &type, 1, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     if (rc >= 0)
-        rc = zmq_send(sock, buf, n, ZMQ_DONTWAIT);
+        rc = send_part(sock, buf, n, ZMQ_DONTWAIT);
     if (buf != stackbuf)
         free(buf);
     if (rc < 0)
@@ -56,7 +74,7 @@ static void drain(void *sock) {
     while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml) == 0 && more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        zmq_msg_recv(&m, sock, 0);
+        recv_part(&m, sock, 0);
         zmq_msg_close(&m);
     }
 }
@@ -71,7 +89,7 @@ pd_status pd_msg_recv(void *sock, bool with_envelope, pd_msg *out, pd_err *err) 
     memset(out, 0, sizeof *out);
     zmq_msg_t part;
     zmq_msg_init(&part);
-    if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+    if (recv_part(&part, sock, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&part);
         return errno == EAGAIN ? PD_ERR_LIMIT : pd_err_set(err, PD_ERR_IO, "zmq recv: %s", zmq_strerror(errno));
     }
@@ -86,7 +104,7 @@ pd_status pd_msg_recv(void *sock, bool with_envelope, pd_msg *out, pd_err *err) 
         out->envelope_len = n;
         zmq_msg_close(&part);
         zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, sock, 0) < 0) {
+        if (recv_part(&part, sock, 0) < 0) {
             zmq_msg_close(&part);
             return pd_err_set(err, PD_ERR_IO, "zmq recv: %s", zmq_strerror(errno));
         }
@@ -99,7 +117,7 @@ pd_status pd_msg_recv(void *sock, bool with_envelope, pd_msg *out, pd_err *err) 
     unsigned t = *(unsigned char *)zmq_msg_data(&part);
     zmq_msg_close(&part);
     zmq_msg_init(&part);
-    if (zmq_msg_recv(&part, sock, 0) < 0) {
+    if (recv_part(&part, sock, 0) < 0) {
         zmq_msg_close(&part);
         return pd_err_set(err, PD_ERR_IO, "zmq recv: %s", zmq_strerror(errno));
     }

@@ -226,15 +226,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 /* ---- stage 1: framing -------------------------------------------------- */
 
+/* zmq_send, again while a signal interrupts it (libFuzzer's timer), so
+ * that no frame of an input is lost (common/msg.c does the same). */
+static void fz_send(void *sock, const void *p, size_t n, int flags) {
+    while (zmq_send(sock, p, n, flags) < 0 && errno == EINTR)
+        ;
+}
+
 static pd_status frames_recv(uint8_t flags, uint8_t type, const uint8_t *payload, size_t n,
                              pd_msg *out) {
     bool env = flags & 1, extra = flags & 0x80;
     if (env)
-        zmq_send(g_pair_out, "fz", 2, ZMQ_SNDMORE);
-    zmq_send(g_pair_out, &type, 1, ZMQ_SNDMORE);
-    zmq_send(g_pair_out, payload, n, extra ? ZMQ_SNDMORE : 0);
+        fz_send(g_pair_out, "fz", 2, ZMQ_SNDMORE);
+    fz_send(g_pair_out, &type, 1, ZMQ_SNDMORE);
+    fz_send(g_pair_out, payload, n, extra ? ZMQ_SNDMORE : 0);
     if (extra)
-        zmq_send(g_pair_out, "x", 1, 0);
+        fz_send(g_pair_out, "x", 1, 0);
     pd_err err = {{0}};
     pd_status st;
     do /* inproc delivery is immediate, but be robust to EAGAIN */
@@ -252,7 +259,10 @@ static pd_status frames_recv(uint8_t flags, uint8_t type, const uint8_t *payload
     /* the next input starts on a clean socket */
     zmq_msg_t m;
     zmq_msg_init(&m);
-    FZ_CHECK(zmq_msg_recv(&m, g_pair_in, ZMQ_DONTWAIT) < 0, "frames left behind");
+    int rc;
+    while ((rc = zmq_msg_recv(&m, g_pair_in, ZMQ_DONTWAIT)) < 0 && errno == EINTR)
+        ;
+    FZ_CHECK(rc < 0 && errno == EAGAIN, "frames left behind");
     zmq_msg_close(&m);
     return st;
 }
