@@ -35,25 +35,30 @@
  * split kernel k_mla_decode_tc (kernel 0) and the merge k_mla_combine8
  * (kernel 1) writes %globaltimer (ns) at its points. Split: 0 start, 1
  * past its wait, 2 its first tile in shared memory, 3 that tile's
- * arithmetic done, 4 the second tile in, 5 every tile done, 6 end. Merge:
+ * arithmetic done, 4 the second tile in, 5 every tile done, 6 end, and
+ * within the first two tiles the scores' exchange done (7, 9) and the
+ * softmax done (8, 10); thread 0's own PV issued, before the barrier that
+ * ends the tile, in the first tile (11) and the last (12), and thread
+ * 224's (warp 7) in the last (13). Merge:
  * 0 start, 1 past its wait, 2 the latent output merged, 6 end. Each launch
  * overwrites the last; the file (written when the backend is freed) holds
  * the last layer's. tests/gpu/mla_probe_summary.py reads it. Not for
  * benchmark figures. */
 #ifdef PD_CUDA_PROBE
 #define MLA_PROBE_BLOCKS 1024
-#define MLA_PROBE_SLOTS 7
+#define MLA_PROBE_SLOTS 14
 __device__ unsigned long long mla_probe_t[2][MLA_PROBE_BLOCKS][MLA_PROBE_SLOTS];
-__device__ int mla_probe_on;
-__device__ __forceinline__ void mla_probe(int k, int slot) {
+__constant__ int mla_probe_on; /* constant memory: the check costs no global load in the measured path */
+__device__ __forceinline__ void mla_probe(int k, int slot, int who = 0) {
     const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (mla_probe_on && threadIdx.x == 0 && b < MLA_PROBE_BLOCKS) {
+    if (mla_probe_on && threadIdx.x == who && b < MLA_PROBE_BLOCKS) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         mla_probe_t[k][b][slot] = t;
     }
 }
 #define MLA_PROBE(k, slot) mla_probe(k, slot)
+#define MLA_PROBE_BY(k, slot, who) mla_probe(k, slot, who)
 static int mla_probe_host = -1;
 static void mla_probe_enable(void) {
     if (mla_probe_host < 0) {
@@ -74,6 +79,7 @@ void cu_mla_probe_dump(void) {
 }
 #else
 #define MLA_PROBE(k, slot) ((void)0)
+#define MLA_PROBE_BY(k, slot, who) ((void)0)
 #endif
 
 /* ---- expanded form ---------------------------------------------------- */
@@ -1048,6 +1054,8 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
             *(float2 *)(sw + (g + 8) * DTC_SRP + 8 * j + 2 * t) = make_float2(s[j][2], s[j][3]);
         }
         __syncthreads();
+        if (t0 - t_begin < 2 * DEC_TT)
+            MLA_PROBE(0, t0 == t_begin ? 7 : 9);
 
         /* online softmax: warp w, heads w and w + 8, lane = row */
 #pragma unroll
@@ -1071,6 +1079,8 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
             }
         }
         __syncthreads();
+        if (t0 - t_begin < 2 * DEC_TT)
+            MLA_PROBE(0, t0 == t_begin ? 8 : 10);
 
         /* O += P · V over this warp's kvr / 8 columns */
         const float al0 = arow[g], al1 = arow[g + 8];
@@ -1091,6 +1101,12 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
 #pragma unroll
             for (int n = 0; n < NT; n++)
                 mma1688(o[n], a, to_tf32(v0[8 * n]), to_tf32(v1[8 * n]));
+        }
+        if (t0 == t_begin)
+            MLA_PROBE(0, 11);
+        if (t0 + DEC_TT >= t_end) {
+            MLA_PROBE(0, 12);
+            MLA_PROBE_BY(0, 13, 224);
         }
         __syncthreads(); /* the tile buffer, sred, ps and arow are rewritten next */
         if (t0 == t_begin)

@@ -4,7 +4,7 @@
 The file comes from a build with PD_CUDA_PROBE=1 (tests/gpu/build.sh) run
 with PD_MLA_PROBE=file (kernels/cuda/mla.cu, top of the file): a header,
 then one line per block: kernel (0 the split kernel k_mla_decode_tc, 1 the
-merge k_mla_combine8), block, and its points t0..t6 in ns (0: not
+merge k_mla_combine8), block, and its points t0..t13 in ns (0: not
 reached).
 
 Prints, for each kernel, each point's median over the blocks that reached
@@ -17,8 +17,10 @@ import statistics
 import sys
 
 POINTS = {
-    0: ("start", "past its wait", "first tile in", "first tile done", "second tile in", "tiles done", "end"),
-    1: ("start", "past its wait", "merged", "", "", "", "end"),
+    0: ("start", "past its wait", "first tile in", "first tile done", "second tile in", "tiles done", "end",
+        "first tile's scores", "first tile's softmax", "second tile's scores", "second tile's softmax",
+        "first tile's PV issued (thread 0)", "last tile's PV issued (thread 0)", "last tile's PV issued (warp 7)"),
+    1: ("start", "past its wait", "merged", "", "", "", "end", "", "", "", "", "", "", ""),
 }
 NAMES = {0: "split (k_mla_decode_tc)", 1: "merge (k_mla_combine8)"}
 
@@ -59,8 +61,8 @@ def main():
                                                                  pct(xs, 0.9), max(xs)))
         last = max(blocks, key=lambda t: t[6])
         print("\nthe block that ended last: " + ", ".join(
-            "%s %.2f" % (POINTS[k][j], (last[j] - t0) / 1000.0) for j in range(7) if POINTS[k][j] and last[j]))
-        js = sorted(med)
+            "%s %.2f" % (POINTS[k][j], (last[j] - t0) / 1000.0) for j in range(len(POINTS[k])) if POINTS[k][j] and last[j]))
+        js = sorted(med, key=med.get)  # in time order
         print("median gaps: " + ", ".join("%s -> %s %.2f us" % (POINTS[k][a], POINTS[k][b], med[b] - med[a])
                                            for a, b in zip(js, js[1:])) + "\n")
 
