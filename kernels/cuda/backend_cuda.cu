@@ -559,6 +559,8 @@ pd_status pd_backend_cuda_init_ex(int device, pd_cuda_weights weights, pd_backen
         c->mla_tile_pre1 = mtp && !strcmp(mtp, "1");
         const char *mtb = getenv("PD_MLA_TILE_BULK"); /* cp.async.bulk and its mbarrier: sm_90 */
         c->mla_tile_bulk = prop.major >= 9 && !(mtb && !strcmp(mtb, "0"));
+        const char *mmc = getenv("PD_MLA_MERGE_CLUSTER"); /* thread block clusters: sm_90 */
+        c->mla_merge_cl = prop.major >= 9 && !(mmc && !strcmp(mmc, "0"));
         const char *qpr = getenv("PD_QLAT_PRE");
         c->mla_qlat_pre1 = qpr && !strcmp(qpr, "1");
         const char *nv = getenv("PD_NORM_V");

@@ -151,6 +151,10 @@ typedef struct {
     bool mla_tile_bulk;  /* sm_90 and later, unless PD_MLA_TILE_BULK=0: the split attention's tiles (k_mla_decode_tc
                             by PDL, PRE 2) come in by Hopper bulk copies, a cache row each, not every thread's
                             16-byte cp.async (A/B runs) */
+    bool mla_merge_cl;   /* sm_90 and later, unless PD_MLA_MERGE_CLUSTER=0: the decode merge (k_mla_combine8 by PDL)
+                            as clusters of its CMB_Z blocks a (query, head), each merging a quarter of the latent
+                            and gathering the rest from the others' shared memory, not each merging all of it
+                            (A/B runs) */
     bool mla_qlat_pre1;  /* PD_QLAT_PRE=1: q_lat's prologue (c_KV's norm and store, the ropes) reads all it needs
                             after its wait, not the weights, slots and rope factors before it (A/B runs) */
     bool norm_v_off;     /* PD_NORM_V=0: rmsnorm as the first kernel (k_rmsnorm), not k_rmsnorm_v (A/B runs) */
@@ -329,6 +333,25 @@ __device__ __forceinline__ void cu_mbar_wait(unsigned long long *m, unsigned par
 __device__ __forceinline__ void cu_fence_proxy_async() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+/* A thread block cluster's barrier in two halves (PTX ISA, "barrier.cluster";
+ * sm_90): every thread of every block of the cluster calls both, in order.
+ * cu_cluster_arrive releases this thread's earlier writes (its block's
+ * shared memory included) at cluster scope; cu_cluster_wait returns once
+ * every thread of the cluster has arrived, and acquires what they released.
+ * A block whose shared memory others read through the cluster (DSMEM) must
+ * not exit before they are done: each reader arrives after its last read
+ * and every block waits before it ends. Both together: cg's cluster.sync(). */
+__device__ __forceinline__ void cu_cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
 

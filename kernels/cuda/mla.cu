@@ -22,6 +22,7 @@
  * k_mla_decode_tc: the same partials, both products on tensor cores (TF32). */
 #include "cuda_common.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 #include <type_traits>
 #include <math.h>
@@ -1213,13 +1214,26 @@ static __global__ void __launch_bounds__(CMB_THREADS)
  * W_UV[h] (dv × kvr) is read with 16-byte loads, warp w taking rows w,
  * w + 8, ..., a lane 8 columns at a time. The first version (k_mla_combine,
  * kept for shapes this one does not take) read W_UV one element a load and
- * every split's partial, ~34 µs a layer at batch 1. Needs kvr % 8 == 0. */
-template <typename W, bool PRE = false>
+ * every split's partial, ~34 µs a layer at batch 1. Needs kvr % 8 == 0.
+ *
+ * CL (with PRE; launched as clusters of the CMB_Z blocks of a (query, head),
+ * cluster rank = blockIdx.z; sm_90): each block merges only a quarter
+ * of the latent columns, its rank's, over every live split (thread (s, c):
+ * column group c of the quarter, splits s, s + CMB_THREADS / Q4, ...; all
+ * of a thread's pieces loaded at once right after the wait where the
+ * live splits fit, CMB_FK a thread), the quarters meet in shared memory
+ * and every block gathers the whole o_lat from the four blocks' quarters
+ * through distributed shared memory, then applies its rows of W_UV as
+ * without CL. The partials are read once a (query, head), not once a
+ * block: at 8K (128 splits) 64 KB a block in one round trip instead of
+ * 256 KB in eight. Same sums, in another order (fp32). */
+template <typename W, bool PRE = false, bool CL = false>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
                    const float *__restrict__ part_l, const float *__restrict__ part_o, const W *__restrict__ kvb,
                    float *__restrict__ out, const int *__restrict__ q_len, int min_chunk) {
     static_assert(!PRE || std::is_same<W, __nv_bfloat16>::value, "PRE loads bf16 weights");
+    static_assert(!CL || PRE, "the cluster merge is the PDL one's");
     MLA_PROBE(1, 0);
     if (!PRE)
         cu_pdl_launch_dependents();
@@ -1264,19 +1278,25 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         cu_pdl_launch_dependents();
         MLA_PROBE(1, 1);
     }
-    /* PRE with at most 2 CMB_FK live splits: each thread's column group of
-     * every live split it sums is loaded now, beside warp 0's loads of m and
-     * l, instead of after the weights are known (one round trip to L2 after
-     * the wait instead of three) */
-    const int K4 = kvr / 4, half = tid / (CMB_THREADS / 2), t2 = tid % (CMB_THREADS / 2);
-    const bool fast = PRE && na_pred > 0 && na_pred <= 2 * CMB_FK && K4 <= CMB_THREADS / 2;
+    /* PRE with at most s_step · CMB_FK live splits: each thread's column
+     * group of every live split it sums is loaded now, beside warp 0's loads
+     * of m and l, instead of after the weights are known (one round trip to
+     * L2 after the wait instead of three). Thread (s0, c4): column group c4,
+     * splits s0, s0 + s_step, ...; without CL s0 is the half of the block
+     * and c4 any of the kvr / 4, with CL s0 is one of CMB_THREADS / Q4 and
+     * c4 one of this block's quarter (a rank's Q4 groups). */
+    const int K4 = kvr / 4, Q4 = K4 / CMB_Z;
+    const int s_step = CL ? CMB_THREADS / Q4 : 2, s0 = CL ? tid / Q4 : tid / (CMB_THREADS / 2);
+    const int c4 = CL ? (int)blockIdx.z * Q4 + tid % Q4 : tid % (CMB_THREADS / 2);
+    const bool mine = c4 < K4; /* without CL, threads past kvr / 4 merge nothing */
+    const bool fast = PRE && na_pred > 0 && na_pred <= s_step * CMB_FK && (CL || K4 <= CMB_THREADS / 2);
     float4 fv[CMB_FK];
     if (fast)
 #pragma unroll
         for (int kk = 0; kk < CMB_FK; kk++) {
-            const int k = half + 2 * kk;
-            fv[kk] = k < na_pred && t2 < K4 ? ((const float4 *)(part_o + (base + k) * kvr))[t2]
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const int k = s0 + s_step * kk;
+            fv[kk] = k < na_pred && mine ? ((const float4 *)(part_o + (base + k) * kvr))[c4]
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     if (warp == 0) {
         /* lane j holds splits j, j + 32, ... (n_splits <= DEC_MAX_SPLITS) */
@@ -1313,16 +1333,18 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         }
     }
     __syncthreads();
-    /* merge: thread (half, column group of 4) sums every other live split
-     * with 16-byte loads, the two halves meet in shared memory */
+    /* merge: thread (s0, column group c4) sums every s_step-th live split
+     * with 16-byte loads; the s_step sums of a column group meet in shared
+     * memory (oh: [s_step][K4, or Q4 with CL]) */
     const int na = n_act;
-    float4 *oh = (float4 *)(act + n_splits + 2 * (n_splits & 1)); /* [2][kvr / 4] partial sums, 16-byte aligned */
+    float4 *oh = (float4 *)(act + n_splits + 2 * (n_splits & 1)); /* 16-byte aligned */
+    const int oh_w = CL ? Q4 : K4, c_oh = CL ? tid % Q4 : c4;      /* a row of oh; this thread's place in it */
     if (fast && na == na_pred && act[na - 1] == na - 1) { /* the live splits are 0 .. na - 1: the loop below's sums */
-        if (t2 < K4) {
+        if (mine) {
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int kk = 0; kk < CMB_FK; kk++) {
-                const int k = half + 2 * kk;
+                const int k = s0 + s_step * kk;
                 if (k < na) {
                     const float w = wsp[k];
                     o.x = fmaf(w, fv[kk].x, o.x);
@@ -1331,14 +1353,14 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                     o.w = fmaf(w, fv[kk].w, o.w);
                 }
             }
-            oh[half * K4 + t2] = o;
+            oh[s0 * oh_w + c_oh] = o;
         }
     } else
-    for (int c4 = t2; c4 < K4; c4 += CMB_THREADS / 2) {
-        const float4 *po = (const float4 *)(part_o + base * kvr) + c4;
+    for (int c = c4, ch = c_oh; c < (CL ? c4 + 1 : K4); c += CMB_THREADS / 2, ch += CMB_THREADS / 2) {
+        const float4 *po = (const float4 *)(part_o + base * kvr) + c;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-        for (int k = half; k < na; k += 2) {
+        for (int k = s0; k < na; k += s_step) {
             const float w = wsp[k];
             const float4 v = po[(size_t)act[k] * K4];
             o.x = fmaf(w, v.x, o.x);
@@ -1346,13 +1368,36 @@ static __global__ void __launch_bounds__(CMB_THREADS)
             o.z = fmaf(w, v.z, o.z);
             o.w = fmaf(w, v.w, o.w);
         }
-        oh[half * K4 + c4] = o;
+        oh[s0 * oh_w + ch] = o;
     }
     __syncthreads();
-    for (int c4 = tid; c4 < K4; c4 += CMB_THREADS) {
-        const float4 a = oh[c4], b = oh[K4 + c4];
-        ((float4 *)olat)[c4] = make_float4((a.x + b.x) * inv_l, (a.y + b.y) * inv_l, (a.z + b.z) * inv_l,
-                                           (a.w + b.w) * inv_l);
+    if constexpr (CL) {
+        /* this block's quarter of o_lat (qtr, after oh), then the whole
+         * o_lat from the cluster's four quarters; every block arrives once
+         * more after its reads and waits for the others' before it ends */
+        float4 *qtr = oh + CMB_THREADS;
+        if (tid < Q4) {
+            float4 q = oh[tid];
+            for (int r = 1; r < s_step; r++) {
+                const float4 v = oh[r * Q4 + tid];
+                q.x += v.x;
+                q.y += v.y;
+                q.z += v.z;
+                q.w += v.w;
+            }
+            qtr[tid] = make_float4(q.x * inv_l, q.y * inv_l, q.z * inv_l, q.w * inv_l);
+        }
+        cu_cluster_arrive();
+        cu_cluster_wait();
+        for (int c = tid; c < K4; c += CMB_THREADS)
+            ((float4 *)olat)[c] = *cooperative_groups::this_cluster().map_shared_rank(qtr + c % Q4, c / Q4);
+        cu_cluster_arrive();
+    } else {
+        for (int c = tid; c < K4; c += CMB_THREADS) {
+            const float4 a = oh[c], b = oh[K4 + c];
+            ((float4 *)olat)[c] = make_float4((a.x + b.x) * inv_l, (a.y + b.y) * inv_l, (a.z + b.z) * inv_l,
+                                              (a.w + b.w) * inv_l);
+        }
     }
     __syncthreads();
     MLA_PROBE(1, 2);
@@ -1391,6 +1436,8 @@ static __global__ void __launch_bounds__(CMB_THREADS)
                 out[((size_t)i * nh + h) * dv + d] = t;
         }
         MLA_PROBE(1, 6);
+        if constexpr (CL)
+            cu_cluster_wait(); /* the other blocks have read this one's quarter */
         return;
     }
     for (int dd = d0 + warp; dd < d1; dd += 4 * (CMB_THREADS / 32)) {
@@ -1431,6 +1478,8 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         }
     }
     MLA_PROBE(1, 6);
+    if constexpr (CL)
+        cu_cluster_wait();
 }
 
 /* ---- launchers -------------------------------------------------------- */
@@ -1466,6 +1515,7 @@ typedef struct {
     int tile_pre1;     /* PD_MLA_TILE_PRE=1: k_mla_decode_tc loads before its wait only a first tile of old rows */
     int tile_bulk;     /* k_mla_decode_tc<PRE 2>'s tiles by bulk copies (BULK; PD_MLA_TILE_BULK=0: by cp.async) */
     int qlat_pre1;     /* PD_QLAT_PRE=1: k_mla_qlat8's prologue reads and ropes all after its wait */
+    int merge_cl;      /* k_mla_combine8 by PDL as clusters (CL; sm_90, unless PD_MLA_MERGE_CLUSTER=0) */
     float scale;
     const float *q, *cache;
     const int *q_len, *q_boff, *btab;
@@ -1553,14 +1603,28 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
     if (v8) { /* by PDL with the W_UV pieces loaded before the wait */
         void (*kern)(int, int, int, int, int, const float *, const float *, const float *, const W *, float *,
                      const int *, int) = k_mla_combine8<W>;
-        bool pdl = false;
+        bool pdl = false, cl = false;
+        const int q4 = kvr / 4 / CMB_Z;
         if constexpr (BF)
             if (a->pdl) {
-                kern = k_mla_combine8<W, true>;
+                /* by clusters of the CMB_Z blocks a (query, head) where a
+                 * quarter of the latent's column groups divides the block */
+                cl = a->merge_cl && (kvr / 4) % CMB_Z == 0 && CMB_THREADS % q4 == 0;
+                kern = cl ? k_mla_combine8<W, true, true> : k_mla_combine8<W, true>;
                 pdl = true;
             }
-        cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS),
-                                                  (3 * kvr + 2 * n_splits + 8) * sizeof(float), s, pdl, &at);
+        const size_t cmb_smem = cl ? (kvr + 2 * n_splits + 8) * sizeof(float) + (CMB_THREADS + q4) * sizeof(float4)
+                                   : (3 * kvr + 2 * n_splits + 8) * sizeof(float);
+        cudaLaunchAttribute ats[2];
+        cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS), cmb_smem, s, pdl, ats);
+        if (cl) {
+            ats[1].id = cudaLaunchAttributeClusterDimension;
+            ats[1].val.clusterDim.x = 1;
+            ats[1].val.clusterDim.y = 1;
+            ats[1].val.clusterDim.z = CMB_Z;
+            cfg.attrs = ats;
+            cfg.numAttrs = 2;
+        }
         return cudaLaunchKernelEx(&cfg, kern, nh, a->dn, a->dv, kvr, n_splits, (const float *)part_m,
                                   (const float *)part_l, (const float *)part_o, kvb, a->out,
                                   a->q_len && !a->cmb_slow ? a->q_len : (const int *)NULL, a->min_chunk);
@@ -1597,6 +1661,11 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     ac->tile_pre1 = c->mla_tile_pre1;
     ac->tile_bulk = c->mla_tile_bulk; /* false before sm_90 (backend_cuda.cu) */
     ac->qlat_pre1 = c->mla_qlat_pre1;
+    /* the merge by clusters where the one-round-trip merge cannot take
+     * every split (more than 2 CMB_FK) and the merge's blocks are at most
+     * one a SM: at batch 1 from 2K tokens (8K: -40 us a step); at batch 8
+     * and 32 every step was slower, 1K and 8K (docs/benchmarks.md, session 20) */
+    ac->merge_cl = c->mla_merge_cl && ac->n_splits > 2 * CMB_FK && (long)ac->n_q * ac->nh * CMB_Z <= c->n_sm;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
                         : absorbed_launch<float>(ac, (const float *)kv_b->data, c->stream);
@@ -1730,7 +1799,7 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_q, .start_pos = a->start_pos,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = 0, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0, .cmb_slow = 0,
-        .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
+        .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .merge_cl = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache, .q_len = NULL, .q_boff = NULL, .btab = btab,
         .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
     absorbed_run(c, &ac, a->kv_b);
@@ -1766,7 +1835,7 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
         .n_layers = a->n_layers, .layer = a->layer, .bs = a->block_size, .n_splits = n_splits,
         .min_chunk = c->mla_min_chunk, .first_kernels = c->mla_first_kernels, .tc = 0, .qlat_cols = 0, .pdl = 0,
-        .cmb_slow = 0, .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache,
+        .cmb_slow = 0, .tile_pre1 = 0, .tile_bulk = 0, .qlat_pre1 = 0, .merge_cl = 0, .scale = a->softmax_scale, .q = a->q, .cache = a->cache,
         .q_len = a->seq_lens,
         .q_boff = a->block_off, .btab = a->blocks, .ql = NULL, .part = NULL, .out = a->out, .prep = {},
     };
