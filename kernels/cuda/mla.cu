@@ -1139,7 +1139,8 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
  * o = 0. */
 #define CMB_THREADS 256
 #define CMB_Z 4 /* k_mla_combine8: blocks a (query, head), each merging the splits and applying a quarter of W_UV */
-#define CMB_FK 16 /* k_mla_combine8 with PRE: the live splits' pieces a thread loads at once (2 CMB_FK splits) */
+#define CMB_FK 16 /* k_mla_combine8 with PRE: the live splits' pieces a thread loads at once (of 2 CMB_FK splits a
+                     column group; with CL of CMB_THREADS / (kvr / 16) CMB_FK) */
 template <typename W>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
@@ -1239,7 +1240,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         cu_pdl_launch_dependents();
     extern __shared__ float4 smem4[];
     float *olat = (float *)smem4, *wsp = olat + kvr; /* [kvr], [n_splits] */
-    int *act = (int *)(wsp + n_splits);               /* [n_splits], then 2 × kvr partial sums */
+    int *act = (int *)(wsp + n_splits);               /* [n_splits], then oh: the partial sums (below) */
     __shared__ int n_act;
     __shared__ float inv_l;
     const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1617,7 +1618,7 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
                                    : (3 * kvr + 2 * n_splits + 8) * sizeof(float);
         cudaLaunchAttribute ats[2];
         cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS), cmb_smem, s, pdl, ats);
-        if (cl) {
+        if (cl) { /* cl implies pdl: ats[0] is PDL's */
             ats[1].id = cudaLaunchAttributeClusterDimension;
             ats[1].val.clusterDim.x = 1;
             ats[1].val.clusterDim.y = 1;
@@ -1661,10 +1662,13 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     ac->tile_pre1 = c->mla_tile_pre1;
     ac->tile_bulk = c->mla_tile_bulk; /* false before sm_90 (backend_cuda.cu) */
     ac->qlat_pre1 = c->mla_qlat_pre1;
-    /* the merge by clusters where the one-round-trip merge cannot take
-     * every split (more than 2 CMB_FK) and the merge's blocks are at most
-     * one a SM: at batch 1 from 2K tokens (8K: -40 us a step); at batch 8
-     * and 32 every step was slower, 1K and 8K (docs/benchmarks.md, session 20) */
+    /* the merge by clusters where the merge weighs more splits than the
+     * one-round-trip merge loads (2 CMB_FK) and has at most one block a SM.
+     * Decode's split count follows the batch, not the lengths (they are on
+     * the device in a graph): 128 at batch 1 and 2, so with V2-Lite's 16
+     * heads every batch-1 and batch-2 step takes it, at any length (8K:
+     * -32 to -67 us a step, 1K: the same within the spread); at batch 8 and
+     * 32 it made every step slower (docs/benchmarks.md, session 20) */
     ac->merge_cl = c->mla_merge_cl && ac->n_splits > 2 * CMB_FK && (long)ac->n_q * ac->nh * CMB_Z <= c->n_sm;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)

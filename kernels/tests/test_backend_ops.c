@@ -1636,9 +1636,11 @@ static void test_mla_decode(void **state) {
         bool gpu_only;
     } cases[] = {{1, 16, 1, false},     {3, 5, 90, false},      {7, 16, 300, false}, {33, 64, 200, false},
                  {5, 64, 5000, true},   {1, 16, 3000, true},    {1, 64, 5000, true}, {2, 16, 6000, true}};
-    /* the last three: one or two queries of thousands of tokens, over more
-     * than 32 splits (the CUDA merge by clusters; at 5000 tokens alone more
-     * live splits than its threads load at once) */
+    /* the last three: one or two queries of thousands of tokens, 79-94 of
+     * whose 128 splits see tokens (the CUDA merge by clusters, which takes
+     * batch 1 and 2, with every live split loaded at once; its general path,
+     * which learns the live splits from m and l, is test_mla's absorbed
+     * cases and PD_MLA_MERGE_FAST=0) */
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
         for (size_t ki = 0; ki < sizeof cases / sizeof cases[0]; ki++) {
             if (cases[ki].gpu_only && !s->ref)
