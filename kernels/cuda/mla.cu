@@ -853,6 +853,30 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
     const int *btab = btab_all + (q_boff ? q_boff[i] : 0);
     const size_t pi = ((size_t)i * nh + h0) * n_splits + split; /* head h0's partial; head h0 + j at + j n_splits */
 
+    /* past the end: l = 0 (and o = 0 for the merge that reads every split),
+     * before the wait where there is one (PRE). The length was written by
+     * the host before the graph, and the partials' last reader, the
+     * previous call's merge, has ended: q_lat, the kernel before this one,
+     * lets this one start only once everything before q_lat has ended
+     * (after its own wait, or by stream order where it has none). The
+     * block's SM is then free at once for the merge's blocks, which load
+     * their W_UV rows before their wait; with one split a SM, empty blocks
+     * that sat out the wait held SMs the merge could not use (1K at batch
+     * 1: 99 of 132 splits empty; a step 8-24 us slower, session 21). */
+    if (t_begin >= t_end) {
+        if (tid < DEC_HG && h0 + tid < nh) {
+            part_m[pi + (size_t)tid * n_splits] = -INFINITY;
+            part_l[pi + (size_t)tid * n_splits] = 0.0f;
+        }
+        if (zero_empty)
+            for (int k = tid; k < DEC_HG * (KVR / 4); k += DEC_THREADS) {
+                const int hh = k / (KVR / 4), c4 = k - hh * (KVR / 4);
+                if (h0 + hh < nh)
+                    ((float4 *)(part_o + (pi + (size_t)hh * n_splits) * KVR))[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        return;
+    }
+
     /* BULK: buffer b's mbarrier (static shared memory: the dynamic part is
      * decode_tc_smem's, 16-byte aligned like every row of both buffers,
      * DP * 4 = 2320 bytes a row). Thread 0 makes them; warp 0 issues every
@@ -970,20 +994,6 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
             first_loaded = true;
             second_loaded = n1 > 0;
         }
-    }
-
-    if (t_begin >= t_end) { /* past the end: l = 0 (and o = 0 for the merge that reads every split) */
-        if (tid < DEC_HG && h0 + tid < nh) {
-            part_m[pi + (size_t)tid * n_splits] = -INFINITY;
-            part_l[pi + (size_t)tid * n_splits] = 0.0f;
-        }
-        if (zero_empty)
-            for (int k = tid; k < DEC_HG * (KVR / 4); k += DEC_THREADS) {
-                const int hh = k / (KVR / 4), c4 = k - hh * (KVR / 4);
-                if (h0 + hh < nh)
-                    ((float4 *)(part_o + (pi + (size_t)hh * n_splits) * KVR))[c4] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-        return;
     }
 
     if (!first_loaded)
@@ -1140,7 +1150,9 @@ static __global__ void __launch_bounds__(DEC_THREADS, 1)
 #define CMB_THREADS 256
 #define CMB_Z 4 /* k_mla_combine8: blocks a (query, head), each merging the splits and applying a quarter of W_UV */
 #define CMB_FK 16 /* k_mla_combine8 with PRE: the live splits' pieces a thread loads at once (of 2 CMB_FK splits a
-                     column group; with CL of CMB_THREADS / (kvr / 16) CMB_FK) */
+                     column group) */
+#define CMB_FK_CL 17 /* the same with CL (of CMB_THREADS / (kvr / 16) CMB_FK_CL splits: 136 for kvr 512, so
+                        decode's one split a SM fits on the H100 and H200, 132 SMs) */
 template <typename W>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
@@ -1290,11 +1302,12 @@ static __global__ void __launch_bounds__(CMB_THREADS)
     const int s_step = CL ? CMB_THREADS / Q4 : 2, s0 = CL ? tid / Q4 : tid / (CMB_THREADS / 2);
     const int c4 = CL ? (int)blockIdx.z * Q4 + tid % Q4 : tid % (CMB_THREADS / 2);
     const bool mine = c4 < K4; /* without CL, threads past kvr / 4 merge nothing */
-    const bool fast = PRE && na_pred > 0 && na_pred <= s_step * CMB_FK && (CL || K4 <= CMB_THREADS / 2);
-    float4 fv[CMB_FK];
+    constexpr int FK = CL ? CMB_FK_CL : CMB_FK;
+    const bool fast = PRE && na_pred > 0 && na_pred <= s_step * FK && (CL || K4 <= CMB_THREADS / 2);
+    float4 fv[FK];
     if (fast)
 #pragma unroll
-        for (int kk = 0; kk < CMB_FK; kk++) {
+        for (int kk = 0; kk < FK; kk++) {
             const int k = s0 + s_step * kk;
             fv[kk] = k < na_pred && mine ? ((const float4 *)(part_o + (base + k) * kvr))[c4]
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1344,7 +1357,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         if (mine) {
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int kk = 0; kk < CMB_FK; kk++) {
+            for (int kk = 0; kk < FK; kk++) {
                 const int k = s0 + s_step * kk;
                 if (k < na) {
                     const float w = wsp[k];
@@ -1618,13 +1631,14 @@ static cudaError_t absorbed_launch(const absorbed_call *a, const W *kvb, cudaStr
                                    : (3 * kvr + 2 * n_splits + 8) * sizeof(float);
         cudaLaunchAttribute ats[2];
         cudaLaunchConfig_t cfg = cu_launch_config(dim3(a->n_q, nh, CMB_Z), dim3(CMB_THREADS), cmb_smem, s, pdl, ats);
-        if (cl) { /* cl implies pdl: ats[0] is PDL's */
-            ats[1].id = cudaLaunchAttributeClusterDimension;
-            ats[1].val.clusterDim.x = 1;
-            ats[1].val.clusterDim.y = 1;
-            ats[1].val.clusterDim.z = CMB_Z;
+        if (cl) { /* after PDL's attribute, if any */
+            cudaLaunchAttribute *ca = &ats[cfg.numAttrs];
+            ca->id = cudaLaunchAttributeClusterDimension;
+            ca->val.clusterDim.x = 1;
+            ca->val.clusterDim.y = 1;
+            ca->val.clusterDim.z = CMB_Z;
             cfg.attrs = ats;
-            cfg.numAttrs = 2;
+            cfg.numAttrs++;
         }
         return cudaLaunchKernelEx(&cfg, kern, nh, a->dn, a->dv, kvr, n_splits, (const float *)part_m,
                                   (const float *)part_l, (const float *)part_o, kvb, a->out,
@@ -1665,10 +1679,11 @@ static void absorbed_run(cu_ctx *c, absorbed_call *ac, const pd_weight *kv_b) {
     /* the merge by clusters where the merge weighs more splits than the
      * one-round-trip merge loads (2 CMB_FK) and has at most one block a SM.
      * Decode's split count follows the batch, not the lengths (they are on
-     * the device in a graph): 128 at batch 1 and 2, so with V2-Lite's 16
-     * heads every batch-1 and batch-2 step takes it, at any length (8K:
-     * -32 to -67 us a step, 1K: the same within the spread); at batch 8 and
-     * 32 it made every step slower (docs/benchmarks.md, session 20) */
+     * the device in a graph): the SM count at batch 1 and 2 (132 on the
+     * H200), so with V2-Lite's 16 heads every batch-1 and batch-2 step
+     * takes it, at any length (8K: -32 to -67 us a step, 1K: the same
+     * within the spread); at batch 8 and 32 it made every step slower
+     * (docs/benchmarks.md, session 20) */
     ac->merge_cl = c->mla_merge_cl && ac->n_splits > 2 * CMB_FK && (long)ac->n_q * ac->nh * CMB_Z <= c->n_sm;
     cudaError_t e = c->wfmt == PD_CUDA_WEIGHTS_BF16
                         ? absorbed_launch<__nv_bfloat16>(ac, (const __nv_bfloat16 *)kv_b->data, c->stream)
@@ -1811,9 +1826,16 @@ void cu_mla_attention(pd_backend *be, const pd_mla_args *a) {
 
 /* Batched decode: every argument already in device memory, so the split
  * count cannot follow the lengths; it follows the batch (two blocks per SM
- * over the whole batch, at most DEC_GRAPH_SPLITS), and splits past a short
- * sequence's end cost one empty block each. */
-#define DEC_GRAPH_SPLITS 128 /* 64 before the tensor-core kernel: at 8K, 3.19 ms a batch-1 step against 3.04 */
+ * over the whole batch, at most one split a SM and DEC_GRAPH_SPLITS), and
+ * a split past a short sequence's end is an empty block that leaves at
+ * once. The tensor-core split kernel runs one block a SM (its two tiles'
+ * shared memory), so at batch 1 the cap is one wave: a split holds
+ * ceil(length / (32 · splits)) tiles of 32 rows, and a tile is ~1.9 us of
+ * arithmetic on the H200 at batch 1 (scores, softmax, PV: the probe,
+ * docs/benchmarks.md, session 21). 128 splits (the cap before session 21)
+ * gave 8193 tokens three tiles in each of 86 splits; 132 give them two in
+ * each of 129. */
+#define DEC_GRAPH_SPLITS (8 * CMB_FK_CL) /* the cluster merge's one-round loads at kvr 512 (136) */
 
 void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
     cu_ctx *c = cu_of(be);
@@ -1833,7 +1855,7 @@ void cu_mla_decode(pd_backend *be, const pd_mla_decode_args *a) {
     const int hg = (nh + DEC_HG - 1) / DEC_HG;
     const long per = (long)hg * a->n_seqs;
     long want = (2L * c->n_sm + per - 1) / per;
-    const int max_splits = c->mla_max_splits ? c->mla_max_splits : DEC_GRAPH_SPLITS;
+    const int max_splits = c->mla_max_splits ? c->mla_max_splits : c->n_sm < DEC_GRAPH_SPLITS ? c->n_sm : DEC_GRAPH_SPLITS;
     int n_splits = (int)(want < 1 ? 1 : want > max_splits ? max_splits : want);
     absorbed_call ac = {
         .nh = nh, .dn = dn, .dr = dr, .dv = dv, .kvr = kvr, .n_q = a->n_seqs, .start_pos = 0,
