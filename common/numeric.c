@@ -2,6 +2,7 @@
 #include "pd_common.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 float pd_bf16_to_f32(uint16_t h) {
@@ -72,6 +73,19 @@ float pd_e4m3_to_f32(uint8_t v) {
     else
         f = ldexpf(1.0f + (float)man / 8.0f, exp - 7);
     return sign ? -f : f;
+}
+
+static float e4m3_tab[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_fill(void) {
+    for (int c = 0; c < 256; c++)
+        e4m3_tab[c] = pd_e4m3_to_f32((uint8_t)c);
+}
+
+const float *pd_e4m3_table(void) {
+    pthread_once(&e4m3_once, e4m3_fill);
+    return e4m3_tab;
 }
 
 uint8_t pd_f32_to_e4m3(float f) {

@@ -63,10 +63,12 @@ void pd_st_to_f32(const pd_st_tensor *t, float *out) {
             out[i] = pd_f16_to_f32(h);
         }
         break;
-    case PD_DT_F8_E4M3:
+    case PD_DT_F8_E4M3: {
+        const float *tab = pd_e4m3_table();
         for (size_t i = 0; i < n; i++)
-            out[i] = pd_e4m3_to_f32(src[i]);
+            out[i] = tab[src[i]];
         break;
+    }
     case PD_DT_I64:
         for (size_t i = 0; i < n; i++) {
             int64_t v;
