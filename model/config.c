@@ -233,12 +233,19 @@ pd_status pd_config_parse(const char *text, const char *path, pd_model_config *c
         json_t *bs = json_object_get(q, "weight_block_size");
         c.fp8 = true;
         c.fp8_block[0] = c.fp8_block[1] = 128;
-        if (json_is_array(bs) && json_array_size(bs) == 2) {
-            c.fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
-            c.fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+        if (bs && !json_is_null(bs)) { /* absent: DeepSeek-V3's 128 x 128 */
+            json_t *b0 = json_is_array(bs) && json_array_size(bs) == 2 ? json_array_get(bs, 0) : NULL;
+            json_t *b1 = b0 ? json_array_get(bs, 1) : NULL;
+            const json_int_t v0 = json_is_integer(b0) ? json_integer_value(b0) : 0;
+            const json_int_t v1 = json_is_integer(b1) ? json_integer_value(b1) : 0;
+            if (v0 <= 0 || v1 <= 0 || v0 > (1 << 20) || v1 > (1 << 20))
+                r.st = pd_err_set(err, PD_ERR_FORMAT,
+                                  "%s: quantization_config.weight_block_size must be two integers in [1, %d] "
+                                  "(rows, columns of a scale block)",
+                                  path, 1 << 20);
+            else
+                c.fp8_block[0] = (int)v0, c.fp8_block[1] = (int)v1;
         }
-        if (c.fp8_block[0] <= 0 || c.fp8_block[1] <= 0)
-            r.st = pd_err_set(err, PD_ERR_FORMAT, "%s: quantization_config.weight_block_size must be positive", path);
     }
     /* consistency */
     if (r.st == PD_OK) {

@@ -3,6 +3,7 @@
 #include "model_impl.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -110,9 +111,16 @@ static pd_status load_f32(loader *ld, const char *name, int64_t rows, int64_t co
             free(buf);
             return pd_err_set(ld->err, PD_ERR_NOTFOUND, "%s: FP8 tensor '%s' has no '%s'", t->file, name, sn);
         }
-        if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc || s->dtype == PD_DT_F8_E4M3) {
+        if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc ||
+            (s->dtype != PD_DT_F32 && s->dtype != PD_DT_BF16 && s->dtype != PD_DT_F16)) {
+            char got[96] = "";
+            for (int i = 0, off = 0; i < s->ndim && off < 80; i++)
+                off += snprintf(got + off, sizeof got - off, "%s%lld", i ? ", " : "", (long long)s->shape[i]);
             free(buf);
-            return pd_err_set(ld->err, PD_ERR_SHAPE, "%s: tensor '%s' must be [%lld, %lld] F32/BF16", s->file, sn,
+            return pd_err_set(ld->err, PD_ERR_SHAPE,
+                              "%s: tensor '%s' is %s [%s]; %s [%lld, %lld] in blocks of %d x %d implies [%lld, %lld] "
+                              "F32/BF16/F16",
+                              s->file, sn, pd_dtype_name(s->dtype), got, name, (long long)rows, (long long)cols, bm, bn,
                               (long long)sr, (long long)sc);
         }
         float *scale = malloc((size_t)(sr * sc) * sizeof(float));
@@ -121,24 +129,47 @@ static pd_status load_f32(loader *ld, const char *name, int64_t rows, int64_t co
             return pd_err_set(ld->err, PD_ERR_NOMEM, "out of memory");
         }
         pd_st_to_f32(s, scale);
+        for (int64_t k = 0; k < sr * sc; k++)
+            if (!isfinite(scale[k])) {
+                const float v = scale[k];
+                free(scale);
+                free(buf);
+                return pd_err_set(ld->err, PD_ERR_FORMAT, "%s: tensor '%s' holds %g at [%lld, %lld]: a scale must be finite",
+                                  s->file, sn, v, (long long)(k / sc), (long long)(k % sc));
+            }
         /* value × its block's scale, a block's run of a row at a time (the
          * same product as decoding first and scaling after), rows over the
-         * OpenMP threads */
+         * OpenMP threads (shared between the ranks, which load at once);
+         * e4m3's NaN codes (0x7f, 0xff) are a broken file, not a weight:
+         * the first row holding one is named */
         const float *tab = pd_e4m3_table();
         const uint8_t *q = t->data;
-#pragma omp parallel for if (rows * cols >= (1 << 20)) schedule(static)
+        const int n_thr = omp_get_max_threads() / ld->rk->n_ranks;
+        int64_t nan_row = rows;
+#pragma omp parallel for if (rows * cols >= (1 << 20)) num_threads(n_thr > 1 ? n_thr : 1) schedule(static) \
+    reduction(min : nan_row)
         for (int64_t r = 0; r < rows; r++) {
             const float *srow = scale + (r / bm) * sc;
             const uint8_t *restrict qr = q + r * cols;
             float *restrict o = buf + r * cols;
+            unsigned nan_codes = 0;
             for (int64_t c0 = 0; c0 < cols; c0 += bn) {
                 const float f = srow[c0 / bn];
                 const int64_t c1 = c0 + bn < cols ? c0 + bn : cols;
-                for (int64_t c = c0; c < c1; c++)
+                for (int64_t c = c0; c < c1; c++) {
                     o[c] = tab[qr[c]] * f;
+                    nan_codes |= (qr[c] & 0x7fu) == 0x7fu;
+                }
             }
+            if (nan_codes && r < nan_row)
+                nan_row = r;
         }
         free(scale);
+        if (nan_row < rows) {
+            free(buf);
+            return pd_err_set(ld->err, PD_ERR_FORMAT, "%s: FP8 tensor '%s' holds a NaN code (0x7f or 0xff) in row %lld",
+                              t->file, name, (long long)nan_row);
+        }
     }
     *out_p = buf;
     return PD_OK;

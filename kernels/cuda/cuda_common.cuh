@@ -167,7 +167,7 @@ typedef struct {
     int moe1_rows_gu, moe1_rows_dn; /* PD_MOE1_ROWS=G,D (2 or 4 each): output rows a warp of the batch-1 gate_up
                                        and down GEMVs (k_moe_gate_up1, k_moe_down1); 4 halves their blocks (A/B runs) */
     int qlat_cols;               /* PD_QLAT_COLS=256: the decode q_lat kernel's 256 latent columns a block (A/B runs) */
-    int mla_max_splits;          /* PD_MLA_SPLITS: the batched decode attention's most splits a query (default DEC_GRAPH_SPLITS, mla.cu) */
+    int mla_max_splits;          /* PD_MLA_SPLITS: the batched decode attention's most splits a query (default min(SMs, DEC_GRAPH_SPLITS), mla.cu) */
     cu_wtable *wtabs;
     int n_wtabs, cap_wtabs;
     struct cu_moe_set *moe_sets; /* moe_block's tables of routed and shared experts (moe.cu) */
@@ -249,7 +249,13 @@ __device__ __forceinline__ float4 cu_ld4(const __nv_bfloat16 *p) {
  * depends on nothing earlier — prefetch its weights into L2 — and must call
  * cu_pdl_wait before it reads anything an earlier kernel wrote or writes
  * anything (it returns once the earlier grids have finished and their
- * writes are visible; immediately when launched without the attribute). */
+ * writes are visible; immediately when launched without the attribute).
+ * One exception, argued where it is made: k_mla_decode_tc's empty splits
+ * (mla.cu) write their partials and leave before the wait, because the
+ * partials' last reader ended before the kernel ahead of them let them
+ * start. That argument needs every kernel launched with the attribute to
+ * wait in at least one block before it ends, and to let the next grid
+ * start only after its own wait. */
 __device__ __forceinline__ void cu_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -1234,12 +1234,12 @@ static __global__ void __launch_bounds__(CMB_THREADS)
  * of the latent columns, its rank's, over every live split (thread (s, c):
  * column group c of the quarter, splits s, s + CMB_THREADS / Q4, ...; all
  * of a thread's pieces loaded at once right after the wait where the
- * live splits fit, CMB_FK a thread), the quarters meet in shared memory
+ * live splits fit, CMB_FK_CL a thread), the quarters meet in shared memory
  * and every block gathers the whole o_lat from the four blocks' quarters
  * through distributed shared memory, then applies its rows of W_UV as
  * without CL. The partials are read once a (query, head), not once a
- * block: at 8K (128 splits) 64 KB a block in one round trip instead of
- * 256 KB in eight. Same sums, in another order (fp32). */
+ * block: at 8K (129 of 132 splits live) 64.5 KiB a block in one round
+ * trip instead of 258 KiB in eight. Same sums, in another order (fp32). */
 template <typename W, bool PRE = false, bool CL = false>
 static __global__ void __launch_bounds__(CMB_THREADS)
     k_mla_combine8(int nh, int dn, int dv, int kvr, int n_splits, const float *__restrict__ part_m,
@@ -1291,7 +1291,7 @@ static __global__ void __launch_bounds__(CMB_THREADS)
         cu_pdl_launch_dependents();
         MLA_PROBE(1, 1);
     }
-    /* PRE with at most s_step · CMB_FK live splits: each thread's column
+    /* PRE with at most s_step · FK live splits (FK: CMB_FK, CMB_FK_CL with CL): each thread's column
      * group of every live split it sums is loaded now, beside warp 0's loads
      * of m and l, instead of after the weights are known (one round trip to
      * L2 after the wait instead of three). Thread (s0, c4): column group c4,

@@ -1674,12 +1674,15 @@ static void test_mla_decode(void **state) {
         int n_seqs, bs, max_len;
         bool gpu_only;
     } cases[] = {{1, 16, 1, false},     {3, 5, 90, false},      {7, 16, 300, false}, {33, 64, 200, false},
-                 {5, 64, 5000, true},   {1, 16, 3000, true},    {1, 64, 5000, true}, {2, 16, 6000, true}};
-    /* the last three: one or two queries of thousands of tokens, 79-94 of
-     * whose 128 splits see tokens (the CUDA merge by clusters, which takes
-     * batch 1 and 2, with every live split loaded at once; its general path,
-     * which learns the live splits from m and l, is test_mla's absorbed
-     * cases and PD_MLA_MERGE_FAST=0) */
+                 {5, 64, 5000, true},   {1, 16, 3000, true},    {1, 64, 5000, true}, {2, 16, 6000, true},
+                 {1, 64, 8300, true}};
+    /* the last four: one or two queries of thousands of tokens, 79-130 of
+     * whose splits (132 on the H200: one a SM) see tokens (the CUDA merge
+     * by clusters, which takes batch 1 and 2, with every live split loaded
+     * at once; 8300 tokens: 130 live splits, past the 128 of sixteen loads
+     * a thread, so the seventeenth is checked too; its general path, which
+     * learns the live splits from m and l, is test_mla's absorbed cases
+     * and PD_MLA_MERGE_FAST=0) */
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++)
         for (size_t ki = 0; ki < sizeof cases / sizeof cases[0]; ki++) {
             if (cases[ki].gpu_only && !s->ref)

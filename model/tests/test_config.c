@@ -68,10 +68,45 @@ static void test_huge_dims_refused(void **state) {
     assert_int_equal(parse_with("\"vocab_size\":1048576", &c, &err), PD_OK);
 }
 
+/* quantization_config.weight_block_size: two integers in [1, 2^20]; a
+ * value past int was truncated to another block size, a third element or
+ * a float was ignored for 128 (helper-62's cases, session 21). */
+static void test_fp8_block_size(void **state) {
+    static const struct {
+        const char *bs;
+        int ok, b0, b1;
+    } cases[] = {
+        {"[128, 128]", 1, 128, 128},   {"[48, 40]", 1, 48, 40},      {"null", 1, 128, 128},
+        {"[4294967424, 128]", 0, 0, 0}, {"[128, 128, 128]", 0, 0, 0}, {"[48.0, 40.0]", 0, 0, 0},
+        {"[0, 128]", 0, 0, 0},          {"[128, -1]", 0, 0, 0},       {"[1048577, 1]", 0, 0, 0},
+        {"\"128\"", 0, 0, 0},           {"[128]", 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[4096];
+        snprintf(text, sizeof text, "{%s,\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":%s}}",
+                 base_fields, cases[i].bs);
+        pd_model_config c;
+        pd_err err = {{0}};
+        pd_status st = pd_config_parse(text, "test/config.json", &c, &err);
+        if (cases[i].ok) {
+            if (st != PD_OK)
+                fail_msg("weight_block_size %s: refused: %s", cases[i].bs, err.msg);
+            assert_true(c.fp8);
+            assert_int_equal(c.fp8_block[0], cases[i].b0);
+            assert_int_equal(c.fp8_block[1], cases[i].b1);
+        } else {
+            if (st != PD_ERR_FORMAT)
+                fail_msg("weight_block_size %s: status %d, want a format error", cases[i].bs, (int)st);
+            assert_non_null(strstr(err.msg, "weight_block_size"));
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_base_accepted),
         cmocka_unit_test(test_huge_dims_refused),
+        cmocka_unit_test(test_fp8_block_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,99 @@ static void test_fp8_equals_dequantised_f32(void **state) {
     pd_backend_free(&be);
 }
 
+/* A copy of the FP8 checkpoint in src (its config cfg) at dst with one
+ * tensor changed: tensor `name` gets dtype dt (its bytes rewritten: an I32
+ * copy of an F32 scale holds the scale's integer part) and then `poke`
+ * bytes written at byte offset `at` of its data. */
+static void write_variant(const pd_model_config *cfg, const char *src, const char *dst, const char *name, pd_dtype dt,
+                          size_t at, const void *poke, size_t n_poke) {
+    char path[4300];
+    pd_err err = {{0}};
+    if (snprintf(path, sizeof path, "%s/model.safetensors", src) >= (int)sizeof path) fail_msg("path too long");
+    pd_safetensors *st;
+    if (pd_st_open_file(path, &st, &err) != PD_OK) fail_msg("%s", err.msg);
+    mkdir(dst, 0755);
+    if (snprintf(path, sizeof path, "%s/config.json", dst) >= (int)sizeof path) fail_msg("path too long");
+    assert_int_equal(pd_config_save(cfg, path, &err), PD_OK);
+    if (snprintf(path, sizeof path, "%s/model.safetensors", dst) >= (int)sizeof path) fail_msg("path too long");
+    pd_st_writer *w;
+    assert_int_equal(pd_st_writer_open(path, &w, &err), PD_OK);
+    bool found = false;
+    for (size_t i = 0; i < pd_st_count(st); i++) {
+        const pd_st_tensor *t = pd_st_at(st, i);
+        bool me = !strcmp(t->name, name);
+        found |= me;
+        assert_int_equal(pd_st_writer_declare(w, t->name, me ? dt : t->dtype, t->ndim, t->shape, &err), PD_OK);
+    }
+    assert_true(found);
+    for (size_t i = 0; i < pd_st_count(st); i++) {
+        const pd_st_tensor *t = pd_st_at(st, i);
+        size_t nb = t->nbytes;
+        unsigned char *b = malloc(nb * 2 + 16);
+        memcpy(b, t->data, nb);
+        if (!strcmp(t->name, name)) {
+            if (dt == PD_DT_I32 && t->dtype == PD_DT_F32)
+                for (size_t k = 0; k < nb / 4; k++) {
+                    float f;
+                    memcpy(&f, b + 4 * k, 4);
+                    int32_t v = (int32_t)f;
+                    memcpy(b + 4 * k, &v, 4);
+                }
+            assert_true(at + n_poke <= nb);
+            memcpy(b + at, poke, n_poke);
+        }
+        assert_int_equal(pd_st_writer_write(w, t->name, b, nb, &err), PD_OK);
+        free(b);
+    }
+    assert_int_equal(pd_st_writer_close(&w, &err), PD_OK);
+    pd_st_close(&st);
+}
+
+/* A broken FP8 file is refused at load with the file and the tensor named
+ * (helper-62, session 21: these loaded, and a NaN code or a non-finite
+ * scale then made every logit NaN; an I32 scale was read as a number). */
+static void test_fp8_bad_files(void **state) {
+    char fp8[4096], f32[4096], dst[4200];
+    make_dirs(fp8, f32, sizeof fp8);
+    pd_err err = {{0}};
+    pd_model_config cfg;
+    assert_int_equal(pd_preset_config("tiny", &cfg, &err), PD_OK);
+    cfg.fp8 = true;
+    cfg.fp8_block[0] = cfg.fp8_block[1] = 128;
+    strcat(fp8, "-bad-src");
+    if (pd_mkmodel_write(&cfg, 12, fp8, 0, NULL, &err) != PD_OK) fail_msg("%s", err.msg);
+    const char *w = "model.layers.0.self_attn.o_proj.weight", *sn = "model.layers.0.self_attn.o_proj.weight_scale_inv";
+    const uint8_t nan7f = 0x7f, nanff = 0xff;
+    const float inf = INFINITY, nan = NAN;
+    static const uint8_t unused = 0; /* the I32 case pokes nothing */
+    const struct {
+        const char *what, *tensor, *want;
+        pd_dtype dt;
+        size_t at;
+        const void *poke;
+        size_t n;
+    } cases[] = {
+        {"nan-7f", w, "NaN code", PD_DT_F8_E4M3, 100, &nan7f, 1},
+        {"nan-ff", w, "NaN code", PD_DT_F8_E4M3, 7, &nanff, 1},
+        {"scale-inf", sn, "must be finite", PD_DT_F32, 0, &inf, 4},
+        {"scale-nan", sn, "must be finite", PD_DT_F32, 0, &nan, 4},
+        {"scale-i32", sn, "is I32", PD_DT_I32, 0, &unused, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(dst, sizeof dst, "%s-%s", fp8, cases[i].what);
+        write_variant(&cfg, fp8, dst, cases[i].tensor, cases[i].dt, cases[i].at, cases[i].poke, cases[i].n);
+        pd_backend *be;
+        assert_int_equal(pd_backend_cpu_init(1, &be), PD_OK);
+        pd_model *m = NULL;
+        pd_err e2 = {{0}};
+        if (pd_model_load(dst, be, &m, &e2) == PD_OK)
+            fail_msg("%s: loaded", cases[i].what);
+        if (!strstr(e2.msg, cases[i].want) || !strstr(e2.msg, cases[i].tensor) || !strstr(e2.msg, "model.safetensors"))
+            fail_msg("%s: the error does not name the fault, the tensor and the file: %s", cases[i].what, e2.msg);
+        pd_backend_free(&be);
+    }
+}
+
 /* e4m3 round trip on the grid and rounding to nearest (property); the
  * loader's table holds the decoder's value of every code, bit for bit. */
 static void test_e4m3_codec(void **state) {
@@ -153,6 +247,7 @@ int main(void) {
     const struct CMUnitTest t[] = {
         cmocka_unit_test(test_e4m3_codec),
         cmocka_unit_test(test_fp8_equals_dequantised_f32),
+        cmocka_unit_test(test_fp8_bad_files),
     };
     return cmocka_run_group_tests(t, NULL, NULL);
 }

@@ -80,7 +80,10 @@ def emulate(x, out0, ids, w, gu, dn):
 
 def read_dump(path):
     with open(path, "rb") as f:
-        rows, H, I, k, E = np.fromfile(f, np.int32, 5)
+        hdr = np.fromfile(f, np.int32, 5)
+        if hdr.size != 5:
+            raise SystemExit("%s: short file" % path)
+        rows, H, I, k, E = (int(v) for v in hdr)
         def take(dt, *shape):
             n = int(np.prod(shape))
             a = np.fromfile(f, dt, n)
